@@ -1,0 +1,209 @@
+//! `cargo bench --bench event_store`: correx's event store against a raw rusqlite loop doing the
+//! same inserts with the same pragmas and durability, on the same temp filesystem, in one run.
+
+use correx::{EventStore, ExpectedVersion, NewEvent, SqliteEventStore};
+use rusqlite::{params, Connection};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+const SINGLES: usize = 1500;
+const BATCHES: usize = 100;
+const BATCH: usize = 100;
+const ROUNDS: usize = 3;
+
+fn event(i: usize) -> NewEvent {
+    NewEvent::new(
+        "bench.tick",
+        1,
+        json!({"i": i, "text": "a typical small payload of an agent event"}),
+    )
+}
+
+fn fresh(dir: &Path, name: &str) -> PathBuf {
+    let p = dir.join(name);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
+    }
+    p
+}
+
+/// The raw baseline: one connection, the store's schema and pragmas, a transaction per commit.
+fn raw_conn(path: &Path) -> Connection {
+    let c = Connection::open(path).expect("open raw");
+    c.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
+        .expect("wal");
+    c.pragma_update(None, "synchronous", 2).expect("sync");
+    c.execute_batch(
+        "CREATE TABLE events (position INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE,
+         stream_id TEXT NOT NULL, stream_version INTEGER NOT NULL, type_id TEXT NOT NULL,
+         schema_version INTEGER NOT NULL, timestamp_ms INTEGER NOT NULL, correlation_id TEXT,
+         causation_id TEXT, payload TEXT NOT NULL, UNIQUE (stream_id, stream_version));",
+    )
+    .expect("schema");
+    c
+}
+
+fn raw_insert(c: &Connection, version: &mut i64, events: &[NewEvent]) {
+    c.execute_batch("BEGIN IMMEDIATE").expect("begin");
+    {
+        let mut stmt = c
+            .prepare_cached(
+                "INSERT INTO events (event_id, stream_id, stream_version, type_id, schema_version,
+                 timestamp_ms, correlation_id, causation_id, payload)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )
+            .expect("prepare");
+        for e in events {
+            *version += 1;
+            stmt.execute(params![
+                e.event_id.as_str(),
+                "bench",
+                *version,
+                e.type_id,
+                e.schema_version,
+                0i64,
+                e.correlation_id,
+                e.causation_id,
+                e.payload.to_string()
+            ])
+            .expect("insert");
+        }
+    }
+    c.execute_batch("COMMIT").expect("commit");
+}
+
+fn raw_rate(dir: &Path, batch: usize, n: usize) -> f64 {
+    let c = raw_conn(&fresh(dir, "raw.db"));
+    let events: Vec<Vec<NewEvent>> = (0..n)
+        .map(|i| (0..batch).map(|j| event(i * batch + j)).collect())
+        .collect();
+    let mut version = 0;
+    let t = Instant::now();
+    for b in &events {
+        raw_insert(&c, &mut version, b);
+    }
+    (n * batch) as f64 / t.elapsed().as_secs_f64()
+}
+
+fn ours_rate(dir: &Path, batch: usize, n: usize) -> f64 {
+    let store = SqliteEventStore::open(fresh(dir, "ours.db")).expect("open store");
+    let events: Vec<Vec<NewEvent>> = (0..n)
+        .map(|i| (0..batch).map(|j| event(i * batch + j)).collect())
+        .collect();
+    let t = Instant::now();
+    for b in &events {
+        store
+            .append("bench", ExpectedVersion::Any, b)
+            .expect("append");
+    }
+    (n * batch) as f64 / t.elapsed().as_secs_f64()
+}
+
+fn threaded_rate(dir: &Path, threads: usize, per_thread: usize) -> f64 {
+    let store = Arc::new(SqliteEventStore::open(fresh(dir, "mt.db")).expect("open store"));
+    let t = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|k| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                for i in 0..per_thread {
+                    store
+                        .append(&format!("s{k}"), ExpectedVersion::Any, &[event(i)])
+                        .expect("append");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("thread");
+    }
+    (threads * per_thread) as f64 / t.elapsed().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn p50_append_latency_us(store: &SqliteEventStore, n: usize) -> f64 {
+    let mut lat: Vec<f64> = (0..n)
+        .map(|i| {
+            let e = event(i);
+            let t = Instant::now();
+            store
+                .append("probe", ExpectedVersion::Any, &[e])
+                .expect("append");
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    lat[n / 2]
+}
+
+fn fill(store: &SqliteEventStore, upto: usize) {
+    let mut have = store.last_position().expect("pos") as usize;
+    while have < upto {
+        let n = (upto - have).min(5000);
+        let batch: Vec<NewEvent> = (0..n).map(|i| event(have + i)).collect();
+        store
+            .append(&format!("fill{}", have % 97), ExpectedVersion::Any, &batch)
+            .expect("fill");
+        have += n;
+    }
+}
+
+fn main() {
+    let dir = std::env::temp_dir().join(format!("correx-bench-events-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("bench dir");
+    println!("durability: FULL (synchronous=2, WAL)");
+
+    // Alternate ours and raw so drift in the disk's flush latency hits both alike.
+    let (mut ours1, mut raw1, mut oursb, mut rawb) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..ROUNDS {
+        raw1.push(raw_rate(&dir, 1, SINGLES / ROUNDS));
+        ours1.push(ours_rate(&dir, 1, SINGLES / ROUNDS));
+        rawb.push(raw_rate(&dir, BATCH, BATCHES / ROUNDS));
+        oursb.push(ours_rate(&dir, BATCH, BATCHES / ROUNDS));
+    }
+    let (ours1, raw1, oursb, rawb) = (median(ours1), median(raw1), median(oursb), median(rawb));
+    println!("append_single_events_per_s: {ours1:.0}");
+    println!("append_batch100_events_per_s: {oursb:.0}");
+    println!("raw_single_events_per_s: {raw1:.0}");
+    println!("raw_batch100_events_per_s: {rawb:.0}");
+
+    let one = median((0..ROUNDS).map(|_| threaded_rate(&dir, 1, 400)).collect());
+    let eight = median((0..ROUNDS).map(|_| threaded_rate(&dir, 8, 400)).collect());
+    println!("durable_1_thread_appends_per_s: {one:.0}");
+    println!("durable_8_thread_appends_per_s: {eight:.0}");
+    println!("group_commit_speedup: {:.2}", eight / one);
+
+    let store = SqliteEventStore::open(fresh(&dir, "big.db")).expect("open big");
+    fill(&store, 10_000);
+    let p50_10k = p50_append_latency_us(&store, 300);
+    let t = Instant::now();
+    let mut from = 1;
+    let mut read = 0usize;
+    loop {
+        let page = store.read_all(from, 1000).expect("read");
+        match page.last() {
+            Some(l) => from = l.position + 1,
+            None => break,
+        }
+        read += page.len();
+    }
+    println!(
+        "read_all_events_per_s: {:.0}",
+        read as f64 / t.elapsed().as_secs_f64()
+    );
+    fill(&store, 1_000_000);
+    let p50_1m = p50_append_latency_us(&store, 300);
+    println!("append_p50_us_at_10k: {p50_10k:.0}");
+    println!("append_p50_us_at_1m: {p50_1m:.0}");
+    println!("append_p50_growth_1m_vs_10k: {:.2}", p50_1m / p50_10k);
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("append_ratio_vs_raw: {:.3}", ours1 / raw1);
+    println!("batch_ratio_vs_raw: {:.3}", oursb / rawb);
+}

@@ -1,0 +1,101 @@
+//! Approvals: who says yes before a risky tool runs.
+//!
+//! The sandbox asks an [`ApprovalEngine`] for every T2 and T3 tool; T0 and T1 proceed without
+//! asking. Engines fail closed: only an explicit [`ApprovalDecision::Approved`] lets a tool run.
+//!
+//! ```
+//! use correx::{ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalRequest, AutoApprove,
+//!              SessionId, Tier, ToolRequest};
+//! let engine = AutoApprove::up_to(Tier::T2);
+//! let request = ToolRequest::new(SessionId::from("s1"), "file_write", Default::default());
+//! let ask = ApprovalRequest { tool_name: "file_write".into(), tier: Tier::T2, request };
+//! let ctx = ApprovalContext::new(SessionId::from("s1"));
+//! assert_eq!(engine.evaluate(&ask, &ctx), ApprovalDecision::Approved);
+//! ```
+
+mod engines;
+
+pub use engines::{AutoApprove, CallbackApprover, DenyAll};
+
+use crate::ids::{SessionId, StageId};
+use crate::tools::{Tier, ToolRequest};
+use serde::{Deserialize, Serialize};
+
+/// How a session wants approvals handled; informational for engines that ask a person.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalMode {
+    /// Ask for every tool that needs approval.
+    #[default]
+    Interactive,
+    /// Approve what the engine's policy allows without asking.
+    Auto,
+    /// Deny everything that needs approval.
+    Deny,
+}
+
+/// One question to an approval engine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequest {
+    /// The tool's registered name.
+    pub tool_name: String,
+    /// The tool's tier.
+    pub tier: Tier,
+    /// The full request, parameters included.
+    pub request: ToolRequest,
+}
+
+/// What the engine knows about where the request comes from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalContext {
+    /// The session asking.
+    pub session_id: SessionId,
+    /// The stage asking, when known.
+    pub stage_id: Option<StageId>,
+    /// The session's approval mode.
+    pub mode: ApprovalMode,
+}
+
+impl ApprovalContext {
+    /// A context for `session_id` with no stage and [`ApprovalMode::Interactive`].
+    pub fn new(session_id: SessionId) -> Self {
+        ApprovalContext {
+            session_id,
+            stage_id: None,
+            mode: ApprovalMode::Interactive,
+        }
+    }
+}
+
+/// An engine's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum ApprovalDecision {
+    /// The tool may run.
+    Approved,
+    /// The tool must not run.
+    Denied {
+        /// Why, for the event log and the model.
+        reason: String,
+    },
+}
+
+impl ApprovalDecision {
+    /// A denial with a reason.
+    pub fn denied(reason: impl Into<String>) -> Self {
+        ApprovalDecision::Denied {
+            reason: reason.into(),
+        }
+    }
+
+    /// Whether this approves.
+    pub fn is_approved(&self) -> bool {
+        matches!(self, ApprovalDecision::Approved)
+    }
+}
+
+/// Decides whether a tool request may run. Blocking (it may ask a person), shared across threads.
+pub trait ApprovalEngine: Send + Sync {
+    /// Approves or denies `request`. Implementations must fail closed.
+    fn evaluate(&self, request: &ApprovalRequest, context: &ApprovalContext) -> ApprovalDecision;
+}

@@ -1,0 +1,182 @@
+//! The typed events correx itself appends.
+
+use super::{EventStoreError, NewEvent, RecordedEvent, Result};
+use crate::inference::TokenUsage;
+use serde::{Deserialize, Serialize};
+
+/// Why a model was unloaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnloadReason {
+    /// A caller asked for it.
+    Requested,
+    /// The DYNAMIC idle timeout passed.
+    Idle,
+    /// An EPHEMERAL model finished its inference.
+    Ephemeral,
+    /// The server died on its own.
+    Crashed,
+    /// Another model was loaded in its place.
+    Replaced,
+}
+
+/// The events correx appends, each with a fixed type id and schema version.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
+pub enum DomainEvent {
+    /// A llama-server passed its health check with this model.
+    #[serde(rename = "model.loaded")]
+    ModelLoaded {
+        /// The model's id.
+        model_id: String,
+        /// The GGUF file.
+        model_path: String,
+        /// The server's port.
+        port: u16,
+        /// The server's process id.
+        pid: u32,
+        /// Spawn to healthy, in milliseconds.
+        load_ms: u64,
+    },
+    /// A model's server was stopped and reaped.
+    #[serde(rename = "model.unloaded")]
+    ModelUnloaded {
+        /// The model's id.
+        model_id: String,
+        /// Why.
+        reason: UnloadReason,
+    },
+    /// A tool invocation passed approval and is about to run.
+    #[serde(rename = "tool.execution_started")]
+    ToolExecutionStarted {
+        /// The session.
+        session_id: String,
+        /// The invocation.
+        invocation_id: String,
+        /// The tool.
+        tool_name: String,
+        /// The tool's tier, 0..=3.
+        tier: i32,
+    },
+    /// A tool invocation succeeded.
+    #[serde(rename = "tool.execution_completed")]
+    ToolExecutionCompleted {
+        /// The session.
+        session_id: String,
+        /// The invocation.
+        invocation_id: String,
+        /// The tool.
+        tool_name: String,
+        /// How long the tool ran, in milliseconds.
+        duration_ms: u64,
+    },
+    /// A tool invocation failed; its files were restored.
+    #[serde(rename = "tool.execution_failed")]
+    ToolExecutionFailed {
+        /// The session.
+        session_id: String,
+        /// The invocation.
+        invocation_id: String,
+        /// The tool.
+        tool_name: String,
+        /// Why it failed (`interrupted` after a crash).
+        reason: String,
+        /// Whether a changed request may succeed.
+        recoverable: bool,
+    },
+    /// A tool invocation was denied by the approval engine and never ran.
+    #[serde(rename = "tool.execution_rejected")]
+    ToolExecutionRejected {
+        /// The session.
+        session_id: String,
+        /// The invocation.
+        invocation_id: String,
+        /// The tool.
+        tool_name: String,
+        /// The tool's tier, 0..=3.
+        tier: i32,
+        /// The engine's reason.
+        reason: String,
+    },
+    /// An inference finished.
+    #[serde(rename = "inference.completed")]
+    InferenceCompleted {
+        /// The model that answered.
+        model_id: String,
+        /// Token counts.
+        usage: TokenUsage,
+        /// Wall time of the call, in milliseconds.
+        latency_ms: u64,
+        /// Why generation stopped.
+        finish_reason: String,
+    },
+}
+
+macro_rules! type_ids {
+    ($($variant:ident => $id:literal),* $(,)?) => {
+        impl DomainEvent {
+            /// The event's type id.
+            pub fn type_id(&self) -> &'static str {
+                match self { $(DomainEvent::$variant { .. } => $id,)* }
+            }
+
+            /// Every type id correx knows.
+            pub const TYPE_IDS: &'static [&'static str] = &[$($id),*];
+        }
+    };
+}
+
+type_ids! {
+    ModelLoaded => "model.loaded",
+    ModelUnloaded => "model.unloaded",
+    ToolExecutionStarted => "tool.execution_started",
+    ToolExecutionCompleted => "tool.execution_completed",
+    ToolExecutionFailed => "tool.execution_failed",
+    ToolExecutionRejected => "tool.execution_rejected",
+    InferenceCompleted => "inference.completed",
+}
+
+/// Every domain event is at schema version 1.
+const SCHEMA_VERSION: u32 = 1;
+
+impl DomainEvent {
+    /// The event ready to append, with a fresh event id.
+    pub fn to_new_event(&self) -> NewEvent {
+        // Serializing a plain struct of strings and numbers cannot fail.
+        let payload = match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(mut tagged)) => {
+                tagged.remove("data").unwrap_or(serde_json::Value::Null)
+            }
+            _ => serde_json::Value::Null,
+        };
+        NewEvent::new(self.type_id(), SCHEMA_VERSION, payload)
+    }
+
+    /// Decodes a recorded event; `Ok(None)` for a type id correx does not know.
+    pub(super) fn decode(event: &RecordedEvent) -> Result<Option<DomainEvent>> {
+        if !Self::TYPE_IDS.contains(&event.type_id.as_str()) {
+            return Ok(None);
+        }
+        let corrupt = |detail: String| EventStoreError::CorruptEvent {
+            position: event.position,
+            detail,
+        };
+        if event.schema_version != SCHEMA_VERSION {
+            return Err(corrupt(format!(
+                "{} has schema version {}, this build reads {SCHEMA_VERSION}",
+                event.type_id, event.schema_version
+            )));
+        }
+        let tagged = serde_json::json!({"type": event.type_id, "data": event.payload});
+        let parsed = serde_json::from_value::<DomainEvent>(tagged);
+        match parsed {
+            Ok(d) if d.type_id() == event.type_id => Ok(Some(d)),
+            Ok(d) => Err(corrupt(format!(
+                "payload of {} decodes as {}",
+                event.type_id,
+                d.type_id()
+            ))),
+            Err(e) => Err(corrupt(format!("payload of {}: {e}", event.type_id))),
+        }
+    }
+}

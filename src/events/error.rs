@@ -1,0 +1,161 @@
+use std::fmt;
+use std::path::PathBuf;
+
+/// What went wrong in the event store.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum EventStoreError {
+    /// The database file could not be opened or prepared.
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// SQLite's error.
+        source: rusqlite::Error,
+    },
+    /// A SQLite call failed.
+    Sqlite {
+        /// What the store was doing.
+        operation: &'static str,
+        /// SQLite's error.
+        source: rusqlite::Error,
+    },
+    /// Another process held the write lock for longer than the store waits.
+    Busy {
+        /// How long the store retried, in milliseconds.
+        waited_ms: u64,
+    },
+    /// Optimistic concurrency failed: the stream is not at the expected version.
+    WrongExpectedVersion {
+        /// The stream.
+        stream: String,
+        /// What the caller expected (`None`: no stream yet).
+        expected: Option<u64>,
+        /// What the stream holds (`None`: no stream yet).
+        actual: Option<u64>,
+    },
+    /// The transaction holding a group of appends failed to commit; none of them is stored.
+    CommitFailed {
+        /// SQLite's account of the failure.
+        detail: String,
+    },
+    /// An append was malformed (no events, an empty stream name).
+    InvalidAppend {
+        /// What is wrong.
+        detail: String,
+    },
+    /// An event id was appended again with different content or to a different stream.
+    IdempotencyConflict {
+        /// The repeated id.
+        event_id: String,
+        /// How the retry differs from the first append.
+        detail: String,
+    },
+    /// A stored row cannot be read back.
+    CorruptEvent {
+        /// The row's global position.
+        position: u64,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// SQLite did not accept the durability or journal settings the store needs.
+    Settings {
+        /// The pragma.
+        pragma: &'static str,
+        /// What was asked.
+        wanted: String,
+        /// What SQLite reported back.
+        got: String,
+    },
+}
+
+impl EventStoreError {
+    /// Whether retrying the same call later may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            EventStoreError::Busy { .. } => true,
+            EventStoreError::Sqlite { source, .. } => matches!(
+                source.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            ),
+            EventStoreError::Open { .. }
+            | EventStoreError::WrongExpectedVersion { .. }
+            | EventStoreError::CommitFailed { .. }
+            | EventStoreError::InvalidAppend { .. }
+            | EventStoreError::IdempotencyConflict { .. }
+            | EventStoreError::CorruptEvent { .. }
+            | EventStoreError::Settings { .. } => false,
+        }
+    }
+}
+
+fn version(v: &Option<u64>) -> String {
+    match v {
+        Some(v) => format!("version {v}"),
+        None => "no stream".to_owned(),
+    }
+}
+
+impl fmt::Display for EventStoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EventStoreError::Open { path, source } => write!(
+                f,
+                "cannot open event log {}: {source}; check that the directory exists and is writable",
+                path.display()
+            ),
+            EventStoreError::Sqlite { operation, source } => {
+                write!(f, "event log {operation} failed: {source}")
+            }
+            EventStoreError::Busy { waited_ms } => write!(
+                f,
+                "event log is locked by another process; gave up after {waited_ms} ms, retry later"
+            ),
+            EventStoreError::WrongExpectedVersion {
+                stream,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "stream {stream:?} expected {} but holds {}; re-read the stream and retry",
+                version(expected),
+                version(actual)
+            ),
+            EventStoreError::CommitFailed { detail } => {
+                write!(f, "event log commit failed, nothing was stored: {detail}")
+            }
+            EventStoreError::InvalidAppend { detail } => write!(f, "invalid append: {detail}"),
+            EventStoreError::IdempotencyConflict { event_id, detail } => write!(
+                f,
+                "event id {event_id} was already appended differently: {detail}; use a fresh id"
+            ),
+            EventStoreError::CorruptEvent { position, detail } => {
+                write!(f, "event at position {position} is corrupt: {detail}")
+            }
+            EventStoreError::Settings {
+                pragma,
+                wanted,
+                got,
+            } => write!(
+                f,
+                "sqlite refused {pragma}={wanted} (it reports {got}); the file system may not support it"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for EventStoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            EventStoreError::Open { source, .. } | EventStoreError::Sqlite { source, .. } => {
+                Some(source)
+            }
+            EventStoreError::Busy { .. }
+            | EventStoreError::WrongExpectedVersion { .. }
+            | EventStoreError::CommitFailed { .. }
+            | EventStoreError::InvalidAppend { .. }
+            | EventStoreError::IdempotencyConflict { .. }
+            | EventStoreError::CorruptEvent { .. }
+            | EventStoreError::Settings { .. } => None,
+        }
+    }
+}

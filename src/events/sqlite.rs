@@ -1,0 +1,620 @@
+//! [`SqliteEventStore`]: the event log in one SQLite file, WAL mode, with group commit.
+
+use super::time::now_ms;
+use super::{
+    AppendResult, EventStore, EventStoreError, ExpectedVersion, NewEvent, RecordedEvent, Result,
+};
+use crate::ids::EventId;
+use parking_lot::Mutex;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How hard a commit works to survive power loss.
+///
+/// Both levels survive a crash of the process (kill -9, a panic, an abort): in WAL mode a
+/// committed transaction is in the WAL file, which the operating system keeps after the process
+/// dies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous=FULL` (the default): the WAL is flushed to disk before each commit returns,
+    /// so an append that returned `Ok` also survives power loss or a kernel crash, as far as the
+    /// disk honours flushes. Group commit shares one flush among all appends waiting at once.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: the WAL is flushed only at checkpoints. Survives a process crash,
+    /// but the last commits before a power loss or kernel crash may roll back (the file stays
+    /// consistent). An explicit opt-in for throughput over power-loss durability.
+    Normal,
+}
+
+impl Durability {
+    fn pragma_value(self) -> i64 {
+        match self {
+            Durability::Full => 2,
+            Durability::Normal => 1,
+        }
+    }
+}
+
+/// Settings for [`SqliteEventStore::open_with`].
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// Power-loss durability; default [`Durability::Full`].
+    pub durability: Durability,
+    /// How long one SQLite call waits for another process's lock; default 5 s.
+    pub busy_timeout: Duration,
+    /// How long an append keeps retrying a locked database (with jitter) before it returns
+    /// [`EventStoreError::Busy`]; default 30 s.
+    pub lock_retry_deadline: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            durability: Durability::Full,
+            busy_timeout: Duration::from_secs(5),
+            lock_retry_deadline: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Most rows one read returns, whatever the caller asks: short reads keep a slow reader from
+/// pinning a WAL snapshot (and so blocking checkpoints) for long.
+pub const MAX_PAGE: usize = 1000;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS events (
+    position        INTEGER PRIMARY KEY,
+    event_id        TEXT    NOT NULL UNIQUE,
+    stream_id       TEXT    NOT NULL,
+    stream_version  INTEGER NOT NULL,
+    type_id         TEXT    NOT NULL,
+    schema_version  INTEGER NOT NULL,
+    timestamp_ms    INTEGER NOT NULL,
+    correlation_id  TEXT,
+    causation_id    TEXT,
+    payload         TEXT    NOT NULL,
+    UNIQUE (stream_id, stream_version)
+);
+";
+
+const COLUMNS: &str = "position, event_id, stream_id, stream_version, type_id, schema_version, \
+                       timestamp_ms, correlation_id, causation_id, payload";
+
+/// One append waiting for a group commit.
+struct Pending {
+    stream: String,
+    expected: ExpectedVersion,
+    events: Vec<NewEvent>,
+    result: Mutex<Option<Result<AppendResult>>>,
+}
+
+/// The event log in a SQLite file. Cheap to share: clone the `Arc` or use `&self` from many
+/// threads; several processes may open the same file.
+///
+/// Appends from all threads of a process go through one writer connection with group commit:
+/// whoever finds the writer free commits every append waiting at that moment in one
+/// `BEGIN IMMEDIATE` transaction, each inside its own savepoint (a conflicting append fails
+/// alone), and every append returns only after that commit.
+pub struct SqliteEventStore {
+    path: PathBuf,
+    options: StoreOptions,
+    writer: Mutex<Connection>,
+    pending: Mutex<Vec<Arc<Pending>>>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl std::fmt::Debug for SqliteEventStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteEventStore")
+            .field("path", &self.path)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteEventStore {
+    /// Opens (or creates) the log at `path` with [`StoreOptions::default`].
+    ///
+    /// # Errors
+    /// [`EventStoreError::Open`] when the file cannot be opened or created;
+    /// [`EventStoreError::Settings`] when SQLite will not use WAL or the durability asked.
+    pub fn open<P: AsRef<Path>>(path: P) -> Result<Self> {
+        Self::open_with(path, StoreOptions::default())
+    }
+
+    /// Opens (or creates) the log at `path` with `options`.
+    ///
+    /// # Errors
+    /// As [`SqliteEventStore::open`].
+    pub fn open_with<P: AsRef<Path>>(path: P, options: StoreOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let writer = open_connection(&path, &options, Role::Writer)?;
+        retry_locked(&options, || {
+            writer
+                .execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} COMMIT;"))
+                .map_err(|source| EventStoreError::Sqlite {
+                    operation: "create schema",
+                    source,
+                })
+        })
+        .inspect_err(|_| {
+            let _ = writer.execute_batch("ROLLBACK");
+        })?;
+        Ok(SqliteEventStore {
+            path,
+            options,
+            writer: Mutex::new(writer),
+            pending: Mutex::new(Vec::new()),
+            readers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The file this store writes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The durability this store commits with.
+    pub fn durability(&self) -> Durability {
+        self.options.durability
+    }
+
+    /// Runs `f` on a pooled read-only connection.
+    fn with_reader<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.readers.lock().pop();
+        let conn = match conn {
+            Some(c) => c,
+            None => open_connection(&self.path, &self.options, Role::Reader)?,
+        };
+        let out = f(&conn);
+        self.readers.lock().push(conn);
+        out
+    }
+
+    fn read_query(&self, sql: &str, args: &[&dyn rusqlite::ToSql]) -> Result<Vec<RecordedEvent>> {
+        self.with_reader(|conn| {
+            let sqlite = |source| EventStoreError::Sqlite {
+                operation: "read",
+                source,
+            };
+            let mut stmt = conn.prepare_cached(sql).map_err(sqlite)?;
+            let mut rows = stmt.query(args).map_err(sqlite)?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next().map_err(sqlite)? {
+                out.push(decode_row(row)?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Commits every append waiting now in one transaction; fills in each one's result.
+    fn commit_group(&self, conn: &mut Connection, group: &[Arc<Pending>]) {
+        let outcome = retry_locked(&self.options, || {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(|source| EventStoreError::Sqlite {
+                    operation: "begin",
+                    source,
+                })?;
+            let now = now_ms();
+            let mut results = Vec::with_capacity(group.len());
+            for p in group {
+                results.push(append_in_savepoint(&tx, p, now));
+            }
+            tx.commit().map_err(|source| EventStoreError::Sqlite {
+                operation: "commit",
+                source,
+            })?;
+            Ok(results)
+        });
+        match outcome {
+            Ok(results) => {
+                for (p, r) in group.iter().zip(results) {
+                    *p.result.lock() = Some(r);
+                }
+            }
+            Err(e) => {
+                // rusqlite errors are not Clone: every append of the group gets the same story.
+                let detail = e.to_string();
+                for p in group {
+                    *p.result.lock() = Some(Err(match &e {
+                        EventStoreError::Busy { waited_ms } => EventStoreError::Busy {
+                            waited_ms: *waited_ms,
+                        },
+                        _ => EventStoreError::CommitFailed {
+                            detail: detail.clone(),
+                        },
+                    }));
+                }
+            }
+        }
+    }
+}
+
+fn page(max: usize) -> i64 {
+    max.min(MAX_PAGE) as i64
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Writer,
+    Reader,
+}
+
+fn open_connection(path: &Path, options: &StoreOptions, role: Role) -> Result<Connection> {
+    let open_err = |source| EventStoreError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_URI;
+    let conn = Connection::open_with_flags(path, flags).map_err(open_err)?;
+    conn.busy_timeout(options.busy_timeout).map_err(open_err)?;
+    // Switching to WAL needs a moment of exclusive access; another process may be mid-write.
+    let mode: String = retry_locked(options, || {
+        conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(|source| EventStoreError::Sqlite {
+                operation: "set journal_mode",
+                source,
+            })
+    })?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(EventStoreError::Settings {
+            pragma: "journal_mode",
+            wanted: "wal".into(),
+            got: mode,
+        });
+    }
+    let sync = options.durability.pragma_value();
+    conn.pragma_update(None, "synchronous", sync)
+        .map_err(open_err)?;
+    let got: i64 = conn
+        .query_row("PRAGMA synchronous", [], |r| r.get(0))
+        .map_err(open_err)?;
+    if got != sync {
+        return Err(EventStoreError::Settings {
+            pragma: "synchronous",
+            wanted: sync.to_string(),
+            got: got.to_string(),
+        });
+    }
+    if role == Role::Reader {
+        conn.pragma_update(None, "query_only", true)
+            .map_err(open_err)?;
+    }
+    Ok(conn)
+}
+
+fn is_locked(e: &EventStoreError) -> bool {
+    let source = match e {
+        EventStoreError::Sqlite { source, .. } | EventStoreError::Open { source, .. } => source,
+        _ => return false,
+    };
+    matches!(
+        source.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Runs `f` until it does not fail with a lock error, sleeping with jitter between tries, up to
+/// the store's retry deadline.
+fn retry_locked<T>(options: &StoreOptions, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let start = Instant::now();
+    let mut attempt: u32 = 0;
+    loop {
+        match f() {
+            Err(e) if is_locked(&e) => {
+                if start.elapsed() >= options.lock_retry_deadline {
+                    return Err(EventStoreError::Busy {
+                        waited_ms: start.elapsed().as_millis() as u64,
+                    });
+                }
+                attempt = attempt.saturating_add(1);
+                let cap_ms = 2u64.saturating_pow(attempt.min(7)).min(100);
+                let jitter = u64::from(crate::ids::random_bytes::<2>()[0]) % (cap_ms + 1);
+                std::thread::sleep(Duration::from_millis(1 + jitter));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn append_in_savepoint(
+    tx: &rusqlite::Transaction<'_>,
+    p: &Pending,
+    now: i64,
+) -> Result<AppendResult> {
+    let sqlite = |operation| move |source| EventStoreError::Sqlite { operation, source };
+    tx.execute_batch("SAVEPOINT append")
+        .map_err(sqlite("savepoint"))?;
+    let result = match append_events(tx, p, now) {
+        Ok(Attempt::Stored(r)) => Ok(r),
+        // Checking ids up front would cost a lookup per event on every append; the UNIQUE index
+        // finds repeats for free, and only then do we look at what was stored before.
+        Ok(Attempt::DuplicateId) => {
+            tx.execute_batch("ROLLBACK TO append")
+                .map_err(sqlite("rollback savepoint"))?;
+            match find_existing(tx, p) {
+                Ok(Some(r)) => Ok(r),
+                Ok(None) => Err(EventStoreError::IdempotencyConflict {
+                    event_id: first_duplicate(p),
+                    detail: "the id appears twice in this append".into(),
+                }),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    };
+    let end = if result.is_ok() {
+        "RELEASE append"
+    } else {
+        "ROLLBACK TO append; RELEASE append"
+    };
+    tx.execute_batch(end).map_err(sqlite("release savepoint"))?;
+    result
+}
+
+fn first_duplicate(p: &Pending) -> String {
+    let mut seen = std::collections::HashSet::new();
+    p.events
+        .iter()
+        .find(|e| !seen.insert(e.event_id.as_str()))
+        .map(|e| e.event_id.to_string())
+        .unwrap_or_default()
+}
+
+/// What one append inside the group transaction came to.
+enum Attempt {
+    Stored(AppendResult),
+    /// An event id is already in the table (or twice in this batch).
+    DuplicateId,
+}
+
+fn append_events(conn: &Connection, p: &Pending, now: i64) -> Result<Attempt> {
+    let sqlite = |operation| move |source| EventStoreError::Sqlite { operation, source };
+    let current: Option<u64> = conn
+        .prepare_cached("SELECT max(stream_version) FROM events WHERE stream_id = ?1")
+        .map_err(sqlite("read stream version"))?
+        .query_row([&p.stream], |r| r.get::<_, Option<i64>>(0))
+        .map_err(sqlite("read stream version"))?
+        .map(|v| v as u64);
+    let ok = match p.expected {
+        ExpectedVersion::Any => true,
+        ExpectedVersion::NoStream => current.is_none(),
+        ExpectedVersion::Exact(v) => current == Some(v),
+    };
+    if !ok {
+        // A retry of an append that did commit finds the stream moved on by itself.
+        if let Some(r) = find_existing(conn, p)? {
+            return Ok(Attempt::Stored(r));
+        }
+        return Err(EventStoreError::WrongExpectedVersion {
+            stream: p.stream.clone(),
+            expected: match p.expected {
+                ExpectedVersion::Exact(v) => Some(v),
+                ExpectedVersion::NoStream | ExpectedVersion::Any => None,
+            },
+            actual: current,
+        });
+    }
+    let mut insert = conn
+        .prepare_cached(
+            "INSERT INTO events (event_id, stream_id, stream_version, type_id, schema_version, \
+             timestamp_ms, correlation_id, causation_id, payload) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )
+        .map_err(sqlite("prepare insert"))?;
+    let mut version = current.unwrap_or(0);
+    let mut first = 0;
+    let mut last = 0;
+    for (i, e) in p.events.iter().enumerate() {
+        version += 1;
+        let payload =
+            serde_json::to_string(&e.payload).map_err(|err| EventStoreError::InvalidAppend {
+                detail: format!("payload of {} is not serializable: {err}", e.event_id),
+            })?;
+        let inserted = insert.execute(params![
+            e.event_id.as_str(),
+            p.stream,
+            version as i64,
+            e.type_id,
+            e.schema_version,
+            now,
+            e.correlation_id,
+            e.causation_id,
+            payload
+        ]);
+        match inserted {
+            Ok(_) => {}
+            Err(source)
+                if source.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) =>
+            {
+                return Ok(Attempt::DuplicateId);
+            }
+            Err(source) => {
+                return Err(EventStoreError::Sqlite {
+                    operation: "insert event",
+                    source,
+                })
+            }
+        }
+        last = conn.last_insert_rowid() as u64;
+        if i == 0 {
+            first = last;
+        }
+    }
+    Ok(Attempt::Stored(AppendResult {
+        first_position: first,
+        last_position: last,
+        stream_version: version,
+    }))
+}
+
+/// An idempotent retry: when every event id is already stored, in this stream, returns where
+/// they landed. When only some are stored, or in another stream, the retry is not the same
+/// append and is refused.
+fn find_existing(conn: &Connection, p: &Pending) -> Result<Option<AppendResult>> {
+    let sqlite = |source| EventStoreError::Sqlite {
+        operation: "check event id",
+        source,
+    };
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT position, stream_id, stream_version FROM events WHERE event_id = ?1",
+        )
+        .map_err(sqlite)?;
+    let mut found = Vec::with_capacity(p.events.len());
+    for e in &p.events {
+        let row = stmt
+            .query_row([e.event_id.as_str()], |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as u64,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)? as u64,
+                ))
+            })
+            .optional()
+            .map_err(sqlite)?;
+        found.push(row);
+    }
+    if found.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let conflict = |detail: String| EventStoreError::IdempotencyConflict {
+        event_id: p
+            .events
+            .first()
+            .map(|e| e.event_id.to_string())
+            .unwrap_or_default(),
+        detail,
+    };
+    let stored: Vec<(u64, String, u64)> = found.into_iter().flatten().collect();
+    if stored.len() != p.events.len() {
+        return Err(conflict(
+            "part of this batch was stored before, part was not".into(),
+        ));
+    }
+    if stored.iter().any(|(_, s, _)| *s != p.stream) {
+        return Err(conflict(format!(
+            "it was stored in another stream, not {:?}",
+            p.stream
+        )));
+    }
+    let first = stored.iter().map(|r| r.0).min().unwrap_or(0);
+    let last = stored.iter().map(|r| r.0).max().unwrap_or(0);
+    let version = stored.iter().map(|r| r.2).max().unwrap_or(0);
+    Ok(Some(AppendResult {
+        first_position: first,
+        last_position: last,
+        stream_version: version,
+    }))
+}
+
+fn decode_row(row: &rusqlite::Row<'_>) -> Result<RecordedEvent> {
+    let position = row
+        .get::<_, i64>(0)
+        .map_err(|source| EventStoreError::Sqlite {
+            operation: "read position",
+            source,
+        })? as u64;
+    let corrupt = |detail: String| EventStoreError::CorruptEvent { position, detail };
+    let col = |e: rusqlite::Error| corrupt(e.to_string());
+    let payload_text: String = row.get(9).map_err(col)?;
+    let payload = serde_json::from_str(&payload_text)
+        .map_err(|e| corrupt(format!("payload is not JSON: {e}")))?;
+    Ok(RecordedEvent {
+        position,
+        event_id: EventId::from_string(row.get::<_, String>(1).map_err(col)?),
+        stream_id: row.get(2).map_err(col)?,
+        stream_version: row.get::<_, i64>(3).map_err(col)? as u64,
+        type_id: row.get(4).map_err(col)?,
+        schema_version: row.get(5).map_err(col)?,
+        timestamp_ms: row.get(6).map_err(col)?,
+        correlation_id: row.get(7).map_err(col)?,
+        causation_id: row.get(8).map_err(col)?,
+        payload,
+    })
+}
+
+impl EventStore for SqliteEventStore {
+    fn append(
+        &self,
+        stream: &str,
+        expected: ExpectedVersion,
+        events: &[NewEvent],
+    ) -> Result<AppendResult> {
+        if events.is_empty() {
+            return Err(EventStoreError::InvalidAppend {
+                detail: "no events to append".into(),
+            });
+        }
+        if stream.is_empty() {
+            return Err(EventStoreError::InvalidAppend {
+                detail: "the stream name is empty".into(),
+            });
+        }
+        let me = Arc::new(Pending {
+            stream: stream.to_owned(),
+            expected,
+            events: events.to_vec(),
+            result: Mutex::new(None),
+        });
+        self.pending.lock().push(Arc::clone(&me));
+        loop {
+            // Whoever holds the writer is committing a group; when we get it, either that group
+            // held our append (our result is set) or we lead the next group, which holds ours.
+            let mut conn = self.writer.lock();
+            if let Some(r) = me.result.lock().take() {
+                return r;
+            }
+            let group = std::mem::take(&mut *self.pending.lock());
+            if group.is_empty() {
+                continue;
+            }
+            self.commit_group(&mut conn, &group);
+            drop(conn);
+            if let Some(r) = me.result.lock().take() {
+                return r;
+            }
+        }
+    }
+
+    fn read_stream(
+        &self,
+        stream: &str,
+        from_version: u64,
+        max: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM events WHERE stream_id = ?1 AND stream_version >= ?2 \
+             ORDER BY stream_version LIMIT ?3"
+        );
+        let from = from_version.min(i64::MAX as u64) as i64;
+        self.read_query(&sql, &[&stream, &from, &page(max)])
+    }
+
+    fn read_all(&self, from_position: u64, max: usize) -> Result<Vec<RecordedEvent>> {
+        let sql =
+            format!("SELECT {COLUMNS} FROM events WHERE position >= ?1 ORDER BY position LIMIT ?2");
+        let from = from_position.min(i64::MAX as u64) as i64;
+        self.read_query(&sql, &[&from, &page(max)])
+    }
+
+    fn last_position(&self) -> Result<u64> {
+        self.with_reader(|conn| {
+            conn.query_row("SELECT coalesce(max(position), 0) FROM events", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|v| v as u64)
+            .map_err(|source| EventStoreError::Sqlite {
+                operation: "read last position",
+                source,
+            })
+        })
+    }
+}

@@ -1,0 +1,132 @@
+//! Identity newtypes shared by every component.
+//!
+//! Each id is a string so that hosts may bring their own (a UUID, a slug, a path-safe name); the
+//! [`EventId::new`] and friends generate random UUIDv4-formatted ids when the host has none.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+macro_rules! string_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Wraps an existing id.
+            pub fn from_string(id: impl Into<String>) -> Self {
+                Self(id.into())
+            }
+
+            /// A fresh random id (UUIDv4 format).
+            pub fn random() -> Self {
+                Self(random_uuid())
+            }
+
+            /// The id as a string slice.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(s: &str) -> Self {
+                Self(s.to_owned())
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(s: String) -> Self {
+                Self(s)
+            }
+        }
+    };
+}
+
+string_id!(
+    /// One agent session; also the event stream its tool events go to (`session-{id}`).
+    SessionId
+);
+string_id!(
+    /// One stage of a session (a planning step, a sub-task).
+    StageId
+);
+string_id!(
+    /// One tool invocation; its started/completed/failed/rejected events carry it.
+    ToolInvocationId
+);
+string_id!(
+    /// One inference provider, e.g. `llama-cpp:gemma-3-270m`.
+    ProviderId
+);
+string_id!(
+    /// One event; unique in a store, so appending the same id twice stores it once.
+    EventId
+);
+
+/// 16 random bytes formatted as a UUIDv4 string.
+pub(crate) fn random_uuid() -> String {
+    let mut b = random_bytes::<16>();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// Random bytes from the kernel; falls back to a time- and counter-derived mix if `getrandom`
+/// is unavailable (ids need uniqueness, not secrecy).
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut buf = [0u8; N];
+    // SAFETY: buf is a valid, writable buffer of N bytes; getrandom writes at most N bytes.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), N, 0) };
+    if n != N as isize {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let mut x = nanos
+            ^ (u64::from(std::process::id()) << 32)
+            ^ COUNTER
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for byte in buf.iter_mut() {
+            // splitmix64 step
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            *byte = (z ^ (z >> 31)) as u8;
+        }
+    }
+    buf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_ids_are_uuid_shaped_and_distinct() {
+        let a = EventId::random();
+        let b = EventId::random();
+        assert_ne!(a, b);
+        assert_eq!(a.as_str().len(), 36);
+        assert_eq!(a.as_str().as_bytes()[14], b'4');
+    }
+}

@@ -1,0 +1,115 @@
+use std::fmt;
+
+/// What went wrong talking to a model server.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum InferenceError {
+    /// Nothing listens at the server's address.
+    ConnectionRefused {
+        /// The URL called.
+        url: String,
+        /// The transport's account.
+        detail: String,
+    },
+    /// The server did not answer in time.
+    Timeout {
+        /// The URL called.
+        url: String,
+        /// The transport's account.
+        detail: String,
+    },
+    /// Any other transport failure (reset, DNS, I/O).
+    Transport {
+        /// The URL called.
+        url: String,
+        /// The transport's account.
+        detail: String,
+    },
+    /// The server answered with a non-2xx status.
+    Http {
+        /// The HTTP status.
+        status: u16,
+        /// The server's own error message, or the start of its body.
+        message: String,
+    },
+    /// The prompt does not fit the model's context (HTTP 400 `exceed_context_size_error`);
+    /// retrying the same request cannot help.
+    ContextExceeded {
+        /// The server's message.
+        message: String,
+        /// Prompt tokens, when the server said.
+        prompt_tokens: Option<u64>,
+        /// Context size, when the server said.
+        context_size: Option<u64>,
+    },
+    /// The server answered 2xx with a body that is not the expected JSON.
+    MalformedBody {
+        /// What is wrong.
+        detail: String,
+        /// The start of the body.
+        body_prefix: String,
+    },
+    /// The call was cancelled by the caller.
+    Cancelled,
+    /// No model is loaded, or it could not be loaded.
+    ModelUnavailable {
+        /// Why.
+        detail: String,
+    },
+}
+
+impl InferenceError {
+    /// Whether the same request may succeed when retried later.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            InferenceError::ConnectionRefused { .. }
+            | InferenceError::Timeout { .. }
+            | InferenceError::Transport { .. }
+            | InferenceError::ModelUnavailable { .. } => true,
+            InferenceError::Http { status, .. } => *status >= 500 || *status == 429,
+            InferenceError::ContextExceeded { .. }
+            | InferenceError::MalformedBody { .. }
+            | InferenceError::Cancelled => false,
+        }
+    }
+}
+
+impl fmt::Display for InferenceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InferenceError::ConnectionRefused { url, detail } => write!(
+                f,
+                "connection to {url} refused ({detail}); is llama-server running and loaded?"
+            ),
+            InferenceError::Timeout { url, detail } => write!(
+                f,
+                "{url} did not answer in time ({detail}); raise the read timeout or lower max_tokens"
+            ),
+            InferenceError::Transport { url, detail } => write!(f, "calling {url} failed: {detail}"),
+            InferenceError::Http { status, message } => {
+                write!(f, "llama-server answered HTTP {status}: {message}")
+            }
+            InferenceError::ContextExceeded {
+                message,
+                prompt_tokens,
+                context_size,
+            } => {
+                write!(f, "the prompt does not fit the context: {message}")?;
+                if let (Some(p), Some(c)) = (prompt_tokens, context_size) {
+                    write!(f, " ({p} prompt tokens, context {c})")?;
+                }
+                write!(f, "; shorten the context or load the model with a larger context size")
+            }
+            InferenceError::MalformedBody {
+                detail,
+                body_prefix,
+            } => write!(f, "llama-server sent a malformed body: {detail}; body starts {body_prefix:?}"),
+            InferenceError::Cancelled => f.write_str("the call was cancelled"),
+            InferenceError::ModelUnavailable { detail } => {
+                write!(f, "no model available: {detail}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for InferenceError {}

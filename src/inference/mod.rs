@@ -1,0 +1,11 @@
+//! Inference: the model contracts and their llama.cpp implementation.
+
+mod contract;
+mod error;
+
+pub use contract::{
+    CapabilityScore, ContextEntry, ContextPack, FinishReason, GenerationConfig, InferenceProvider,
+    InferenceRequest, InferenceResponse, ModelCapability, ProviderHealth, SourceType, TokenUsage,
+    Tokenizer,
+};
+pub use error::InferenceError;

@@ -1,0 +1,46 @@
+//! correx: the infrastructure layer of a local-first LLM agent runtime.
+//!
+//! - [`SqliteEventStore`]: an append-only event log in SQLite, durable across crashes.
+//! - Contracts for inference ([`InferenceProvider`]), tools ([`Tool`], [`ToolExecutor`]) and
+//!   approvals ([`ApprovalEngine`]).
+//!
+//! Every call is blocking; every shared type is `Send + Sync`.
+
+#![deny(missing_docs)]
+
+mod approvals;
+mod events;
+mod ids;
+mod inference;
+mod tools;
+
+pub use approvals::{
+    ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalMode, ApprovalRequest, AutoApprove,
+    CallbackApprover, DenyAll,
+};
+pub use events::{
+    append_domain, format_rfc3339_ms, AppendResult, DomainEvent, Durability, EventStore,
+    EventStoreError, ExpectedVersion, NewEvent, RecordedEvent, SqliteEventStore, StoreOptions,
+    UnloadReason,
+};
+pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
+pub use inference::{
+    CapabilityScore, ContextEntry, ContextPack, FinishReason, GenerationConfig, InferenceError,
+    InferenceProvider, InferenceRequest, InferenceResponse, ModelCapability, ProviderHealth,
+    SourceType, TokenUsage, Tokenizer,
+};
+pub use tools::{
+    FileAffectingTool, Tier, Tool, ToolCapability, ToolExecutor, ToolRequest, ToolResult,
+    ValidationResult,
+};
+
+#[cfg(test)]
+mod send_sync {
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn shared_handles_are_send_and_sync() {
+        assert_send_sync::<crate::SqliteEventStore>();
+        assert_send_sync::<crate::CallbackApprover>();
+    }
+}

@@ -1,0 +1,237 @@
+//! The tool contracts: what a tool is, what it is asked, and what it answers.
+
+use crate::ids::{SessionId, ToolInvocationId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+/// Risk tier of a tool, ordered by numeric value: T0 (inert) < T1 (reads) < T2 (writes, runs
+/// processes) < T3 (hardest to verify, such as patches).
+///
+/// An unknown numeric tier counts as [`Tier::T3`], so a tier from a newer host is never treated
+/// as less risky than it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[repr(i32)]
+pub enum Tier {
+    /// No side effects.
+    T0 = 0,
+    /// Reads only.
+    T1 = 1,
+    /// Writes files or runs processes.
+    T2 = 2,
+    /// Changes that are hardest to verify.
+    T3 = 3,
+}
+
+impl Tier {
+    /// The tier for a number; anything outside 0..=3 is T3.
+    pub fn from_i32(n: i32) -> Tier {
+        match n {
+            0 => Tier::T0,
+            1 => Tier::T1,
+            2 => Tier::T2,
+            _ => Tier::T3,
+        }
+    }
+
+    /// The tier's number (0..=3).
+    pub fn as_i32(self) -> i32 {
+        self as i32
+    }
+
+    /// Whether a tool of this tier must be evaluated by the approval engine (T2 and T3).
+    pub fn needs_approval(self) -> bool {
+        match self {
+            Tier::T0 | Tier::T1 => false,
+            Tier::T2 | Tier::T3 => true,
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "T{}", self.as_i32())
+    }
+}
+
+/// What a tool needs from the machine; informational, for hosts that show or filter tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCapability {
+    /// Runs an executable.
+    ShellExec,
+    /// Spawns a child process.
+    ProcessSpawn,
+    /// Reads files.
+    FileRead,
+    /// Writes, edits or deletes files.
+    FileWrite,
+}
+
+/// One request to run a tool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolRequest {
+    /// Unique per invocation; the tool events carry it.
+    pub invocation_id: ToolInvocationId,
+    /// The session the invocation belongs to.
+    pub session_id: SessionId,
+    /// The registered tool name, e.g. `file_write`.
+    pub tool_name: String,
+    /// The tool's parameters, as a JSON object.
+    #[serde(default)]
+    pub parameters: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ToolRequest {
+    /// A request with a fresh invocation id.
+    pub fn new(
+        session_id: SessionId,
+        tool_name: impl Into<String>,
+        parameters: serde_json::Map<String, serde_json::Value>,
+    ) -> Self {
+        ToolRequest {
+            invocation_id: ToolInvocationId::random(),
+            session_id,
+            tool_name: tool_name.into(),
+            parameters,
+        }
+    }
+
+    /// A string parameter, if present and a string.
+    pub fn str_param(&self, name: &str) -> Option<&str> {
+        self.parameters.get(name).and_then(|v| v.as_str())
+    }
+}
+
+/// What a tool answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ToolResult {
+    /// The tool did its job.
+    Success {
+        /// The invocation this answers.
+        invocation_id: ToolInvocationId,
+        /// The tool's output (file contents, stdout, a listing).
+        output: String,
+        /// Extra facts, such as an exit code or a truncation flag.
+        #[serde(default)]
+        metadata: BTreeMap<String, String>,
+    },
+    /// The tool did not do its job; `reason` is written for a model to act on.
+    Failure {
+        /// The invocation this answers.
+        invocation_id: ToolInvocationId,
+        /// What went wrong and, where it helps, what to try.
+        reason: String,
+        /// Whether the same request may succeed after a change the model can make (a different
+        /// argument); false when retrying cannot help (denied, outside the allowed roots).
+        recoverable: bool,
+    },
+}
+
+impl ToolResult {
+    /// A success with no metadata.
+    pub fn success(invocation_id: &ToolInvocationId, output: impl Into<String>) -> Self {
+        ToolResult::Success {
+            invocation_id: invocation_id.clone(),
+            output: output.into(),
+            metadata: BTreeMap::new(),
+        }
+    }
+
+    /// A failure.
+    pub fn failure(
+        invocation_id: &ToolInvocationId,
+        reason: impl Into<String>,
+        recoverable: bool,
+    ) -> Self {
+        ToolResult::Failure {
+            invocation_id: invocation_id.clone(),
+            reason: reason.into(),
+            recoverable,
+        }
+    }
+
+    /// Whether this is a success.
+    pub fn is_success(&self) -> bool {
+        matches!(self, ToolResult::Success { .. })
+    }
+
+    /// The invocation this answers.
+    pub fn invocation_id(&self) -> &ToolInvocationId {
+        match self {
+            ToolResult::Success { invocation_id, .. }
+            | ToolResult::Failure { invocation_id, .. } => invocation_id,
+        }
+    }
+}
+
+/// Whether a request is well formed for a tool, before it runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ValidationResult {
+    /// The request may run.
+    Valid,
+    /// The request is malformed; `reason` says which parameter and why.
+    Invalid {
+        /// Which parameter is wrong and why.
+        reason: String,
+    },
+}
+
+impl ValidationResult {
+    /// Whether the request is valid.
+    pub fn is_valid(&self) -> bool {
+        matches!(self, ValidationResult::Valid)
+    }
+}
+
+/// A tool an agent may call. Implementations are blocking and shared across threads.
+pub trait Tool: Send + Sync {
+    /// The registered name, unique in a registry.
+    fn name(&self) -> &str;
+    /// The risk tier, which decides whether the approval engine is asked.
+    fn tier(&self) -> Tier;
+    /// What the tool needs from the machine.
+    fn required_capabilities(&self) -> &[ToolCapability];
+    /// Checks the request's shape without side effects.
+    fn validate_request(&self, request: &ToolRequest) -> ValidationResult;
+    /// Runs the tool. Never panics on bad input: every problem is a [`ToolResult::Failure`].
+    fn execute(&self, request: &ToolRequest) -> ToolResult;
+    /// The tool as a [`FileAffectingTool`], when it touches files the sandbox must back up.
+    fn as_file_affecting(&self) -> Option<&dyn FileAffectingTool> {
+        None
+    }
+}
+
+/// A tool that changes files: the sandbox backs up [`FileAffectingTool::affected_paths`] before
+/// the tool runs and restores them if it fails.
+pub trait FileAffectingTool: Tool {
+    /// The absolute paths (inside the tool's allowed roots) that `request` may create, change or
+    /// delete; empty for read-only operations.
+    ///
+    /// # Errors
+    /// A reason a model can act on, when the request names a path that is malformed or outside
+    /// every allowed root.
+    fn affected_paths(&self, request: &ToolRequest) -> Result<Vec<PathBuf>, String>;
+}
+
+/// Something that runs tool requests: a dispatcher, a sandbox, or a single tool.
+pub trait ToolExecutor: Send + Sync {
+    /// Runs `request` and answers; never panics on bad input.
+    fn execute(&self, request: &ToolRequest) -> ToolResult;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiers_order_by_number_and_unknown_is_t3() {
+        assert!(Tier::T0 < Tier::T1 && Tier::T1 < Tier::T2 && Tier::T2 < Tier::T3);
+        assert_eq!(Tier::from_i32(7), Tier::T3);
+        assert_eq!(Tier::from_i32(-1), Tier::T3);
+        assert_eq!(Tier::from_i32(1), Tier::T1);
+        assert!(!Tier::T1.needs_approval() && Tier::T2.needs_approval());
+    }
+}

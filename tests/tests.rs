@@ -1,0 +1,5 @@
+//! The integration tests, built as one binary.
+
+mod util;
+
+mod events;
