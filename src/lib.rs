@@ -12,6 +12,7 @@ mod approvals;
 mod events;
 mod ids;
 mod inference;
+mod private_dir;
 mod tools;
 
 pub use approvals::{
@@ -30,8 +31,10 @@ pub use inference::{
     SourceType, TokenUsage, Tokenizer,
 };
 pub use tools::{
-    FileAffectingTool, Tier, Tool, ToolCapability, ToolExecutor, ToolRequest, ToolResult,
-    ValidationResult,
+    looks_secret, ConfineError, DispatchingToolExecutor, FileAffectingTool, FileEditTool,
+    FileReadTool, FileWriteTool, ResolveMode, Roots, ShellOptions, ShellTool, Tier, Tool,
+    ToolCapability, ToolError, ToolExecutor, ToolRegistry, ToolRequest, ToolResult,
+    ValidationResult, DEFAULT_MAX_READ_BYTES, DEFAULT_OUTPUT_CAP,
 };
 
 #[cfg(test)]

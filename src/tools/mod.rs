@@ -1,8 +1,34 @@
 //! Tools an agent may run: the contracts, the registry, and the built-in tools.
+//!
+//! ```
+//! use correx::{FileReadTool, Tool, ToolRequest, SessionId};
+//! let dir = std::env::temp_dir().join(format!("correx-doc-tools-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! std::fs::write(dir.join("notes.txt"), "hello")?;
+//! let tool = FileReadTool::new(&[dir.clone()])?;
+//! let params = serde_json::json!({"operation": "read", "path": "notes.txt"});
+//! let req = ToolRequest::new(SessionId::from("s"), "file_read", params.as_object().cloned().unwrap_or_default());
+//! assert!(tool.execute(&req).is_success());
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod contract;
+mod error;
+pub(crate) mod fs;
+mod params;
+pub(crate) mod process;
+mod registry;
+mod shell;
 
 pub use contract::{
     FileAffectingTool, Tier, Tool, ToolCapability, ToolExecutor, ToolRequest, ToolResult,
     ValidationResult,
 };
+pub use error::ToolError;
+pub use fs::{
+    ConfineError, FileEditTool, FileReadTool, FileWriteTool, ResolveMode, Roots,
+    DEFAULT_MAX_READ_BYTES,
+};
+pub use registry::{DispatchingToolExecutor, ToolRegistry};
+pub use shell::{looks_secret, ShellOptions, ShellTool, DEFAULT_OUTPUT_CAP};

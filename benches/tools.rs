@@ -1,0 +1,112 @@
+//! `cargo bench --bench tools`: the built-in tools against the bare std calls they wrap, in one
+//! run, alternating the two so drift hits both alike.
+
+use correx::{FileReadTool, FileWriteTool, SessionId, ShellOptions, ShellTool, Tool, ToolRequest};
+use serde_json::json;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+fn req(tool: &str, params: serde_json::Value) -> ToolRequest {
+    ToolRequest::new(
+        SessionId::from("bench"),
+        tool,
+        params.as_object().cloned().unwrap_or_default(),
+    )
+}
+
+/// Alternates `ours` and `raw` in blocks and returns (median ours, median raw) per call.
+fn compare(
+    rounds: usize,
+    per_round: usize,
+    mut ours: impl FnMut(),
+    mut raw: impl FnMut(),
+) -> (Duration, Duration) {
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let t = Instant::now();
+        for _ in 0..per_round {
+            raw();
+        }
+        b.push(t.elapsed() / per_round as u32);
+        let t = Instant::now();
+        for _ in 0..per_round {
+            ours();
+        }
+        a.push(t.elapsed() / per_round as u32);
+    }
+    a.sort();
+    b.sort();
+    (a[a.len() / 2], b[b.len() / 2])
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = std::env::temp_dir().join(format!("correx-bench-tools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+
+    let shell = ShellTool::new(ShellOptions {
+        allowed_executables: vec!["true".into()],
+        ..ShellOptions::default()
+    })?;
+    let true_req = req("shell", json!({"argv": ["/bin/true"]}));
+    let (ours, raw) = compare(
+        15,
+        40,
+        || assert!(shell.execute(&true_req).is_success()),
+        || {
+            let out = std::process::Command::new("/bin/true")
+                .output()
+                .expect("spawn");
+            assert!(out.status.success());
+        },
+    );
+    println!("shell_spawn_us: {:.1}", ours.as_secs_f64() * 1e6);
+    println!("raw_spawn_us: {:.1}", raw.as_secs_f64() * 1e6);
+    let shell_ratio = ours.as_secs_f64() / raw.as_secs_f64();
+
+    let content = "x".repeat(4096);
+    std::fs::write(dir.join("data.txt"), &content)?;
+    let read = FileReadTool::new(std::slice::from_ref(&dir))?;
+    let read_req = req(
+        "file_read",
+        json!({"operation": "read", "path": "data.txt"}),
+    );
+    let path = dir.join("data.txt");
+    let (ours, raw) = compare(
+        15,
+        2000,
+        || assert!(read.execute(&read_req).is_success()),
+        || assert_eq!(std::fs::read(&path).expect("read").len(), 4096),
+    );
+    println!("file_read_4k_us: {:.2}", ours.as_secs_f64() * 1e6);
+    println!("raw_read_4k_us: {:.2}", raw.as_secs_f64() * 1e6);
+    let read_ratio = ours.as_secs_f64() / raw.as_secs_f64();
+
+    let write = FileWriteTool::new(std::slice::from_ref(&dir))?;
+    let write_req = req(
+        "file_write",
+        json!({"operation": "write", "path": "out.txt", "content": content}),
+    );
+    let raw_target = dir.join("raw.txt");
+    let raw_tmp = dir.join(".raw.txt.tmp");
+    let (ours, raw) = compare(
+        9,
+        60,
+        || assert!(write.execute(&write_req).is_success()),
+        || {
+            // The same durability as the tool: write a temp file, flush its data, rename.
+            let mut f = std::fs::File::create(&raw_tmp).expect("create");
+            f.write_all(content.as_bytes()).expect("write");
+            f.sync_data().expect("sync");
+            std::fs::rename(&raw_tmp, &raw_target).expect("rename");
+        },
+    );
+    println!("file_write_4k_us: {:.1}", ours.as_secs_f64() * 1e6);
+    println!("raw_write_4k_us: {:.1}", raw.as_secs_f64() * 1e6);
+    let write_ratio = ours.as_secs_f64() / raw.as_secs_f64();
+
+    std::fs::remove_dir_all(&dir)?;
+    println!("shell_spawn_ratio: {shell_ratio:.3}");
+    println!("read_ratio: {read_ratio:.3}");
+    println!("write_ratio: {write_ratio:.3}");
+    Ok(())
+}

@@ -1,0 +1,551 @@
+//! Confinement by file descriptors: every allowed root is opened once as a directory fd, and
+//! every request is resolved beneath it by the kernel (`openat2` with `RESOLVE_BENEATH |
+//! RESOLVE_NO_MAGICLINKS`) or, where `openat2` is missing, by a component-by-component walk that
+//! never follows a link out of the root. No path is checked and then opened by name, so a
+//! symlink swapped in between cannot redirect an open.
+
+use std::collections::VecDeque;
+use std::ffi::{CString, OsStr, OsString};
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+/// Most symlinks one resolution follows, as the kernel's own limit.
+const MAX_SYMLINK_HOPS: u32 = 40;
+
+/// Why a path was refused or could not be opened.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ConfineError {
+    /// No allowed roots are configured, so every path is denied.
+    NoRoots,
+    /// The request path is empty, holds a NUL byte, or names no file.
+    InvalidPath {
+        /// The path as requested.
+        path: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// An absolute path that lies under no allowed root.
+    OutsideRoots {
+        /// The path as requested.
+        path: String,
+    },
+    /// Resolving the path would leave its root (`..` out of it, an absolute or escaping
+    /// symlink, a magic link).
+    EscapesRoot {
+        /// The path as requested.
+        path: String,
+        /// The root it was resolved under.
+        root: PathBuf,
+    },
+    /// The path (or a directory on the way) does not exist.
+    NotFound {
+        /// The path as requested.
+        path: String,
+    },
+    /// Any other system error.
+    Io {
+        /// The path as requested.
+        path: String,
+        /// The system's error.
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for ConfineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfineError::NoRoots => {
+                f.write_str("no allowed paths are configured, so every path is denied")
+            }
+            ConfineError::InvalidPath { path, reason } => {
+                write!(f, "invalid path {path:?}: {reason}")
+            }
+            ConfineError::OutsideRoots { path } => {
+                write!(f, "{path} is outside the allowed paths")
+            }
+            ConfineError::EscapesRoot { path, root } => write!(
+                f,
+                "{path} resolves outside the allowed path {} (through '..' or a symlink)",
+                root.display()
+            ),
+            ConfineError::NotFound { path } => write!(f, "{path} does not exist"),
+            ConfineError::Io { path, source } => write!(f, "{path}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfineError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConfineError::Io { source, .. } => Some(source),
+            ConfineError::NoRoots
+            | ConfineError::InvalidPath { .. }
+            | ConfineError::OutsideRoots { .. }
+            | ConfineError::EscapesRoot { .. }
+            | ConfineError::NotFound { .. } => None,
+        }
+    }
+}
+
+impl ConfineError {
+    /// Whether the model could fix the request (a path that does not exist yet, a typo);
+    /// refusals (outside, escaping, no roots) are not recoverable.
+    pub fn recoverable(&self) -> bool {
+        match self {
+            ConfineError::NotFound { .. } | ConfineError::InvalidPath { .. } => true,
+            ConfineError::Io { .. } => true,
+            ConfineError::NoRoots
+            | ConfineError::OutsideRoots { .. }
+            | ConfineError::EscapesRoot { .. } => false,
+        }
+    }
+}
+
+/// How requests are resolved beneath a root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResolveMode {
+    /// The kernel resolves (`openat2`, Linux >= 5.6).
+    Openat2,
+    /// A component-by-component walk with `O_NOFOLLOW`.
+    Walk,
+}
+
+struct Root {
+    /// As configured (absolute).
+    given: PathBuf,
+    /// Canonical (symlinks resolved once, at construction).
+    canonical: PathBuf,
+    fd: OwnedFd,
+}
+
+/// A request path located under one root: which root, and the path relative to it.
+#[derive(Clone, Debug)]
+pub struct Located {
+    root: usize,
+    rel: PathBuf,
+    request: String,
+}
+
+impl Located {
+    /// The path as the request gave it.
+    pub fn request(&self) -> &str {
+        &self.request
+    }
+}
+
+/// The allowed roots, each held open as a directory fd.
+pub struct Roots {
+    roots: Vec<Root>,
+    mode: ResolveMode,
+}
+
+impl fmt::Debug for Roots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Roots")
+            .field(
+                "roots",
+                &self.roots.iter().map(|r| &r.canonical).collect::<Vec<_>>(),
+            )
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+fn cstr(p: &OsStr) -> io::Result<CString> {
+    CString::new(p.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `openat(dir, path, flags | O_CLOEXEC, mode)` as an owned fd.
+pub(crate) fn openat(dir: RawFd, path: &OsStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    let c = cstr(path)?;
+    loop {
+        // SAFETY: c is a valid NUL-terminated string; dir is an open fd for the call's duration.
+        let fd = unsafe { libc::openat(dir, c.as_ptr(), flags | libc::O_CLOEXEC, mode) };
+        if fd >= 0 {
+            // SAFETY: fd is new and owned by nothing else.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+fn openat2_beneath(dir: RawFd, path: &OsStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    let c = cstr(path)?;
+    // SAFETY: open_how is plain data; zero is a valid value for every field.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.mode = if flags & libc::O_CREAT != 0 {
+        u64::from(mode)
+    } else {
+        0
+    };
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    let mut again = 0;
+    loop {
+        // SAFETY: openat2 reads `how` (size given) and the NUL-terminated path; dir is open.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir,
+                c.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: fd is new and owned by nothing else.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            // A concurrent rename moved something on the path; the kernel asks to retry.
+            Some(libc::EAGAIN) if again < 16 => again += 1,
+            _ => return Err(e),
+        }
+    }
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.
+pub(crate) fn lstatat(dir: RawFd, name: &OsStr) -> io::Result<libc::stat> {
+    let c = cstr(name)?;
+    // SAFETY: stat is plain data, written by fstatat on success.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid NUL-terminated name, open dir fd, writable stat buffer.
+    let r = unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// `fstat(fd)`.
+pub(crate) fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain data, written by fstat on success.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open; st is writable.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+fn readlinkat(dir: RawFd, name: &OsStr) -> io::Result<PathBuf> {
+    let c = cstr(name)?;
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: buf is writable for buf.len() bytes; c is NUL-terminated; dir is open.
+    let n = unsafe { libc::readlinkat(dir, c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    use std::os::unix::ffi::OsStringExt;
+    Ok(PathBuf::from(OsString::from_vec(buf)))
+}
+
+fn exdev() -> io::Error {
+    io::Error::from_raw_os_error(libc::EXDEV)
+}
+
+/// The fallback resolver: walks `rel` beneath `root` one component at a time with
+/// `O_NOFOLLOW`, splicing in relative symlink targets and refusing absolute ones and any `..`
+/// that would climb above the root.
+fn walk_beneath(root: RawFd, rel: &Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    let mut stack: Vec<OwnedFd> = vec![openat(
+        root,
+        OsStr::new("."),
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+    )?];
+    let mut queue: VecDeque<OsString> = VecDeque::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(n) => queue.push_back(n.to_os_string()),
+            Component::ParentDir => queue.push_back(OsString::from("..")),
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => return Err(exdev()),
+        }
+    }
+    let mut hops = 0;
+    while let Some(name) = queue.pop_front() {
+        let last = queue.is_empty();
+        if name == ".." {
+            if stack.len() == 1 {
+                return Err(exdev());
+            }
+            stack.pop();
+            continue;
+        }
+        let cur = stack.last().map(|f| f.as_raw_fd()).ok_or_else(exdev)?;
+        match lstatat(cur, &name) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                hops += 1;
+                if hops > MAX_SYMLINK_HOPS {
+                    return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                }
+                let target = readlinkat(cur, &name)?;
+                if target.is_absolute() {
+                    return Err(exdev());
+                }
+                for c in target.components().rev() {
+                    match c {
+                        Component::Normal(n) => queue.push_front(n.to_os_string()),
+                        Component::ParentDir => queue.push_front(OsString::from("..")),
+                        Component::CurDir => {}
+                        Component::RootDir | Component::Prefix(_) => return Err(exdev()),
+                    }
+                }
+                continue;
+            }
+            Ok(_) => {}
+            Err(e)
+                if last && e.raw_os_error() == Some(libc::ENOENT) && flags & libc::O_CREAT != 0 => {
+            }
+            Err(e) => return Err(e),
+        }
+        if last {
+            // O_NOFOLLOW: if a symlink was swapped in since the lstat, refuse rather than follow.
+            return openat(cur, &name, flags | libc::O_NOFOLLOW, mode);
+        }
+        let next = openat(
+            cur,
+            &name,
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )?;
+        stack.push(next);
+    }
+    // The path named the directory we ended in.
+    let cur = stack.last().map(|f| f.as_raw_fd()).ok_or_else(exdev)?;
+    openat(cur, OsStr::new("."), flags & !libc::O_CREAT, 0)
+}
+
+fn openat2_supported(dir: RawFd) -> bool {
+    match openat2_beneath(dir, OsStr::new("."), libc::O_PATH, 0) {
+        Ok(_) => true,
+        Err(e) => !matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)),
+    }
+}
+
+impl Roots {
+    /// Opens every root once. Roots that do not exist are refused: a typo in a config must not
+    /// silently deny everything. An empty list gives roots that deny every path.
+    ///
+    /// # Errors
+    /// [`ConfineError::Io`] or [`ConfineError::NotFound`] naming the root that failed.
+    pub fn open(paths: &[PathBuf]) -> Result<Roots, ConfineError> {
+        Self::open_with_mode(paths, None)
+    }
+
+    /// As [`Roots::open`], forcing a resolution mode (`None`: `openat2` where the kernel has it).
+    pub fn open_with_mode(
+        paths: &[PathBuf],
+        mode: Option<ResolveMode>,
+    ) -> Result<Roots, ConfineError> {
+        let mut roots = Vec::with_capacity(paths.len());
+        for p in paths {
+            let request = p.display().to_string();
+            if !p.is_absolute() {
+                return Err(ConfineError::InvalidPath {
+                    path: request,
+                    reason: "allowed paths must be absolute",
+                });
+            }
+            let canonical = std::fs::canonicalize(p).map_err(|e| io_err(&request, e))?;
+            let fd = openat(
+                libc::AT_FDCWD,
+                canonical.as_os_str(),
+                libc::O_PATH | libc::O_DIRECTORY,
+                0,
+            )
+            .map_err(|e| io_err(&request, e))?;
+            roots.push(Root {
+                given: p.clone(),
+                canonical,
+                fd,
+            });
+        }
+        let mode = match (mode, roots.first()) {
+            (Some(m), _) => m,
+            (None, Some(r)) if openat2_supported(r.fd.as_raw_fd()) => ResolveMode::Openat2,
+            (None, Some(_)) => ResolveMode::Walk,
+            (None, None) => ResolveMode::Openat2,
+        };
+        Ok(Roots { roots, mode })
+    }
+
+    /// How this set resolves paths.
+    pub fn mode(&self) -> ResolveMode {
+        self.mode
+    }
+
+    /// Whether no root is configured (every path denied).
+    pub fn is_empty(&self) -> bool {
+        self.roots.is_empty()
+    }
+
+    /// Finds the root a request path lies under. Absolute paths must start with a root (as
+    /// configured or canonical); relative paths are taken relative to the first root.
+    ///
+    /// # Errors
+    /// [`ConfineError::NoRoots`], [`ConfineError::InvalidPath`], [`ConfineError::OutsideRoots`].
+    pub fn locate(&self, request: &str) -> Result<Located, ConfineError> {
+        if self.roots.is_empty() {
+            return Err(ConfineError::NoRoots);
+        }
+        if request.is_empty() {
+            return Err(ConfineError::InvalidPath {
+                path: String::new(),
+                reason: "the path is empty",
+            });
+        }
+        if request.contains('\0') {
+            return Err(ConfineError::InvalidPath {
+                path: request.replace('\0', "\\0"),
+                reason: "the path holds a NUL byte",
+            });
+        }
+        let p = Path::new(request);
+        if !p.is_absolute() {
+            return Ok(Located {
+                root: 0,
+                rel: p.to_path_buf(),
+                request: request.to_owned(),
+            });
+        }
+        for (i, r) in self.roots.iter().enumerate() {
+            for base in [&r.canonical, &r.given] {
+                if let Ok(rel) = p.strip_prefix(base) {
+                    return Ok(Located {
+                        root: i,
+                        rel: rel.to_path_buf(),
+                        request: request.to_owned(),
+                    });
+                }
+            }
+        }
+        Err(ConfineError::OutsideRoots {
+            path: request.to_owned(),
+        })
+    }
+
+    fn root(&self, loc: &Located) -> &Root {
+        // Located values are only made by `locate` on this set.
+        &self.roots[loc.root.min(self.roots.len().saturating_sub(1))]
+    }
+
+    /// The absolute path (canonical root joined with the relative path, not resolved further).
+    pub fn absolute(&self, loc: &Located) -> PathBuf {
+        let rel = normalize(&loc.rel);
+        let root = &self.root(loc).canonical;
+        if rel.as_os_str().is_empty() {
+            root.clone()
+        } else {
+            root.join(rel)
+        }
+    }
+
+    /// Opens `loc` beneath its root with `flags` (symlinks inside the root are followed).
+    ///
+    /// # Errors
+    /// [`ConfineError::EscapesRoot`] for anything that leaves the root, [`ConfineError::NotFound`],
+    /// [`ConfineError::Io`].
+    pub fn open_at(&self, loc: &Located, flags: i32, mode: u32) -> Result<OwnedFd, ConfineError> {
+        let root = self.root(loc);
+        let rel: &OsStr = if loc.rel.as_os_str().is_empty() {
+            OsStr::new(".")
+        } else {
+            loc.rel.as_os_str()
+        };
+        let r = match self.mode {
+            ResolveMode::Openat2 => openat2_beneath(root.fd.as_raw_fd(), rel, flags, mode),
+            ResolveMode::Walk => walk_beneath(root.fd.as_raw_fd(), Path::new(rel), flags, mode),
+        };
+        r.map_err(|e| self.map_err(loc, e))
+    }
+
+    /// Opens the directory that holds `loc`'s last component, and returns it with that
+    /// component's name, for operations on the entry itself (create, rename, unlink).
+    ///
+    /// # Errors
+    /// As [`Roots::open_at`]; [`ConfineError::InvalidPath`] when the path ends in `..` or names
+    /// the root itself.
+    pub fn open_parent(&self, loc: &Located) -> Result<(OwnedFd, OsString), ConfineError> {
+        let norm = normalize(&loc.rel);
+        let name = match norm.components().next_back() {
+            Some(Component::Normal(n)) => n.to_os_string(),
+            _ => {
+                return Err(ConfineError::InvalidPath {
+                    path: loc.request.clone(),
+                    reason: "the path must name a file, not a directory like '..' or the root",
+                })
+            }
+        };
+        let parent = match loc.rel.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        // The raw parent (not the normalized one): `a/l/../x` must resolve `l` for real.
+        let raw_parent = raw_parent(&loc.rel).unwrap_or(parent);
+        let ploc = Located {
+            root: loc.root,
+            rel: raw_parent,
+            request: loc.request.clone(),
+        };
+        let dir = self.open_at(&ploc, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        Ok((dir, name))
+    }
+
+    fn map_err(&self, loc: &Located, e: io::Error) -> ConfineError {
+        match e.raw_os_error() {
+            Some(libc::EXDEV) | Some(libc::ELOOP) => ConfineError::EscapesRoot {
+                path: loc.request.clone(),
+                root: self.root(loc).canonical.clone(),
+            },
+            Some(libc::ENOENT) => ConfineError::NotFound {
+                path: loc.request.clone(),
+            },
+            _ => io_err(&loc.request, e),
+        }
+    }
+}
+
+fn io_err(path: &str, e: io::Error) -> ConfineError {
+    if e.raw_os_error() == Some(libc::ENOENT) {
+        ConfineError::NotFound {
+            path: path.to_owned(),
+        }
+    } else {
+        ConfineError::Io {
+            path: path.to_owned(),
+            source: e,
+        }
+    }
+}
+
+/// `rel` without its last component, keeping `..` and symlinks to be resolved for real.
+fn raw_parent(rel: &Path) -> Option<PathBuf> {
+    let mut comps: Vec<Component<'_>> = rel
+        .components()
+        .filter(|c| *c != Component::CurDir)
+        .collect();
+    comps.pop()?;
+    if comps.is_empty() {
+        return Some(PathBuf::from("."));
+    }
+    Some(comps.iter().collect())
+}
+
+/// Lexically drops `.`; keeps `..` (resolution decides what it means).
+fn normalize(rel: &Path) -> PathBuf {
+    rel.components()
+        .filter(|c| *c != Component::CurDir)
+        .collect()
+}

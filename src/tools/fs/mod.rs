@@ -1,0 +1,411 @@
+//! File tools confined to allowed roots: [`FileReadTool`] (T1), [`FileWriteTool`] (T2) and
+//! [`FileEditTool`] (T3).
+//!
+//! Every path is resolved beneath a root's directory fd (see [`Roots`]); `..` out of a root,
+//! absolute or escaping symlinks, magic links and re-entry through `../root/x` are refused.
+//! Writes are atomic (temp file, then rename) and never go through a symlink or into a file
+//! with several hard links.
+
+mod confine;
+mod ops;
+mod patch;
+
+pub use confine::{ConfineError, Located, ResolveMode, Roots};
+
+use super::params::required_str;
+use super::{
+    FileAffectingTool, Tier, Tool, ToolCapability, ToolError, ToolRequest, ToolResult,
+    ValidationResult,
+};
+use ops::FsError;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Default cap on a read: 10 MiB.
+pub const DEFAULT_MAX_READ_BYTES: u64 = 10 * 1024 * 1024;
+
+fn fail(req: &ToolRequest, e: FsError) -> ToolResult {
+    let recoverable = e.recoverable();
+    ToolResult::failure(&req.invocation_id, e.to_string(), recoverable)
+}
+
+fn locate(roots: &Roots, req: &ToolRequest, path: &str) -> Result<Located, ToolResult> {
+    roots
+        .locate(path)
+        .map_err(|e| fail(req, FsError::Confine(e)))
+}
+
+fn operation<'a>(req: &'a ToolRequest, allowed: &[&str]) -> Result<&'a str, ToolResult> {
+    let op = required_str(req, "operation")?;
+    if allowed.contains(&op) {
+        Ok(op)
+    } else {
+        Err(ToolResult::failure(
+            &req.invocation_id,
+            format!(
+                "unknown operation {op:?}; use one of: {}",
+                allowed.join(", ")
+            ),
+            true,
+        ))
+    }
+}
+
+fn validation(r: Result<(), ToolResult>) -> ValidationResult {
+    match r {
+        Ok(()) => ValidationResult::Valid,
+        Err(ToolResult::Failure { reason, .. }) => ValidationResult::Invalid { reason },
+        Err(ToolResult::Success { .. }) => ValidationResult::Valid,
+    }
+}
+
+fn text_success(req: &ToolRequest, bytes: Vec<u8>) -> ToolResult {
+    let mut metadata = BTreeMap::new();
+    metadata.insert("bytes".to_owned(), bytes.len().to_string());
+    let output = match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => {
+            metadata.insert("lossy_utf8".to_owned(), "true".to_owned());
+            String::from_utf8_lossy(e.as_bytes()).into_owned()
+        }
+    };
+    ToolResult::Success {
+        invocation_id: req.invocation_id.clone(),
+        output,
+        metadata,
+    }
+}
+
+/// Reads files inside the allowed roots: `{"operation": "read" | "list" | "exists", "path": ...}`.
+/// Tier T1. An empty root list denies every path.
+#[derive(Debug)]
+pub struct FileReadTool {
+    roots: Roots,
+    max_read_bytes: u64,
+}
+
+impl FileReadTool {
+    /// A reader over `allowed_paths` with the default read cap.
+    ///
+    /// # Errors
+    /// [`ToolError::Root`] when a root does not exist or cannot be opened.
+    pub fn new(allowed_paths: &[PathBuf]) -> Result<Self, ToolError> {
+        Self::with_roots(
+            Roots::open(allowed_paths).map_err(ToolError::Root)?,
+            DEFAULT_MAX_READ_BYTES,
+        )
+    }
+
+    /// A reader over already-opened roots with a read cap in bytes.
+    ///
+    /// # Errors
+    /// [`ToolError::InvalidSetting`] when `max_read_bytes` is 0.
+    pub fn with_roots(roots: Roots, max_read_bytes: u64) -> Result<Self, ToolError> {
+        if max_read_bytes == 0 {
+            return Err(ToolError::InvalidSetting {
+                field: "max_read_bytes",
+                reason: "must be greater than 0".into(),
+            });
+        }
+        Ok(FileReadTool {
+            roots,
+            max_read_bytes,
+        })
+    }
+
+    fn run(&self, req: &ToolRequest) -> Result<ToolResult, ToolResult> {
+        let op = operation(req, &["read", "list", "exists"])?;
+        let path = required_str(req, "path")?;
+        let loc = locate(&self.roots, req, path)?;
+        Ok(match op {
+            "read" => text_success(
+                req,
+                ops::read(&self.roots, &loc, self.max_read_bytes).map_err(|e| fail(req, e))?,
+            ),
+            "list" => {
+                let entries = ops::list(&self.roots, &loc).map_err(|e| fail(req, e))?;
+                let lines: Vec<String> = entries.iter().map(|(n, k)| format!("{n}\t{k}")).collect();
+                ToolResult::success(&req.invocation_id, lines.join("\n"))
+            }
+            _ => {
+                let found = ops::exists(&self.roots, &loc).map_err(|e| fail(req, e))?;
+                ToolResult::success(&req.invocation_id, found.to_string())
+            }
+        })
+    }
+}
+
+impl Tool for FileReadTool {
+    fn name(&self) -> &str {
+        "file_read"
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::T1
+    }
+
+    fn required_capabilities(&self) -> &[ToolCapability] {
+        &[ToolCapability::FileRead]
+    }
+
+    fn validate_request(&self, request: &ToolRequest) -> ValidationResult {
+        validation(
+            operation(request, &["read", "list", "exists"])
+                .and_then(|_| required_str(request, "path"))
+                .map(|_| ()),
+        )
+    }
+
+    fn execute(&self, request: &ToolRequest) -> ToolResult {
+        match self.run(request) {
+            Ok(r) | Err(r) => r,
+        }
+    }
+}
+
+/// Writes and deletes files inside the allowed roots:
+/// `{"operation": "write", "path": ..., "content": ...}` or `{"operation": "delete", "path": ...}`.
+/// Tier T2. Writes are atomic; the sandbox backs up and restores the target.
+#[derive(Debug)]
+pub struct FileWriteTool {
+    roots: Roots,
+}
+
+impl FileWriteTool {
+    /// A writer over `allowed_paths`.
+    ///
+    /// # Errors
+    /// [`ToolError::Root`] when a root does not exist or cannot be opened.
+    pub fn new(allowed_paths: &[PathBuf]) -> Result<Self, ToolError> {
+        Ok(Self::with_roots(
+            Roots::open(allowed_paths).map_err(ToolError::Root)?,
+        ))
+    }
+
+    /// A writer over already-opened roots.
+    pub fn with_roots(roots: Roots) -> Self {
+        FileWriteTool { roots }
+    }
+
+    fn run(&self, req: &ToolRequest) -> Result<ToolResult, ToolResult> {
+        let op = operation(req, &["write", "delete"])?;
+        let path = required_str(req, "path")?;
+        let loc = locate(&self.roots, req, path)?;
+        if op == "write" {
+            let content = required_str(req, "content")?;
+            ops::write_atomic(&self.roots, &loc, content.as_bytes()).map_err(|e| fail(req, e))?;
+            Ok(ToolResult::success(
+                &req.invocation_id,
+                format!("wrote {} bytes to {path}", content.len()),
+            ))
+        } else {
+            ops::delete(&self.roots, &loc).map_err(|e| fail(req, e))?;
+            Ok(ToolResult::success(
+                &req.invocation_id,
+                format!("deleted {path}"),
+            ))
+        }
+    }
+}
+
+impl Tool for FileWriteTool {
+    fn name(&self) -> &str {
+        "file_write"
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::T2
+    }
+
+    fn required_capabilities(&self) -> &[ToolCapability] {
+        &[ToolCapability::FileWrite]
+    }
+
+    fn validate_request(&self, request: &ToolRequest) -> ValidationResult {
+        validation((|| {
+            let op = operation(request, &["write", "delete"])?;
+            required_str(request, "path")?;
+            if op == "write" {
+                required_str(request, "content")?;
+            }
+            Ok(())
+        })())
+    }
+
+    fn execute(&self, request: &ToolRequest) -> ToolResult {
+        match self.run(request) {
+            Ok(r) | Err(r) => r,
+        }
+    }
+
+    fn as_file_affecting(&self) -> Option<&dyn FileAffectingTool> {
+        Some(self)
+    }
+}
+
+fn target_path(roots: &Roots, req: &ToolRequest) -> Result<Vec<PathBuf>, String> {
+    let path = required_str(req, "path").map_err(reason)?;
+    let loc = roots.locate(path).map_err(|e| e.to_string())?;
+    Ok(vec![roots.absolute(&loc)])
+}
+
+fn reason(r: ToolResult) -> String {
+    match r {
+        ToolResult::Failure { reason, .. } => reason,
+        ToolResult::Success { output, .. } => output,
+    }
+}
+
+impl FileAffectingTool for FileWriteTool {
+    fn affected_paths(&self, request: &ToolRequest) -> Result<Vec<PathBuf>, String> {
+        target_path(&self.roots, request)
+    }
+}
+
+/// Edits existing files inside the allowed roots. Tier T3.
+///
+/// - `{"operation": "append", "path", "content"}`: adds `content` at the end.
+/// - `{"operation": "replace", "path", "target", "replacement"}`: replaces `target`, which must
+///   occur exactly once.
+/// - `{"operation": "patch", "patch"}`: applies a unified diff with the real `patch` binary
+///   (`--batch --forward -p0`, a `--dry-run` first) on private copies, then writes the results
+///   back atomically. Every file in the diff's headers must lie under a root.
+#[derive(Debug)]
+pub struct FileEditTool {
+    roots: Roots,
+    max_read_bytes: u64,
+}
+
+const EDIT_OPS: &[&str] = &["append", "replace", "patch"];
+
+impl FileEditTool {
+    /// An editor over `allowed_paths`.
+    ///
+    /// # Errors
+    /// [`ToolError::Root`] when a root does not exist or cannot be opened.
+    pub fn new(allowed_paths: &[PathBuf]) -> Result<Self, ToolError> {
+        Ok(Self::with_roots(
+            Roots::open(allowed_paths).map_err(ToolError::Root)?,
+        ))
+    }
+
+    /// An editor over already-opened roots.
+    pub fn with_roots(roots: Roots) -> Self {
+        FileEditTool {
+            roots,
+            max_read_bytes: DEFAULT_MAX_READ_BYTES,
+        }
+    }
+
+    fn run(&self, req: &ToolRequest) -> Result<ToolResult, ToolResult> {
+        let op = operation(req, EDIT_OPS)?;
+        if op == "patch" {
+            let diff = required_str(req, "patch")?;
+            return patch::apply(&self.roots, req, diff, self.max_read_bytes);
+        }
+        let path = required_str(req, "path")?;
+        let loc = locate(&self.roots, req, path)?;
+        let old = ops::read(&self.roots, &loc, self.max_read_bytes).map_err(|e| fail(req, e))?;
+        let new = if op == "append" {
+            let content = required_str(req, "content")?;
+            let mut new = old;
+            new.extend_from_slice(content.as_bytes());
+            new
+        } else {
+            let target = required_str(req, "target")?;
+            let replacement = required_str(req, "replacement")?;
+            if target.is_empty() {
+                return Err(ToolResult::failure(
+                    &req.invocation_id,
+                    "parameter \"target\" is empty; give the exact text to replace",
+                    true,
+                ));
+            }
+            let text = String::from_utf8(old).map_err(|_| {
+                ToolResult::failure(
+                    &req.invocation_id,
+                    format!("{path} is not UTF-8 text"),
+                    false,
+                )
+            })?;
+            let count = text.matches(target).count();
+            if count != 1 {
+                return Err(ToolResult::failure(
+                    &req.invocation_id,
+                    format!(
+                        "target text occurs {count} times in {path}; it must occur exactly once (add surrounding lines to make it unique)"
+                    ),
+                    false,
+                ));
+            }
+            text.replacen(target, replacement, 1).into_bytes()
+        };
+        ops::write_atomic(&self.roots, &loc, &new).map_err(|e| fail(req, e))?;
+        Ok(ToolResult::success(
+            &req.invocation_id,
+            format!("{op} applied to {path}"),
+        ))
+    }
+}
+
+impl Tool for FileEditTool {
+    fn name(&self) -> &str {
+        "file_edit"
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::T3
+    }
+
+    fn required_capabilities(&self) -> &[ToolCapability] {
+        &[ToolCapability::FileWrite]
+    }
+
+    fn validate_request(&self, request: &ToolRequest) -> ValidationResult {
+        validation((|| {
+            match operation(request, EDIT_OPS)? {
+                "append" => {
+                    required_str(request, "path")?;
+                    required_str(request, "content")?;
+                }
+                "replace" => {
+                    required_str(request, "path")?;
+                    required_str(request, "target")?;
+                    required_str(request, "replacement")?;
+                }
+                _ => {
+                    let diff = required_str(request, "patch")?;
+                    patch::parse(diff)
+                        .map_err(|r| ToolResult::failure(&request.invocation_id, r, true))?;
+                }
+            }
+            Ok(())
+        })())
+    }
+
+    fn execute(&self, request: &ToolRequest) -> ToolResult {
+        match self.run(request) {
+            Ok(r) | Err(r) => r,
+        }
+    }
+
+    fn as_file_affecting(&self) -> Option<&dyn FileAffectingTool> {
+        Some(self)
+    }
+}
+
+impl FileAffectingTool for FileEditTool {
+    fn affected_paths(&self, request: &ToolRequest) -> Result<Vec<PathBuf>, String> {
+        if required_str(request, "operation").ok() == Some("patch") {
+            let diff = required_str(request, "patch").map_err(reason)?;
+            let files = patch::parse(diff)?;
+            let mut out = Vec::new();
+            for f in files {
+                let loc = self.roots.locate(&f.path).map_err(|e| e.to_string())?;
+                out.push(self.roots.absolute(&loc));
+            }
+            return Ok(out);
+        }
+        target_path(&self.roots, request)
+    }
+}

@@ -1,0 +1,45 @@
+//! Reading tool parameters with failures a model can act on.
+
+use super::{ToolRequest, ToolResult};
+
+/// A required string parameter.
+pub(crate) fn required_str<'a>(req: &'a ToolRequest, name: &str) -> Result<&'a str, ToolResult> {
+    match req.parameters.get(name) {
+        Some(serde_json::Value::String(s)) => Ok(s),
+        Some(other) => Err(ToolResult::failure(
+            &req.invocation_id,
+            format!(
+                "parameter {name:?} must be a string, got {}",
+                json_kind(other)
+            ),
+            true,
+        )),
+        None => Err(ToolResult::failure(
+            &req.invocation_id,
+            format!("missing required parameter {name:?}"),
+            true,
+        )),
+    }
+}
+
+/// An optional string parameter.
+pub(crate) fn optional_str<'a>(
+    req: &'a ToolRequest,
+    name: &str,
+) -> Result<Option<&'a str>, ToolResult> {
+    match req.parameters.get(name) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(_) => required_str(req, name).map(Some),
+    }
+}
+
+pub(crate) fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}

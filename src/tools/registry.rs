@@ -1,0 +1,77 @@
+use super::{Tool, ToolError, ToolExecutor, ToolRequest, ToolResult};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The tools a runtime offers, fixed when built: there is no way to add one afterwards.
+#[derive(Clone, Default)]
+pub struct ToolRegistry {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+}
+
+impl std::fmt::Debug for ToolRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.tools.keys()).finish()
+    }
+}
+
+impl ToolRegistry {
+    /// Builds a registry from `tools`.
+    ///
+    /// # Errors
+    /// [`ToolError::DuplicateTool`] when two tools share a name.
+    pub fn build(tools: Vec<Arc<dyn Tool>>) -> Result<Self, ToolError> {
+        let mut map = BTreeMap::new();
+        for t in tools {
+            let name = t.name().to_owned();
+            if map.insert(name.clone(), t).is_some() {
+                return Err(ToolError::DuplicateTool { name });
+            }
+        }
+        Ok(ToolRegistry { tools: map })
+    }
+
+    /// The tool with this name.
+    pub fn resolve(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name)
+    }
+
+    /// Every tool, ordered by name.
+    pub fn all(&self) -> Vec<Arc<dyn Tool>> {
+        self.tools.values().cloned().collect()
+    }
+
+    /// Every tool name, ordered.
+    pub fn names(&self) -> Vec<&str> {
+        self.tools.keys().map(String::as_str).collect()
+    }
+}
+
+/// Runs each request with the registry's tool of that name.
+#[derive(Clone, Debug)]
+pub struct DispatchingToolExecutor {
+    registry: ToolRegistry,
+}
+
+impl DispatchingToolExecutor {
+    /// Dispatches through `registry`.
+    pub fn new(registry: ToolRegistry) -> Self {
+        DispatchingToolExecutor { registry }
+    }
+}
+
+impl ToolExecutor for DispatchingToolExecutor {
+    fn execute(&self, request: &ToolRequest) -> ToolResult {
+        match self.registry.resolve(&request.tool_name) {
+            Some(tool) => tool.execute(request),
+            None => ToolResult::failure(
+                &request.invocation_id,
+                format!(
+                    "unknown tool {:?}; available: {}",
+                    request.tool_name,
+                    self.registry.names().join(", ")
+                ),
+                false,
+            ),
+        }
+    }
+}
