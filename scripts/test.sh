@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need, then runs every test.
+# The test command: installs what the tests need (llama-server and the Gemma model, into a cache
+# outside the repo), then runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+bash scripts/install-llama.sh >/dev/null
 cargo test --all-targets
 cargo test --doc

@@ -12,6 +12,7 @@ mod approvals;
 mod events;
 mod ids;
 mod inference;
+mod install;
 mod private_dir;
 mod tools;
 
@@ -26,10 +27,12 @@ pub use events::{
 };
 pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
 pub use inference::{
-    CapabilityScore, ContextEntry, ContextPack, FinishReason, GenerationConfig, InferenceError,
-    InferenceProvider, InferenceRequest, InferenceResponse, ModelCapability, ProviderHealth,
-    SourceType, TokenUsage, Tokenizer,
+    capabilities_for, chat_body, CapabilityScore, ContextEntry, ContextPack, FinishReason,
+    GenerationConfig, HttpOptions, InferenceError, InferenceProvider, InferenceRequest,
+    InferenceResponse, LlamaCppInferenceProvider, LlamaCppTokenizer, ModelCapability,
+    ProviderHealth, SourceType, TokenUsage, Tokenizer,
 };
+pub use install::LlamaInstall;
 pub use tools::{
     looks_secret, ConfineError, DispatchingToolExecutor, FileAffectingTool, FileEditTool,
     FileReadTool, FileWriteTool, ResolveMode, Roots, ShellOptions, ShellTool, Tier, Tool,

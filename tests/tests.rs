@@ -1,6 +1,8 @@
 //! The integration tests, built as one binary.
 
+mod stub;
 mod util;
 
 mod events;
+mod inference;
 mod tools;

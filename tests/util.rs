@@ -50,3 +50,120 @@ pub fn child_test(name: &str) -> Command {
 pub fn is_child() -> bool {
     std::env::var_os("CORREX_CHILD").is_some()
 }
+
+pub use correx::LlamaInstall;
+
+/// Finds the install; in CI a missing install fails the test, elsewhere the test is skipped
+/// loudly.
+pub fn llama_install() -> Option<LlamaInstall> {
+    let found = LlamaInstall::locate();
+    if found.is_none() {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("llama-server or the model is not installed; CI must run scripts/install-llama.sh first");
+        }
+        eprintln!(
+            "\n!!! SKIPPING: llama-server/model not installed; run scripts/install-llama.sh !!!\n"
+        );
+    }
+    found
+}
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A llama-server started for one test; killed and reaped on drop.
+pub struct TestServer {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl TestServer {
+    pub fn start(install: &LlamaInstall) -> TestServer {
+        use std::os::unix::process::CommandExt;
+        let port = free_port();
+        let mut cmd = Command::new(&install.server);
+        cmd.args(["--model"])
+            .arg(&install.model)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--ctx-size",
+                "2048",
+                "--threads",
+                "2",
+                "--no-jinja",
+                "--chat-template",
+                "gemma",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: prctl is async-signal-safe; the server dies if this test thread does.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawn llama-server");
+        let server = TestServer { child, port };
+        server.wait_healthy();
+        server
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn wait_healthy(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            if let Ok(status) = raw_http(self.port, "GET", "/health", "").map(|(s, _)| s) {
+                if status == 200 {
+                    return;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("test llama-server did not become healthy");
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A bare HTTP/1.1 request on a fresh connection; returns (status, body).
+pub fn raw_http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}

@@ -2,6 +2,7 @@
 
 mod contract;
 mod error;
+mod llama;
 
 pub use contract::{
     CapabilityScore, ContextEntry, ContextPack, FinishReason, GenerationConfig, InferenceProvider,
@@ -9,3 +10,6 @@ pub use contract::{
     Tokenizer,
 };
 pub use error::InferenceError;
+pub use llama::{
+    capabilities_for, chat_body, HttpOptions, LlamaCppInferenceProvider, LlamaCppTokenizer,
+};

@@ -1,0 +1,465 @@
+//! [`LlamaCppInferenceProvider`] and [`LlamaCppTokenizer`]: llama-server's OpenAI-compatible
+//! API over one shared keep-alive HTTP agent.
+
+use super::{
+    CapabilityScore, ContextPack, FinishReason, InferenceError, InferenceProvider,
+    InferenceRequest, InferenceResponse, ModelCapability, ProviderHealth, SourceType, TokenUsage,
+    Tokenizer,
+};
+use crate::ids::ProviderId;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// How long the start of an error body quoted in an error may be.
+const BODY_PREFIX: usize = 300;
+
+/// Settings of the HTTP client.
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    /// TCP connect timeout; default 2 s (the server is local).
+    pub connect_timeout: Duration,
+    /// How long to wait for a response, body included; default 300 s (a long generation).
+    pub read_timeout: Duration,
+    /// Timeout of `/health` calls; default 2 s.
+    pub health_timeout: Duration,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            connect_timeout: Duration::from_secs(2),
+            read_timeout: Duration::from_secs(300),
+            health_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// One shared keep-alive agent that ignores proxy variables (the server is local) and hands
+/// every status back as a response.
+pub(crate) fn agent(options: &HttpOptions) -> ureq::Agent {
+    let config = ureq::Agent::config_builder()
+        .proxy(None)
+        .http_status_as_error(false)
+        .timeout_connect(Some(options.connect_timeout))
+        .timeout_recv_response(Some(options.read_timeout))
+        .timeout_recv_body(Some(options.read_timeout))
+        .build();
+    ureq::Agent::new_with_config(config)
+}
+
+fn transport(url: &str, e: ureq::Error) -> InferenceError {
+    let detail = e.to_string();
+    let url = url.to_owned();
+    match e {
+        ureq::Error::Timeout(_) => InferenceError::Timeout { url, detail },
+        ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => {
+            InferenceError::ConnectionRefused { url, detail }
+        }
+        ureq::Error::Io(ref io) => match io.kind() {
+            std::io::ErrorKind::ConnectionRefused => {
+                InferenceError::ConnectionRefused { url, detail }
+            }
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
+                InferenceError::Timeout { url, detail }
+            }
+            _ => InferenceError::Transport { url, detail },
+        },
+        _ => InferenceError::Transport { url, detail },
+    }
+}
+
+fn prefix(body: &str) -> String {
+    let mut end = body.len().min(BODY_PREFIX);
+    while !body.is_char_boundary(end) {
+        end -= 1;
+    }
+    body[..end].to_owned()
+}
+
+/// Maps a non-2xx answer to an error, using the server's own `{"error": {...}}` when present.
+fn http_error(status: u16, body: &str) -> InferenceError {
+    let parsed: Option<Value> = serde_json::from_str(body).ok();
+    let err = parsed.as_ref().and_then(|v| v.get("error"));
+    let message = err
+        .and_then(|e| e.get("message").and_then(Value::as_str).map(str::to_owned))
+        .or_else(|| err.and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| prefix(body));
+    let kind = err.and_then(|e| e.get("type")).and_then(Value::as_str);
+    if status == 400 && kind == Some("exceed_context_size_error") {
+        return InferenceError::ContextExceeded {
+            message,
+            prompt_tokens: err
+                .and_then(|e| e.get("n_prompt_tokens"))
+                .and_then(Value::as_u64),
+            context_size: err.and_then(|e| e.get("n_ctx")).and_then(Value::as_u64),
+        };
+    }
+    InferenceError::Http { status, message }
+}
+
+/// Sends `body` to `url` and returns the parsed 2xx JSON body.
+fn post_json(agent: &ureq::Agent, url: &str, body: &Value) -> Result<Value, InferenceError> {
+    let bytes = body.to_string();
+    let mut resp = agent
+        .post(url)
+        .header("content-type", "application/json")
+        .send(bytes.as_bytes())
+        .map_err(|e| transport(url, e))?;
+    let status = resp.status().as_u16();
+    let text = resp
+        .body_mut()
+        .with_config()
+        .limit(64 * 1024 * 1024)
+        .read_to_string()
+        .map_err(|e| match e {
+            ureq::Error::Timeout(_) | ureq::Error::Io(_) => transport(url, e),
+            other => InferenceError::MalformedBody {
+                detail: other.to_string(),
+                body_prefix: String::new(),
+            },
+        })?;
+    if !(200..300).contains(&status) {
+        return Err(http_error(status, &text));
+    }
+    serde_json::from_str(&text).map_err(|e| InferenceError::MalformedBody {
+        detail: format!("not JSON: {e}"),
+        body_prefix: prefix(&text),
+    })
+}
+
+/// The chat messages for a context pack: L0 system, L1 user, L2 assistant (model) or user
+/// (user, tool); an empty pack is one empty user message.
+pub fn messages(pack: &ContextPack) -> Vec<Value> {
+    let mut out = Vec::new();
+    if let Some(s) = &pack.system {
+        out.push(json!({"role": "system", "content": s}));
+    }
+    if let Some(t) = &pack.task {
+        out.push(json!({"role": "user", "content": t}));
+    }
+    for e in &pack.entries {
+        let role = match e.source {
+            SourceType::Model => "assistant",
+            SourceType::User | SourceType::Tool => "user",
+        };
+        out.push(json!({"role": role, "content": e.content}));
+    }
+    if out.is_empty() {
+        out.push(json!({"role": "user", "content": ""}));
+    }
+    out
+}
+
+/// The `/v1/chat/completions` body for a request (`stream` is always false).
+pub fn chat_body(model_id: &str, request: &InferenceRequest) -> Value {
+    let c = &request.config;
+    let mut body = json!({
+        "model": model_id,
+        "messages": messages(&request.context),
+        "temperature": c.temperature,
+        "top_p": c.top_p,
+        "max_tokens": c.max_tokens,
+        "stop": c.stop,
+        "stream": false,
+    });
+    if let (Some(seed), Some(obj)) = (c.seed, body.as_object_mut()) {
+        obj.insert("seed".into(), json!(seed));
+    }
+    body
+}
+
+fn malformed(detail: &str, body: &Value) -> InferenceError {
+    InferenceError::MalformedBody {
+        detail: detail.to_owned(),
+        body_prefix: prefix(&body.to_string()),
+    }
+}
+
+fn u32_field(v: &Value, key: &str) -> Option<u32> {
+    v.get(key)
+        .and_then(Value::as_u64)
+        .map(|n| n.min(u64::from(u32::MAX)) as u32)
+}
+
+/// Maps a chat-completions body to a response.
+pub fn parse_chat_response(
+    body: &Value,
+    latency_ms: u64,
+    fallback_model: &str,
+) -> Result<InferenceResponse, InferenceError> {
+    let choice = body
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first())
+        .ok_or_else(|| malformed("no choices[0]", body))?;
+    let text = choice
+        .get("message")
+        .and_then(|m| m.get("content"))
+        .map(|c| c.as_str().unwrap_or_default().to_owned())
+        .ok_or_else(|| malformed("choices[0].message.content is missing", body))?;
+    let finish = choice
+        .get("finish_reason")
+        .and_then(Value::as_str)
+        .map(FinishReason::from_server)
+        .unwrap_or_else(|| FinishReason::Unknown("missing".into()));
+    let usage = body
+        .get("usage")
+        .ok_or_else(|| malformed("usage is missing", body))?;
+    let usage = TokenUsage {
+        prompt_tokens: u32_field(usage, "prompt_tokens")
+            .ok_or_else(|| malformed("usage.prompt_tokens", body))?,
+        completion_tokens: u32_field(usage, "completion_tokens")
+            .ok_or_else(|| malformed("usage.completion_tokens", body))?,
+        total_tokens: u32_field(usage, "total_tokens")
+            .ok_or_else(|| malformed("usage.total_tokens", body))?,
+    };
+    Ok(InferenceResponse {
+        text,
+        usage,
+        finish_reason: finish,
+        latency_ms,
+        model: body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or(fallback_model)
+            .to_owned(),
+        timings: body.get("timings").cloned(),
+    })
+}
+
+/// Calls llama-server's `/tokenize`; falls back to characters / 4 in `count` when the server is
+/// unreachable.
+#[derive(Clone, Debug)]
+pub struct LlamaCppTokenizer {
+    url: String,
+    agent: ureq::Agent,
+}
+
+impl LlamaCppTokenizer {
+    /// A tokenizer for the server at `base_url` with its own agent.
+    pub fn new(base_url: &str, options: &HttpOptions) -> Self {
+        Self::with_agent(base_url, agent(options))
+    }
+
+    pub(crate) fn with_agent(base_url: &str, agent: ureq::Agent) -> Self {
+        LlamaCppTokenizer {
+            url: format!("{}/tokenize", base_url.trim_end_matches('/')),
+            agent,
+        }
+    }
+}
+
+impl Tokenizer for LlamaCppTokenizer {
+    fn tokenize(&self, text: &str) -> Result<Vec<i64>, InferenceError> {
+        let body = post_json(&self.agent, &self.url, &json!({"content": text}))?;
+        let tokens = body
+            .get("tokens")
+            .and_then(Value::as_array)
+            .ok_or_else(|| malformed("no tokens array", &body))?;
+        tokens
+            .iter()
+            .map(|t| {
+                // With with_pieces the server sends objects; plain ids otherwise.
+                t.as_i64()
+                    .or_else(|| t.get("id").and_then(Value::as_i64))
+                    .ok_or_else(|| malformed("a token is not an integer", &body))
+            })
+            .collect()
+    }
+
+    fn count(&self, text: &str) -> usize {
+        match self.tokenize(text) {
+            Ok(t) => t.len(),
+            Err(e) => {
+                let approx = text.chars().count() / 4;
+                log::warn!(
+                    "tokenizer unavailable ({e}); approximating {approx} tokens as characters / 4"
+                );
+                approx
+            }
+        }
+    }
+}
+
+/// llama-server's OpenAI-compatible chat API as an [`InferenceProvider`].
+#[derive(Clone, Debug)]
+pub struct LlamaCppInferenceProvider {
+    id: ProviderId,
+    model_id: String,
+    chat_url: String,
+    health_url: String,
+    agent: ureq::Agent,
+    health_agent: ureq::Agent,
+    tokenizer: LlamaCppTokenizer,
+}
+
+impl LlamaCppInferenceProvider {
+    /// A provider for `model_id` served at `base_url` (e.g. `http://127.0.0.1:10000`).
+    pub fn new(model_id: &str, base_url: &str, options: &HttpOptions) -> Self {
+        let base = base_url.trim_end_matches('/');
+        let shared = agent(options);
+        let health_agent = agent(&HttpOptions {
+            read_timeout: options.health_timeout,
+            ..options.clone()
+        });
+        LlamaCppInferenceProvider {
+            id: ProviderId::from_string(format!("llama-cpp:{model_id}")),
+            model_id: model_id.to_owned(),
+            chat_url: format!("{base}/v1/chat/completions"),
+            health_url: format!("{base}/health"),
+            tokenizer: LlamaCppTokenizer::with_agent(base, shared.clone()),
+            agent: shared,
+            health_agent,
+        }
+    }
+
+    /// The model id this provider asks for.
+    pub fn model_id(&self) -> &str {
+        &self.model_id
+    }
+}
+
+/// Capabilities by model id: "coder" codes, "r1"/"deepseek" reason, anything else is general.
+pub fn capabilities_for(model_id: &str) -> Vec<CapabilityScore> {
+    let id = model_id.to_ascii_lowercase();
+    let capability = if id.contains("coder") {
+        (ModelCapability::Coding, 0.9)
+    } else if id.contains("r1") || id.contains("deepseek") {
+        (ModelCapability::Reasoning, 0.9)
+    } else {
+        (ModelCapability::General, 0.7)
+    };
+    vec![CapabilityScore {
+        capability: capability.0,
+        score: capability.1,
+    }]
+}
+
+impl InferenceProvider for LlamaCppInferenceProvider {
+    fn id(&self) -> &ProviderId {
+        &self.id
+    }
+
+    fn infer(&self, request: &InferenceRequest) -> Result<InferenceResponse, InferenceError> {
+        let body = chat_body(&self.model_id, request);
+        let start = Instant::now();
+        let answer = post_json(&self.agent, &self.chat_url, &body)?;
+        let latency_ms = start.elapsed().as_millis() as u64;
+        parse_chat_response(&answer, latency_ms, &self.model_id)
+    }
+
+    fn health_check(&self) -> ProviderHealth {
+        match self.health_agent.get(&self.health_url).call() {
+            Ok(mut resp) => {
+                let status = resp.status().as_u16();
+                if status == 200 {
+                    return ProviderHealth::Healthy;
+                }
+                let body = resp.body_mut().read_to_string().unwrap_or_default();
+                let reason = match status {
+                    503 => format!("loading: {}", prefix(&body)),
+                    s => format!("status {s}: {}", prefix(&body)),
+                };
+                ProviderHealth::Unhealthy { reason }
+            }
+            Err(e) => ProviderHealth::Unhealthy {
+                reason: format!("unreachable: {}", transport(&self.health_url, e)),
+            },
+        }
+    }
+
+    fn capabilities(&self) -> Vec<CapabilityScore> {
+        capabilities_for(&self.model_id)
+    }
+
+    fn tokenizer(&self) -> &dyn Tokenizer {
+        &self.tokenizer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inference::{ContextEntry, GenerationConfig};
+
+    #[test]
+    fn context_pack_maps_to_roles_and_empty_becomes_one_user_message() {
+        assert_eq!(
+            messages(&ContextPack::default()),
+            vec![json!({"role": "user", "content": ""})]
+        );
+        let pack = ContextPack {
+            system: Some("sys".into()),
+            task: Some("task".into()),
+            entries: vec![
+                ContextEntry {
+                    source: SourceType::Model,
+                    content: "said".into(),
+                },
+                ContextEntry {
+                    source: SourceType::Tool,
+                    content: "out".into(),
+                },
+            ],
+        };
+        let msgs = messages(&pack);
+        let roles: Vec<&str> = msgs.iter().filter_map(|m| m["role"].as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+        assert_eq!(msgs[2]["content"], "said");
+    }
+
+    #[test]
+    fn generation_config_fields_map_to_the_body() {
+        let req = InferenceRequest {
+            context: ContextPack::default(),
+            config: GenerationConfig {
+                temperature: 0.0,
+                top_p: 0.5,
+                max_tokens: 7,
+                stop: vec!["\n".into()],
+                seed: Some(42),
+            },
+        };
+        let b = chat_body("m", &req);
+        assert_eq!(b["temperature"], 0.0);
+        assert_eq!(b["top_p"], 0.5);
+        assert_eq!(b["max_tokens"], 7);
+        assert_eq!(b["stop"], json!(["\n"]));
+        assert_eq!(b["seed"], 42);
+        assert_eq!(b["stream"], false);
+        assert_eq!(b["model"], "m");
+    }
+
+    #[test]
+    fn capabilities_follow_the_model_id() {
+        assert_eq!(
+            capabilities_for("qwen2.5-coder")[0].capability,
+            ModelCapability::Coding
+        );
+        assert_eq!(
+            capabilities_for("DeepSeek-R1")[0].capability,
+            ModelCapability::Reasoning
+        );
+        assert_eq!(
+            capabilities_for("gemma")[0].capability,
+            ModelCapability::General
+        );
+    }
+
+    #[test]
+    fn context_errors_are_their_own_variant() {
+        let body = r#"{"error":{"code":400,"message":"too long","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}"#;
+        assert!(matches!(
+            http_error(400, body),
+            InferenceError::ContextExceeded {
+                prompt_tokens: Some(5000),
+                context_size: Some(4096),
+                ..
+            }
+        ));
+        assert!(matches!(
+            http_error(500, "boom"),
+            InferenceError::Http { status: 500, .. }
+        ));
+    }
+}
