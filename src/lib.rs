@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 mod approvals;
+mod cancel;
 mod events;
 mod ids;
 mod inference;
@@ -20,6 +21,7 @@ pub use approvals::{
     ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalMode, ApprovalRequest, AutoApprove,
     CallbackApprover, DenyAll,
 };
+pub use cancel::CancelToken;
 pub use events::{
     append_domain, format_rfc3339_ms, AppendResult, DomainEvent, Durability, EventStore,
     EventStoreError, ExpectedVersion, NewEvent, RecordedEvent, SqliteEventStore, StoreOptions,
@@ -27,10 +29,11 @@ pub use events::{
 };
 pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
 pub use inference::{
-    capabilities_for, chat_body, CapabilityScore, ContextEntry, ContextPack, FinishReason,
-    GenerationConfig, HttpOptions, InferenceError, InferenceProvider, InferenceRequest,
-    InferenceResponse, LlamaCppInferenceProvider, LlamaCppTokenizer, ModelCapability,
-    ProviderHealth, SourceType, TokenUsage, Tokenizer,
+    capabilities_for, chat_body, CapabilityScore, ContextEntry, ContextPack, DefaultModelManager,
+    FinishReason, GenerationConfig, HttpOptions, InferenceError, InferenceProvider,
+    InferenceRequest, InferenceResponse, LlamaCppInferenceProvider, LlamaCppTokenizer,
+    ManagedInferenceProvider, ManagerOptions, ModelCapability, ModelDescriptor, ModelLoadError,
+    ModelManager, ProviderHealth, ResidencyMode, SourceType, TokenUsage, Tokenizer, MODEL_STREAM,
 };
 pub use install::LlamaInstall;
 pub use tools::{

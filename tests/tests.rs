@@ -1,8 +1,10 @@
 //! The integration tests, built as one binary.
 
 mod stub;
+mod tools_util;
 mod util;
 
 mod events;
 mod inference;
+mod manager;
 mod tools;

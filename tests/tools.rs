@@ -99,6 +99,11 @@ fn shell_allowlist_is_by_resolved_path_not_by_name() -> TestResult {
     assert!(failure_reason(&r).is_some_and(|m| m.contains("not an allowed executable")));
     let r = tool.execute(&req("shell", json!({"argv": ["touch", marker]})));
     assert!(!r.is_success() && !marker.exists());
+    // The same file under another name: multi-call binaries act on argv[0], so it is refused.
+    let alias = dir.join("sh");
+    symlink("/usr/bin/ls", &alias)?;
+    let r = tool.execute(&req("shell", json!({"argv": [alias, "/"]})));
+    assert!(!r.is_success(), "an alias of an allowed binary ran");
     Ok(())
 }
 
@@ -615,6 +620,51 @@ fn writes_are_atomic_keep_the_mode_and_leave_no_temp_files() -> TestResult {
 }
 
 #[test]
+fn rewrites_drop_setuid_bits() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tree()?;
+    let path = t.root.join("file.txt");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o4755))?;
+    let write = FileWriteTool::new(std::slice::from_ref(&t.root))?;
+    let r = write.execute(&req(
+        "file_write",
+        json!({"operation": "write", "path": "file.txt", "content": "x"}),
+    ));
+    assert!(r.is_success());
+    assert_eq!(
+        std::fs::metadata(&path)?.permissions().mode() & 0o7777,
+        0o755
+    );
+    Ok(())
+}
+
+#[test]
+fn affected_paths_are_real_paths_inside_the_root() -> TestResult {
+    let t = tree()?;
+    let write = FileWriteTool::new(std::slice::from_ref(&t.root))?;
+    let root = std::fs::canonicalize(&t.root)?;
+    let ask = |p: &str| {
+        write.affected_paths(&req(
+            "file_write",
+            json!({"operation": "write", "path": p, "content": ""}),
+        ))
+    };
+    assert_eq!(ask("link_sub/new.txt")?, vec![root.join("sub/new.txt")]);
+    assert_eq!(ask("sub/../x.txt")?, vec![root.join("x.txt")]);
+    // A symlink as the last component is named as itself, never followed.
+    assert_eq!(ask("link_up")?, vec![root.join("link_up")]);
+    for bad in [
+        "sub/../../outside/x",
+        "link_dir_out/x",
+        "../root/x",
+        "/etc/passwd",
+    ] {
+        assert!(ask(bad).is_err(), "{bad} was accepted");
+    }
+    Ok(())
+}
+
+#[test]
 fn delete_removes_a_symlink_never_its_target() -> TestResult {
     let t = tree()?;
     let write = FileWriteTool::new(std::slice::from_ref(&t.root))?;
@@ -795,6 +845,7 @@ fn edit_patch_refuses_other_diff_formats_and_outside_files() -> TestResult {
         "--- ../outside/secret.txt\n+++ ../outside/secret.txt\n@@ -1 +1 @@\n-SECRET\n+x\n",
         "--- link_up\n+++ link_up\n@@ -1 +1 @@\n-SECRET\n+x\n",
         "--- code.txt\n+++ other.txt\n@@ -1 +1 @@\n-one\n+ONE\n",
+        "diff --git code.txt code.txt\nnew file mode 120000\n--- /dev/null\n+++ evil\n@@ -0,0 +1 @@\n+/etc/shadow\n",
     ];
     for diff in bad {
         let r = edit.execute(&req(

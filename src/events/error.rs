@@ -69,6 +69,22 @@ pub enum EventStoreError {
 }
 
 impl EventStoreError {
+    /// Whether the caller's own request was at fault (a version conflict, a repeated id, a
+    /// malformed append), as opposed to the storage failing.
+    pub fn is_caller_error(&self) -> bool {
+        match self {
+            EventStoreError::WrongExpectedVersion { .. }
+            | EventStoreError::IdempotencyConflict { .. }
+            | EventStoreError::InvalidAppend { .. } => true,
+            EventStoreError::Open { .. }
+            | EventStoreError::Sqlite { .. }
+            | EventStoreError::Busy { .. }
+            | EventStoreError::CommitFailed { .. }
+            | EventStoreError::CorruptEvent { .. }
+            | EventStoreError::Settings { .. } => false,
+        }
+    }
+
     /// Whether retrying the same call later may succeed.
     pub fn is_transient(&self) -> bool {
         match self {

@@ -192,6 +192,8 @@ impl SqliteEventStore {
 
     /// Commits every append waiting now in one transaction; fills in each one's result.
     fn commit_group(&self, conn: &mut Connection, group: &[Arc<Pending>]) {
+        // Followers wait for results the leader sets; if the leader unwinds, they still get one.
+        let _guard = AnswerAll(group);
         let outcome = retry_locked(&self.options, || {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -202,7 +204,12 @@ impl SqliteEventStore {
             let now = now_ms();
             let mut results = Vec::with_capacity(group.len());
             for p in group {
-                results.push(append_in_savepoint(&tx, p, now));
+                match append_in_savepoint(&tx, p, now) {
+                    // A storage error (disk full, I/O) may have rolled back the whole
+                    // transaction: fail the group rather than commit what is left of it.
+                    Err(e) if !e.is_caller_error() => return Err(e),
+                    r => results.push(r),
+                }
             }
             tx.commit().map_err(|source| EventStoreError::Sqlite {
                 operation: "commit",
@@ -236,6 +243,22 @@ impl SqliteEventStore {
 
 fn page(max: usize) -> i64 {
     max.min(MAX_PAGE) as i64
+}
+
+/// Sets an error result on every append of a group that has none when dropped.
+struct AnswerAll<'a>(&'a [Arc<Pending>]);
+
+impl Drop for AnswerAll<'_> {
+    fn drop(&mut self) {
+        for p in self.0 {
+            let mut r = p.result.lock();
+            if r.is_none() {
+                *r = Some(Err(EventStoreError::CommitFailed {
+                    detail: "the thread committing this group panicked; nothing was stored".into(),
+                }));
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -341,10 +364,15 @@ fn append_in_savepoint(
                 .map_err(sqlite("rollback savepoint"))?;
             match find_existing(tx, p) {
                 Ok(Some(r)) => Ok(r),
-                Ok(None) => Err(EventStoreError::IdempotencyConflict {
-                    event_id: first_duplicate(p),
-                    detail: "the id appears twice in this append".into(),
-                }),
+                Ok(None) => match first_duplicate(p) {
+                    Some(event_id) => Err(EventStoreError::IdempotencyConflict {
+                        event_id,
+                        detail: "the id appears twice in this append".into(),
+                    }),
+                    None => Err(EventStoreError::CommitFailed {
+                        detail: "a uniqueness constraint failed for no repeated id".into(),
+                    }),
+                },
                 Err(e) => Err(e),
             }
         }
@@ -359,13 +387,12 @@ fn append_in_savepoint(
     result
 }
 
-fn first_duplicate(p: &Pending) -> String {
+fn first_duplicate(p: &Pending) -> Option<String> {
     let mut seen = std::collections::HashSet::new();
     p.events
         .iter()
         .find(|e| !seen.insert(e.event_id.as_str()))
         .map(|e| e.event_id.to_string())
-        .unwrap_or_default()
 }
 
 /// What one append inside the group transaction came to.

@@ -3,6 +3,8 @@
 mod contract;
 mod error;
 mod llama;
+mod manager;
+mod manager_error;
 
 pub use contract::{
     CapabilityScore, ContextEntry, ContextPack, FinishReason, GenerationConfig, InferenceProvider,
@@ -13,3 +15,8 @@ pub use error::InferenceError;
 pub use llama::{
     capabilities_for, chat_body, HttpOptions, LlamaCppInferenceProvider, LlamaCppTokenizer,
 };
+pub use manager::{
+    DefaultModelManager, ManagedInferenceProvider, ManagerOptions, ModelDescriptor, ModelManager,
+    ResidencyMode, MODEL_STREAM,
+};
+pub use manager_error::ModelLoadError;

@@ -19,6 +19,8 @@ const DRAIN_DEADLINE: Duration = Duration::from_millis(500);
 /// What to run.
 pub(crate) struct RunSpec<'a> {
     pub program: &'a Path,
+    /// What the child sees as `argv[0]`; default the program path.
+    pub arg0: Option<&'a str>,
     pub args: &'a [String],
     pub env: &'a [(String, String)],
     pub cwd: Option<&'a Path>,
@@ -76,6 +78,9 @@ pub(crate) fn run(spec: &RunSpec<'_>) -> io::Result<RunOutput> {
     if let Some(dir) = spec.cwd {
         cmd.current_dir(dir);
     }
+    if let Some(a) = spec.arg0 {
+        cmd.arg0(a);
+    }
     arm_parent_death_signal(&mut cmd);
     let mut child = cmd.spawn()?;
     let pgid = child.id() as i32;
@@ -92,10 +97,12 @@ pub(crate) fn run(spec: &RunSpec<'_>) -> io::Result<RunOutput> {
         spec,
         start,
     );
-    kill_group(pgid);
+    // On success `pump` killed the group before reaping the leader (so the group id could not
+    // have been reused); only the error path still has a live child to clean up.
     let (exit, timed_out) = match outcome {
         Ok(v) => v,
         Err(e) => {
+            kill_group(pgid);
             let _ = child.kill();
             let _ = child.wait();
             return Err(e);
@@ -115,9 +122,8 @@ pub(crate) fn run(spec: &RunSpec<'_>) -> io::Result<RunOutput> {
 fn arm_parent_death_signal(cmd: &mut Command) {
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
-    // SAFETY: the closure runs between fork and exec and calls only prctl, getppid and
-    // __errno_location-free paths of io::Error::from_raw_os_error, all async-signal-safe; it
-    // allocates nothing.
+    // SAFETY: the closure runs between fork and exec and makes only raw syscalls (prctl,
+    // getppid, close_range), all async-signal-safe; it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
@@ -126,6 +132,14 @@ fn arm_parent_death_signal(cmd: &mut Command) {
             if libc::getppid() != parent {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
+            // A host may hold descriptors without close-on-exec; the tool's child gets none
+            // of them. (Linux >= 5.11; older kernels keep the host's own flags.)
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
+            );
             Ok(())
         });
     }
@@ -246,6 +260,9 @@ fn pump(
         } else if Instant::now() >= deadline {
             timed_out = true;
             kill_group(pgid);
+            // The leader may have moved itself to another group; kill it by pid too so the
+            // wait below cannot hang.
+            let _ = child.kill();
             exit = Some(to_exit(child.wait()?));
             continue;
         }
@@ -321,6 +338,11 @@ fn pump(
 /// [`FIXED_PATH`], a path with a slash as given (relative paths are refused: they depend on the
 /// host's working directory).
 pub(crate) fn resolve_executable(name: &str) -> Option<std::path::PathBuf> {
+    resolve_both(name).map(|(_, canonical)| canonical)
+}
+
+/// As [`resolve_executable`], also returning the path before symlinks were followed.
+pub(crate) fn resolve_both(name: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
     use std::os::unix::fs::PermissionsExt;
     let is_exec = |p: &Path| {
         std::fs::metadata(p)
@@ -342,5 +364,5 @@ pub(crate) fn resolve_executable(name: &str) -> Option<std::path::PathBuf> {
             .find(|p| is_exec(p))?
     };
     let canonical = std::fs::canonicalize(&candidate).ok()?;
-    is_exec(&canonical).then_some(canonical)
+    is_exec(&canonical).then_some((candidate, canonical))
 }

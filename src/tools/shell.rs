@@ -2,7 +2,7 @@
 
 use super::fs::{Located, Roots};
 use super::params::{json_kind, optional_str};
-use super::process::{self, resolve_executable, Exit, RunSpec, FIXED_PATH};
+use super::process::{self, resolve_both, Exit, RunSpec, FIXED_PATH};
 use super::{Tier, Tool, ToolCapability, ToolError, ToolRequest, ToolResult, ValidationResult};
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
@@ -53,7 +53,7 @@ impl Default for ShellOptions {
 /// reason. Metadata: `exit_code` or `signal`, `stdout_truncated`, `stderr_truncated`,
 /// `duration_ms`.
 pub struct ShellTool {
-    allowed: Vec<PathBuf>,
+    allowed: Vec<Allowed>,
     env: Vec<(String, String)>,
     timeout: Duration,
     output_cap: usize,
@@ -67,6 +67,19 @@ impl std::fmt::Debug for ShellTool {
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
+}
+
+/// One allowed executable: its canonical path, and the name it was allowed under. Multi-call
+/// binaries (busybox, bash as rbash) act on `argv[0]`, so a request must match both: the same
+/// file, reached under the same name.
+#[derive(Debug)]
+struct Allowed {
+    canonical: PathBuf,
+    name: std::ffi::OsString,
+}
+
+fn file_name(p: &std::path::Path) -> std::ffi::OsString {
+    p.file_name().map(|n| n.to_os_string()).unwrap_or_default()
 }
 
 /// Whether a variable name looks like it carries a secret.
@@ -98,11 +111,15 @@ impl ShellTool {
         }
         let mut allowed = Vec::new();
         for name in &options.allowed_executables {
-            let p = resolve_executable(name).ok_or_else(|| ToolError::ExecutableNotFound {
-                name: name.clone(),
-                path: FIXED_PATH,
-            })?;
-            allowed.push(p);
+            let (lexical, canonical) =
+                resolve_both(name).ok_or_else(|| ToolError::ExecutableNotFound {
+                    name: name.clone(),
+                    path: FIXED_PATH,
+                })?;
+            allowed.push(Allowed {
+                canonical,
+                name: file_name(&lexical),
+            });
         }
         for name in options.env.keys() {
             if name.is_empty() || name.contains('=') || name.contains('\0') {
@@ -155,12 +172,18 @@ impl ShellTool {
             .collect()
     }
 
-    fn permitted(&self, argv0: &str) -> Option<PathBuf> {
+    /// The canonical program and the `argv[0]` to run it under, if `argv0` is allowed.
+    fn permitted(&self, argv0: &str) -> Option<(PathBuf, String)> {
         if self.allowed.is_empty() {
             return None;
         }
-        let resolved = resolve_executable(argv0)?;
-        self.allowed.contains(&resolved).then_some(resolved)
+        let (lexical, canonical) = resolve_both(argv0)?;
+        let name = file_name(&lexical);
+        let ok = self
+            .allowed
+            .iter()
+            .any(|a| a.canonical == canonical && a.name == name);
+        ok.then(|| (canonical, name.to_string_lossy().into_owned()))
     }
 
     fn run(&self, request: &ToolRequest) -> Result<ToolResult, ToolResult> {
@@ -168,7 +191,7 @@ impl ShellTool {
         let argv = self
             .argv(request)
             .map_err(|r| ToolResult::failure(id, r, true))?;
-        let program = self.permitted(argv[0]).ok_or_else(|| {
+        let (program, arg0) = self.permitted(argv[0]).ok_or_else(|| {
             ToolResult::failure(
                 id,
                 format!(
@@ -176,7 +199,7 @@ impl ShellTool {
                     argv[0],
                     self.allowed
                         .iter()
-                        .map(|p| p.display().to_string())
+                        .map(|a| a.canonical.display().to_string())
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
@@ -205,6 +228,7 @@ impl ShellTool {
         let args: Vec<String> = argv[1..].iter().map(|s| (*s).to_owned()).collect();
         let spec = RunSpec {
             program: &program,
+            arg0: Some(&arg0),
             args: &args,
             env: &self.env,
             cwd: cwd_path.as_deref(),

@@ -452,6 +452,19 @@ impl Roots {
         }
     }
 
+    /// The real absolute path of the entry `loc` names: its parent directory resolved beneath
+    /// the root (symlinks and `..` followed for real), joined with its last component. The
+    /// entry itself is not followed, so a symlink there is named, not its target.
+    ///
+    /// # Errors
+    /// As [`Roots::open_parent`].
+    pub fn entry_path(&self, loc: &Located) -> Result<PathBuf, ConfineError> {
+        let (dir, name) = self.open_parent(loc)?;
+        let real = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+            .map_err(|e| io_err(&loc.request, e))?;
+        Ok(real.join(name))
+    }
+
     /// Opens `loc` beneath its root with `flags` (symlinks inside the root are followed).
     ///
     /// # Errors

@@ -246,7 +246,7 @@ impl Tool for FileWriteTool {
 fn target_path(roots: &Roots, req: &ToolRequest) -> Result<Vec<PathBuf>, String> {
     let path = required_str(req, "path").map_err(reason)?;
     let loc = roots.locate(path).map_err(|e| e.to_string())?;
-    Ok(vec![roots.absolute(&loc)])
+    Ok(vec![roots.entry_path(&loc).map_err(|e| e.to_string())?])
 }
 
 fn reason(r: ToolResult) -> String {
@@ -402,7 +402,7 @@ impl FileAffectingTool for FileEditTool {
             let mut out = Vec::new();
             for f in files {
                 let loc = self.roots.locate(&f.path).map_err(|e| e.to_string())?;
-                out.push(self.roots.absolute(&loc));
+                out.push(self.roots.entry_path(&loc).map_err(|e| e.to_string())?);
             }
             return Ok(out);
         }

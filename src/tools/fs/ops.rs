@@ -235,7 +235,8 @@ fn existing_entry(dir: RawFd, name: &OsStr, loc: &Located) -> Result<Option<libc
 pub(crate) fn write_atomic(roots: &Roots, loc: &Located, content: &[u8]) -> Result<(), FsError> {
     let (dir, name) = roots.open_parent(loc)?;
     let existing = existing_entry(dir.as_raw_fd(), &name, loc)?;
-    let mode = existing.map(|st| st.st_mode & 0o7777).unwrap_or(0o644);
+    // Never carry setuid/setgid over: the rewritten file belongs to whoever runs correx.
+    let mode = existing.map(|st| st.st_mode & 0o1777).unwrap_or(0o644);
     let tmp = temp_name(&name);
     let fd = openat(
         dir.as_raw_fd(),

@@ -79,6 +79,25 @@ pub(crate) fn parse(diff: &str) -> Result<Vec<PatchFile>, String> {
         if line.starts_with("***************") || line.starts_with("*** ") {
             return Err("context diffs are not accepted; send a unified diff (diff -u)".into());
         }
+        const GIT_HEADERS: &[&str] = &[
+            "diff --git ",
+            "new file mode",
+            "deleted file mode",
+            "old mode",
+            "new mode",
+            "rename from",
+            "rename to",
+            "copy from",
+            "copy to",
+            "similarity index",
+            "dissimilarity index",
+            "GIT binary patch",
+        ];
+        if let Some(h) = GIT_HEADERS.iter().find(|h| line.starts_with(**h)) {
+            return Err(format!(
+                "git extended header {h:?} is not accepted (modes, renames, copies, binaries); send a plain unified diff with paths relative to the root"
+            ));
+        }
         if is_normal_diff_command(line) {
             return Err(format!(
                 "line {:?} looks like a normal or ed-style diff; send a unified diff (diff -u)",
@@ -225,6 +244,7 @@ pub(crate) fn apply(
         args.push(patch_file.display().to_string());
         process::run(&RunSpec {
             program: &patch_bin,
+            arg0: None,
             args: &args,
             env: &[],
             cwd: Some(&tree),
@@ -243,6 +263,19 @@ pub(crate) fn apply(
     }
     for (f, loc) in files.iter().zip(&locs) {
         let copy = tree.join(&f.path);
+        match std::fs::symlink_metadata(&copy) {
+            Ok(m) if !m.file_type().is_file() => {
+                return Err(ToolResult::failure(
+                    id,
+                    format!(
+                        "patch left {} as something other than a regular file; nothing was written",
+                        f.path
+                    ),
+                    false,
+                ))
+            }
+            _ => {}
+        }
         match std::fs::read(&copy) {
             Ok(bytes) => ops::write_atomic(roots, loc, &bytes).map_err(|e| fail(req, e))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

@@ -1,0 +1,143 @@
+use crate::events::EventStoreError;
+use std::fmt;
+use std::path::PathBuf;
+
+/// Why a model could not be loaded or unloaded. Load errors carry the last lines of the
+/// server's log.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ModelLoadError {
+    /// The llama-server binary does not exist or is not executable.
+    BinaryNotFound {
+        /// The configured path.
+        path: PathBuf,
+    },
+    /// The GGUF file does not exist.
+    ModelFileMissing {
+        /// The configured path.
+        path: PathBuf,
+    },
+    /// Something already listens on the server's port, or answered health checks as a
+    /// server that is not ours.
+    PortInUse {
+        /// The address.
+        addr: String,
+        /// What was seen.
+        detail: String,
+    },
+    /// The server could not be started.
+    Spawn {
+        /// The binary.
+        path: PathBuf,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// The log directory could not be created or the log opened.
+    Log {
+        /// The path.
+        path: PathBuf,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// The server exited before it became healthy (a bad model file, a busy port, bad
+    /// arguments).
+    ExitedWhileLoading {
+        /// How it ended.
+        status: String,
+        /// The last lines of its log.
+        log_tail: Vec<String>,
+    },
+    /// The server did not become healthy in time; it was killed.
+    Timeout {
+        /// How long the manager waited, in milliseconds.
+        waited_ms: u64,
+        /// The last lines of its log.
+        log_tail: Vec<String>,
+    },
+    /// The load was cancelled; the server was killed.
+    Cancelled,
+    /// The manager this provider belongs to was dropped.
+    ManagerGone,
+    /// The state changed but the event could not be recorded; the change was rolled back.
+    Events(EventStoreError),
+}
+
+fn tail(f: &mut fmt::Formatter<'_>, lines: &[String]) -> fmt::Result {
+    if lines.is_empty() {
+        return f.write_str("; the server logged nothing");
+    }
+    f.write_str("; last log lines:")?;
+    for l in lines.iter().rev().take(15).rev() {
+        write!(f, "\n  {l}")?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for ModelLoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ModelLoadError::BinaryNotFound { path } => write!(
+                f,
+                "llama-server not found at {}; run scripts/install-llama.sh or set the server path",
+                path.display()
+            ),
+            ModelLoadError::ModelFileMissing { path } => {
+                write!(
+                    f,
+                    "model file {} does not exist; check the model path",
+                    path.display()
+                )
+            }
+            ModelLoadError::PortInUse { addr, detail } => write!(
+                f,
+                "{addr} is already in use ({detail}); stop the other server or pick another port"
+            ),
+            ModelLoadError::Spawn { path, source } => {
+                write!(f, "could not start {}: {source}", path.display())
+            }
+            ModelLoadError::Log { path, source } => {
+                write!(
+                    f,
+                    "could not open the server log {}: {source}",
+                    path.display()
+                )
+            }
+            ModelLoadError::ExitedWhileLoading { status, log_tail } => {
+                write!(f, "llama-server exited while loading ({status}); check the model file and arguments")?;
+                tail(f, log_tail)
+            }
+            ModelLoadError::Timeout {
+                waited_ms,
+                log_tail,
+            } => {
+                write!(
+                    f,
+                    "llama-server not healthy after {} s; check the model path and its log",
+                    waited_ms / 1000
+                )?;
+                tail(f, log_tail)
+            }
+            ModelLoadError::Cancelled => f.write_str("the load was cancelled"),
+            ModelLoadError::ManagerGone => f.write_str("the model manager was dropped"),
+            ModelLoadError::Events(e) => write!(f, "could not record the model event: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ModelLoadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ModelLoadError::Spawn { source, .. } | ModelLoadError::Log { source, .. } => {
+                Some(source)
+            }
+            ModelLoadError::Events(e) => Some(e),
+            ModelLoadError::BinaryNotFound { .. }
+            | ModelLoadError::ModelFileMissing { .. }
+            | ModelLoadError::PortInUse { .. }
+            | ModelLoadError::ExitedWhileLoading { .. }
+            | ModelLoadError::Timeout { .. }
+            | ModelLoadError::Cancelled
+            | ModelLoadError::ManagerGone => None,
+        }
+    }
+}

@@ -1,0 +1,477 @@
+use crate::util::{child_test, free_port, is_child, llama_install, LlamaInstall, TempDir};
+use correx::{
+    ContextPack, DefaultModelManager, EventStore, GenerationConfig, InferenceRequest,
+    ManagerOptions, ModelDescriptor, ModelLoadError, ModelManager, ProviderHealth, RecordedEvent,
+    ResidencyMode, SqliteEventStore, MODEL_STREAM,
+};
+use std::io::BufRead;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+struct Setup {
+    _tmp: TempDir,
+    store: Arc<SqliteEventStore>,
+    manager: DefaultModelManager,
+    install: LlamaInstall,
+    port: u16,
+}
+
+fn setup_with(
+    install: LlamaInstall,
+    tweak: impl FnOnce(&mut ManagerOptions),
+) -> Result<Setup, Box<dyn std::error::Error>> {
+    let tmp = TempDir::new("manager");
+    let store = Arc::new(SqliteEventStore::open(tmp.join("events.db"))?);
+    let port = free_port();
+    let mut options = ManagerOptions {
+        server_bin: install.server.clone(),
+        port,
+        log_dir: Some(tmp.join("logs")),
+        ..ManagerOptions::default()
+    };
+    tweak(&mut options);
+    let manager = DefaultModelManager::new(store.clone(), options);
+    Ok(Setup {
+        _tmp: tmp,
+        store,
+        manager,
+        install,
+        port,
+    })
+}
+
+fn descriptor(install: &LlamaInstall, id: &str, residency: ResidencyMode) -> ModelDescriptor {
+    let mut d = ModelDescriptor::new(id, &install.model, residency);
+    d.context_size = 1024;
+    d.threads = Some(2);
+    d.extra_args = vec![
+        "--no-jinja".into(),
+        "--chat-template".into(),
+        "gemma".into(),
+    ];
+    d
+}
+
+fn model_events(store: &SqliteEventStore) -> Result<Vec<RecordedEvent>, correx::EventStoreError> {
+    store.read_stream(MODEL_STREAM, 1, 1000)
+}
+
+fn kinds(events: &[RecordedEvent]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| match e.type_id.as_str() {
+            "model.unloaded" => format!("unloaded:{}", e.payload["reason"].as_str().unwrap_or("?")),
+            "model.loaded" => format!("loaded:{}", e.payload["model_id"].as_str().unwrap_or("?")),
+            other => other.to_owned(),
+        })
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie still has a /proc entry; look at its state.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
+        .unwrap_or(false)
+}
+
+fn ask(max_tokens: u32) -> InferenceRequest {
+    InferenceRequest {
+        context: ContextPack {
+            task: Some("Tell me about the sea.".into()),
+            ..ContextPack::default()
+        },
+        config: GenerationConfig {
+            temperature: 0.0,
+            max_tokens,
+            seed: Some(3),
+            ..GenerationConfig::default()
+        },
+    }
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> TestResult {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!("timed out waiting for {what}").into())
+}
+
+#[test]
+fn load_is_idempotent_and_a_swap_restarts_the_server() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let a = descriptor(&s.install, "model-a", ResidencyMode::Persistent);
+    let provider = s.manager.load(&a)?;
+    let pid_a = s.manager.server_pid().ok_or("no pid")?;
+    assert_eq!(
+        s.manager.current_model().map(|d| d.model_id),
+        Some("model-a".into())
+    );
+    assert_eq!(s.manager.health_check(), ProviderHealth::Healthy);
+    assert!(provider.infer(&ask(4))?.usage.completion_tokens > 0);
+    s.manager.load(&a)?;
+    assert_eq!(
+        s.manager.server_pid(),
+        Some(pid_a),
+        "same id must not restart"
+    );
+    let b = descriptor(&s.install, "model-b", ResidencyMode::Persistent);
+    s.manager.load(&b)?;
+    let pid_b = s.manager.server_pid().ok_or("no pid")?;
+    assert_ne!(pid_a, pid_b);
+    assert!(!alive(pid_a), "the replaced server still runs");
+    let events = model_events(&s.store)?;
+    assert_eq!(
+        kinds(&events),
+        [
+            "loaded:model-a",
+            "inference.completed",
+            "unloaded:replaced",
+            "loaded:model-b"
+        ]
+    );
+    assert_eq!(events[0].payload["pid"], pid_a);
+    s.manager.unload("model-b")?;
+    assert!(!alive(pid_b));
+    assert_eq!(s.manager.current_model(), None);
+    assert_eq!(
+        kinds(&model_events(&s.store)?).last().map(String::as_str),
+        Some("unloaded:requested")
+    );
+    assert!(matches!(
+        s.manager.health_check(),
+        ProviderHealth::Unhealthy { .. }
+    ));
+    Ok(())
+}
+
+#[test]
+fn a_health_timeout_is_an_error_with_no_event_and_no_process() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |o| o.health_timeout = Duration::from_millis(1))?;
+    let d = descriptor(&s.install, "slow", ResidencyMode::Persistent);
+    match s.manager.load(&d).err() {
+        Some(ModelLoadError::Timeout { .. }) => {}
+        other => return Err(format!("expected a timeout, got {other:?}").into()),
+    }
+    assert!(model_events(&s.store)?.is_empty());
+    assert_eq!(s.manager.server_pid(), None);
+    assert!(
+        std::net::TcpListener::bind(("127.0.0.1", s.port)).is_ok(),
+        "something still holds the port"
+    );
+    Ok(())
+}
+
+#[test]
+fn load_failures_are_typed_and_record_nothing() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let tmp = TempDir::new("badmodel");
+    let s = setup_with(install, |_| {})?;
+    let mut d = descriptor(&s.install, "m", ResidencyMode::Persistent);
+    d.model_path = tmp.join("missing.gguf");
+    assert!(matches!(
+        s.manager.load(&d).err(),
+        Some(ModelLoadError::ModelFileMissing { .. })
+    ));
+    std::fs::write(tmp.join("garbage.gguf"), b"this is not a gguf file at all")?;
+    d.model_path = tmp.join("garbage.gguf");
+    match s.manager.load(&d).err() {
+        Some(e @ ModelLoadError::ExitedWhileLoading { .. }) => {
+            let ModelLoadError::ExitedWhileLoading { log_tail, .. } = &e else {
+                unreachable!()
+            };
+            assert!(
+                !log_tail.is_empty(),
+                "the error should carry the server's log"
+            );
+            assert!(e.to_string().contains("last log lines"));
+        }
+        other => return Err(format!("expected an exit while loading, got {other:?}").into()),
+    }
+    // The log file exists and holds the server's output.
+    let log = std::fs::read_to_string(s.manager.log_path())?;
+    assert!(!log.is_empty());
+    let missing_bin = setup_with(s.install.clone(), |o| {
+        o.server_bin = "/nonexistent/llama-server".into()
+    })?;
+    let d = descriptor(&s.install, "m", ResidencyMode::Persistent);
+    assert!(matches!(
+        missing_bin.manager.load(&d).err(),
+        Some(ModelLoadError::BinaryNotFound { .. })
+    ));
+    assert!(model_events(&s.store)?.is_empty());
+    Ok(())
+}
+
+#[test]
+fn a_port_held_by_another_listener_is_a_clear_error_with_no_event() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let _squatter = std::net::TcpListener::bind(("127.0.0.1", s.port))?;
+    let d = descriptor(&s.install, "m", ResidencyMode::Persistent);
+    match s.manager.load(&d).err() {
+        Some(e @ ModelLoadError::PortInUse { .. }) => {
+            assert!(e.to_string().contains(&s.port.to_string()))
+        }
+        other => return Err(format!("expected PortInUse, got {other:?}").into()),
+    }
+    assert!(model_events(&s.store)?.is_empty());
+    Ok(())
+}
+
+#[test]
+fn a_killed_server_is_recorded_as_a_crash_and_reloads() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let d = descriptor(&s.install, "m", ResidencyMode::Persistent);
+    s.manager.load(&d)?;
+    let pid = s.manager.server_pid().ok_or("no pid")?;
+    // SAFETY: SIGKILL to the server we just started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    wait_for("the crash event", Duration::from_secs(10), || {
+        model_events(&s.store)
+            .map(|e| kinds(&e).contains(&"unloaded:crashed".to_owned()))
+            .unwrap_or(false)
+    })?;
+    assert_eq!(s.manager.current_model(), None);
+    assert!(matches!(
+        s.manager.health_check(),
+        ProviderHealth::Unhealthy { .. }
+    ));
+    let provider = s.manager.load(&d)?;
+    assert!(provider.infer(&ask(3)).is_ok());
+    assert_eq!(
+        kinds(&model_events(&s.store)?)[..3],
+        ["loaded:m", "unloaded:crashed", "loaded:m"]
+    );
+    Ok(())
+}
+
+#[test]
+fn ephemeral_unloads_after_each_inference_and_reloads_on_the_next() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let d = descriptor(&s.install, "eph", ResidencyMode::Ephemeral);
+    let provider = s.manager.load(&d)?;
+    provider.infer(&ask(3))?;
+    assert_eq!(s.manager.current_model(), None);
+    provider.infer(&ask(3))?;
+    assert_eq!(s.manager.current_model(), None);
+    assert_eq!(
+        kinds(&model_events(&s.store)?),
+        [
+            "loaded:eph",
+            "inference.completed",
+            "unloaded:ephemeral",
+            "loaded:eph",
+            "inference.completed",
+            "unloaded:ephemeral"
+        ]
+    );
+    Ok(())
+}
+
+#[test]
+fn persistent_never_unloads_by_itself() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let mut d = descriptor(&s.install, "keep", ResidencyMode::Persistent);
+    d.idle_timeout = Duration::from_millis(50);
+    let provider = s.manager.load(&d)?;
+    provider.infer(&ask(2))?;
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        s.manager.current_model().map(|d| d.model_id),
+        Some("keep".into())
+    );
+    Ok(())
+}
+
+#[test]
+fn dynamic_idle_timer_resets_on_each_inference() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let mut d = descriptor(&s.install, "dyn", ResidencyMode::Dynamic);
+    d.idle_timeout = Duration::from_millis(1500);
+    let provider = s.manager.load(&d)?;
+    for _ in 0..3 {
+        provider.infer(&ask(2))?;
+        std::thread::sleep(Duration::from_millis(900));
+        assert!(
+            s.manager.current_model().is_some(),
+            "unloaded before the idle timeout"
+        );
+    }
+    wait_for("the idle unload", Duration::from_secs(5), || {
+        s.manager.current_model().is_none()
+    })?;
+    let k = kinds(&model_events(&s.store)?);
+    assert_eq!(k.last().map(String::as_str), Some("unloaded:idle"));
+    assert_eq!(k.iter().filter(|x| x.starts_with("unloaded")).count(), 1);
+    Ok(())
+}
+
+#[test]
+fn dynamic_idle_shorter_than_an_inference_never_kills_it() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let mut d = descriptor(&s.install, "dyn-short", ResidencyMode::Dynamic);
+    d.idle_timeout = Duration::from_millis(30);
+    let provider = s.manager.load(&d)?;
+    // Arm the timer, then run an inference that takes far longer than the timeout.
+    provider.infer(&ask(1))?;
+    let started = Instant::now();
+    let r = provider.infer(&ask(48))?;
+    assert!(started.elapsed() > Duration::from_millis(100));
+    assert!(r.usage.completion_tokens > 1);
+    wait_for("the idle unload", Duration::from_secs(5), || {
+        s.manager.current_model().is_none()
+    })?;
+    Ok(())
+}
+
+/// Helper: a host that loads a model, prints the server's pid, then waits to be killed.
+#[test]
+#[ignore = "helper: run by a_host_killed_with_sigkill_leaves_no_server_behind"]
+fn child_host_with_a_model() -> TestResult {
+    if !is_child() {
+        return Ok(());
+    }
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let d = descriptor(&s.install, "orphan-check", ResidencyMode::Persistent);
+    s.manager.load(&d)?;
+    println!("SERVER_PID={}", s.manager.server_pid().ok_or("no pid")?);
+    std::thread::sleep(Duration::from_secs(120));
+    Ok(())
+}
+
+#[test]
+fn a_host_killed_with_sigkill_leaves_no_server_behind() -> TestResult {
+    if llama_install().is_none() {
+        return Ok(());
+    }
+    let mut child = child_test("manager::child_host_with_a_model")
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut pid = None;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line?;
+        if let Some(p) = line.split("SERVER_PID=").nth(1) {
+            pid = Some(p.trim().parse::<u32>()?);
+            break;
+        }
+    }
+    let pid = pid.ok_or("the host never loaded the model")?;
+    assert!(alive(pid));
+    // SAFETY: SIGKILL to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait()?;
+    wait_for("the orphaned server to die", Duration::from_secs(5), || {
+        !alive(pid)
+    })
+}
+
+#[test]
+fn eight_threads_loading_inferring_and_unloading_keep_one_server_and_alternating_events(
+) -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = Arc::new(setup_with(install, |_| {})?);
+    let ids = ["x", "y"];
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = s.port.to_string();
+    // Watch /proc for servers bound to this test's port.
+    let watcher = {
+        let (stop, port) = (stop.clone(), port.clone());
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let n = crate::tools_util::count_processes(|cmd| {
+                    cmd.contains("llama-server") && cmd.contains(&format!("--port {port} "))
+                });
+                most = most.max(n);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            most
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let workers: Vec<_> = (0..8)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || -> Result<u32, String> {
+                let mut ops = 0;
+                let mut i = t;
+                while Instant::now() < deadline {
+                    let d = descriptor(&s.install, ids[i % 2], ResidencyMode::Persistent);
+                    match i % 4 {
+                        0 | 1 => {
+                            let p = s.manager.provider(&d);
+                            // A concurrent swap may kill this server mid-request; that is an
+                            // error, never a hang.
+                            let _ = p.infer(&ask(2));
+                        }
+                        2 => {
+                            s.manager.load(&d).map_err(|e| e.to_string())?;
+                        }
+                        _ => s.manager.unload(&d.model_id).map_err(|e| e.to_string())?,
+                    }
+                    ops += 1;
+                    i += 3;
+                }
+                Ok(ops)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for w in workers {
+        total += w.join().map_err(|_| "worker panicked")??;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = watcher.join().map_err(|_| "watcher panicked")?;
+    assert!(total > 8, "only {total} operations in 30 s");
+    assert!(most <= 1, "{most} servers were alive at once");
+    let lifecycle: Vec<String> = kinds(&model_events(&s.store)?)
+        .into_iter()
+        .filter(|k| k.starts_with("loaded") || k.starts_with("unloaded"))
+        .collect();
+    assert!(lifecycle.len() >= 2);
+    for (i, k) in lifecycle.iter().enumerate() {
+        assert_eq!(
+            k.starts_with("loaded"),
+            i % 2 == 0,
+            "events do not alternate: {lifecycle:?}"
+        );
+    }
+    Ok(())
+}
