@@ -15,6 +15,8 @@ mod ids;
 mod inference;
 mod install;
 mod private_dir;
+mod runtime;
+mod sandbox;
 mod tools;
 
 pub use approvals::{
@@ -36,6 +38,13 @@ pub use inference::{
     ModelManager, ProviderHealth, ResidencyMode, SourceType, TokenUsage, Tokenizer, MODEL_STREAM,
 };
 pub use install::LlamaInstall;
+pub use runtime::{
+    build_registry, ConfigError, FileToolConfig, ModelsConfig, Runtime, RuntimeConfig,
+    RuntimeError, ShellConfig, ShellOptionsConfig, ToolConfig, CONFIG_VERSION,
+};
+pub use sandbox::{
+    default_work_root, session_stream, Recovered, SandboxError, SandboxedToolExecutor,
+};
 pub use tools::{
     looks_secret, ConfineError, DispatchingToolExecutor, FileAffectingTool, FileEditTool,
     FileReadTool, FileWriteTool, ResolveMode, Roots, ShellOptions, ShellTool, Tier, Tool,

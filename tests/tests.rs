@@ -7,4 +7,5 @@ mod util;
 mod events;
 mod inference;
 mod manager;
+mod sandbox;
 mod tools;

@@ -17,7 +17,11 @@ impl TempDir {
         TempDir(base)
     }
 
-    pub fn join(&self, p: &str) -> PathBuf {
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+
+    pub fn join(&self, p: impl AsRef<std::path::Path>) -> PathBuf {
         self.0.join(p)
     }
 }

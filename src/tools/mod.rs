@@ -30,5 +30,6 @@ pub use fs::{
     ConfineError, FileEditTool, FileReadTool, FileWriteTool, ResolveMode, Roots,
     DEFAULT_MAX_READ_BYTES,
 };
+pub(crate) use params::json_kind;
 pub use registry::{DispatchingToolExecutor, ToolRegistry};
 pub use shell::{looks_secret, ShellOptions, ShellTool, DEFAULT_OUTPUT_CAP};

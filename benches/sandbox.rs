@@ -1,0 +1,206 @@
+//! `cargo bench --bench sandbox`: a sandboxed `file_write` (approval, backup, two events)
+//! against the bare tool, with a split of where the time goes; and the backup of a 256 MiB file
+//! against `cp --reflink=auto` on the same filesystem.
+
+use correx::{
+    session_stream, ApprovalContext, ApprovalEngine, ApprovalRequest, AutoApprove,
+    DispatchingToolExecutor, DomainEvent, FileAffectingTool, FileWriteTool, SandboxedToolExecutor,
+    SessionId, SqliteEventStore, Tier, Tool, ToolCapability, ToolExecutor, ToolRegistry,
+    ToolRequest, ToolResult, ValidationResult,
+};
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn req(tool: &str, params: serde_json::Value) -> ToolRequest {
+    ToolRequest::new(
+        SessionId::from("bench"),
+        tool,
+        params.as_object().cloned().unwrap_or_default(),
+    )
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn time(n: usize, mut f: impl FnMut()) -> Duration {
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    t.elapsed() / n as u32
+}
+
+/// A T1 tool that touches nothing but declares one file as affected: running it through the
+/// sandbox costs exactly the sandbox's own work on that file.
+struct Touch(PathBuf);
+
+impl Tool for Touch {
+    fn name(&self) -> &str {
+        "touch"
+    }
+    fn tier(&self) -> Tier {
+        Tier::T1
+    }
+    fn required_capabilities(&self) -> &[ToolCapability] {
+        &[]
+    }
+    fn validate_request(&self, _: &ToolRequest) -> ValidationResult {
+        ValidationResult::Valid
+    }
+    fn execute(&self, r: &ToolRequest) -> ToolResult {
+        ToolResult::success(&r.invocation_id, "")
+    }
+    fn as_file_affecting(&self) -> Option<&dyn FileAffectingTool> {
+        Some(self)
+    }
+}
+
+impl FileAffectingTool for Touch {
+    fn affected_paths(&self, _: &ToolRequest) -> Result<Vec<PathBuf>, String> {
+        Ok(vec![self.0.clone()])
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = std::env::temp_dir().join(format!("correx-bench-sandbox-{}", std::process::id()));
+    let files = dir.join("files");
+    std::fs::create_dir_all(&files)?;
+    let store = Arc::new(SqliteEventStore::open(dir.join("events.db"))?);
+    let write: Arc<FileWriteTool> = Arc::new(FileWriteTool::new(std::slice::from_ref(&files))?);
+    let registry = ToolRegistry::build(vec![write.clone() as Arc<dyn Tool>])?;
+    let approvals = Arc::new(AutoApprove::up_to(Tier::T2));
+    let sandbox = SandboxedToolExecutor::new(
+        Arc::new(DispatchingToolExecutor::new(registry.clone())),
+        registry,
+        approvals.clone(),
+        store.clone(),
+        dir.join("work"),
+    )?;
+    let content = "y".repeat(4096);
+    let r = req(
+        "file_write",
+        json!({"operation": "write", "path": "f.txt", "content": content}),
+    );
+    std::fs::write(files.join("f.txt"), &content)?;
+
+    let (mut sandboxed, mut bare, mut events, mut approval) = (vec![], vec![], vec![], vec![]);
+    let ask = ApprovalRequest {
+        tool_name: "file_write".into(),
+        tier: Tier::T2,
+        request: r.clone(),
+    };
+    let ctx = ApprovalContext::new(SessionId::from("bench"));
+    let stream = session_stream("bench");
+    for _ in 0..9 {
+        bare.push(time(30, || assert!(write.execute(&r).is_success())));
+        sandboxed.push(time(30, || assert!(sandbox.execute(&r).is_success())));
+        events.push(time(30, || {
+            for _ in 0..2 {
+                let e = DomainEvent::ToolExecutionCompleted {
+                    session_id: "bench".into(),
+                    invocation_id: "x".into(),
+                    tool_name: "file_write".into(),
+                    duration_ms: 1,
+                };
+                correx::append_domain(store.as_ref(), &stream, &e).expect("append");
+            }
+        }));
+        approval.push(time(1000, || {
+            assert!(approvals.evaluate(&ask, &ctx).is_approved())
+        }));
+    }
+    let (s, b, e, a) = (
+        median(sandboxed),
+        median(bare),
+        median(events),
+        median(approval),
+    );
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    println!("sandboxed_write_4k_us: {:.1}", us(s));
+    println!("bare_write_4k_us: {:.1}", us(b));
+    println!("split_tool_us: {:.1}", us(b));
+    println!("split_events_us: {:.1}", us(e));
+    println!("split_approval_us: {:.2}", us(a));
+    println!(
+        "split_backup_and_workdir_us: {:.1}",
+        us(s.saturating_sub(b + e + a))
+    );
+    println!(
+        "sandbox_overhead_ratio: {:.3}",
+        s.as_secs_f64() / b.as_secs_f64()
+    );
+
+    // 256 MiB: the sandbox's backup (copy in the kernel, flushed, renamed into place, dropped
+    // after success) against cp --reflink=auto of the same file on the same filesystem.
+    let big = files.join("big.bin");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&big)?;
+        let chunk: Vec<u8> = (0..1 << 20).map(|i| (i * 7 % 251) as u8).collect();
+        for _ in 0..256 {
+            f.write_all(&chunk)?;
+        }
+        f.sync_all()?;
+    }
+    let touch = Arc::new(Touch(big.clone()));
+    let registry = ToolRegistry::build(vec![touch as Arc<dyn Tool>])?;
+    let quiet = SandboxedToolExecutor::new(
+        Arc::new(DispatchingToolExecutor::new(registry.clone())),
+        registry,
+        approvals,
+        store,
+        dir.join("work2"),
+    )?;
+    let touch_req = req("touch", json!({}));
+    let copy = files.join("big.cp");
+    let (mut ours, mut cp, mut cp_sync) = (vec![], vec![], vec![]);
+    for _ in 0..3 {
+        ours.push(time(1, || assert!(quiet.execute(&touch_req).is_success())));
+        cp.push(time(1, || {
+            let ok = std::process::Command::new("cp")
+                .args(["--reflink=auto"])
+                .arg(&big)
+                .arg(&copy)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "cp failed");
+            std::fs::remove_file(&copy).expect("rm copy");
+        }));
+        cp_sync.push(time(1, || {
+            let ok = std::process::Command::new("cp")
+                .args(["--reflink=auto"])
+                .arg(&big)
+                .arg(&copy)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "cp failed");
+            std::fs::File::open(&copy)
+                .and_then(|f| f.sync_all())
+                .expect("sync copy");
+            std::fs::remove_file(&copy).expect("rm copy");
+        }));
+    }
+    let (o, c, cs) = (median(ours), median(cp), median(cp_sync));
+    println!("backup_256mib_ms: {:.1}", o.as_secs_f64() * 1e3);
+    println!("cp_reflink_auto_256mib_ms: {:.1}", c.as_secs_f64() * 1e3);
+    println!(
+        "cp_reflink_auto_then_fsync_256mib_ms: {:.1}",
+        cs.as_secs_f64() * 1e3
+    );
+    println!(
+        "backup_ratio_vs_cp_fsync: {:.3}",
+        o.as_secs_f64() / cs.as_secs_f64()
+    );
+    println!(
+        "backup_ratio_vs_cp: {:.3}",
+        o.as_secs_f64() / c.as_secs_f64()
+    );
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}

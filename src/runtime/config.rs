@@ -1,0 +1,462 @@
+//! The runtime's configuration, read from JSON with the spec's defaults: every tool disabled,
+//! empty allowlists deny everything. Errors name the field.
+
+use crate::events::Durability;
+use crate::tools::{ShellOptions, DEFAULT_MAX_READ_BYTES, DEFAULT_OUTPUT_CAP};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The config format version this build reads.
+pub const CONFIG_VERSION: u64 = 1;
+
+/// A config field that is missing, mistyped or out of range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The field's path, e.g. `tools.shell.timeout_ms`.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "config field {}: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The shell tool's settings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShellConfig {
+    /// Whether the tool is offered; default false.
+    pub enabled: bool,
+    /// The shell tool's own settings.
+    pub options: ShellOptionsConfig,
+}
+
+/// [`ShellOptions`] as configured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShellOptionsConfig {
+    /// Executables that may run; default none.
+    pub allowed_executables: Vec<String>,
+    /// Timeout; default 30 s.
+    pub timeout: Duration,
+    /// Output cap per stream; default 1 MiB.
+    pub output_cap: usize,
+    /// Extra variables; default none.
+    pub env: BTreeMap<String, String>,
+    /// Pass secret-looking variables; default false.
+    pub force_secret_env: bool,
+    /// Where `cwd` may point; default nowhere.
+    pub working_dirs: Vec<PathBuf>,
+}
+
+impl Default for ShellOptionsConfig {
+    fn default() -> Self {
+        ShellOptionsConfig {
+            allowed_executables: Vec::new(),
+            timeout: Duration::from_secs(30),
+            output_cap: DEFAULT_OUTPUT_CAP,
+            env: BTreeMap::new(),
+            force_secret_env: false,
+            working_dirs: Vec::new(),
+        }
+    }
+}
+
+impl ShellOptionsConfig {
+    /// As [`ShellOptions`].
+    pub fn to_options(&self) -> ShellOptions {
+        ShellOptions {
+            allowed_executables: self.allowed_executables.clone(),
+            timeout: self.timeout,
+            output_cap: self.output_cap,
+            env: self.env.clone(),
+            force_secret_env: self.force_secret_env,
+            working_roots: self.working_dirs.clone(),
+        }
+    }
+}
+
+/// A file tool's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FileToolConfig {
+    /// Whether the tool is offered; default false.
+    pub enabled: bool,
+    /// Roots the tool may touch; default none (every path denied).
+    pub allowed_paths: Vec<PathBuf>,
+    /// Read cap in bytes; default 10 MiB.
+    pub max_read_bytes: u64,
+}
+
+impl Default for FileToolConfig {
+    fn default() -> Self {
+        FileToolConfig {
+            enabled: false,
+            allowed_paths: Vec::new(),
+            max_read_bytes: DEFAULT_MAX_READ_BYTES,
+        }
+    }
+}
+
+/// Which tools a runtime offers and how they are confined.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ToolConfig {
+    /// `shell`.
+    pub shell: ShellConfig,
+    /// `file_read`.
+    pub file_read: FileToolConfig,
+    /// `file_write`.
+    pub file_write: FileToolConfig,
+    /// `file_edit`.
+    pub file_edit: FileToolConfig,
+}
+
+/// The model manager's settings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelsConfig {
+    /// llama-server; default: the installed one, else `llama-server` on the fixed PATH.
+    pub server_bin: Option<PathBuf>,
+    /// Port; default 10000.
+    pub port: Option<u16>,
+    /// Health deadline; default 30 s.
+    pub health_timeout: Option<Duration>,
+    /// Log directory; default `$XDG_DATA_HOME/correx/logs`.
+    pub log_dir: Option<PathBuf>,
+    /// Inference read timeout; default 300 s.
+    pub read_timeout: Option<Duration>,
+}
+
+/// Everything a [`crate::Runtime`] needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimeConfig {
+    /// The event log file.
+    pub event_log: PathBuf,
+    /// Durability of the log; default full.
+    pub durability: Durability,
+    /// Where sandbox working directories go; default [`crate::default_work_root`].
+    pub sandbox_root: Option<PathBuf>,
+    /// Tools.
+    pub tools: ToolConfig,
+    /// Models.
+    pub models: ModelsConfig,
+}
+
+struct Obj<'a> {
+    path: String,
+    map: &'a Map<String, Value>,
+}
+
+fn err(field: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    crate::tools::json_kind(v)
+}
+
+impl<'a> Obj<'a> {
+    fn new(path: &str, v: &'a Value) -> Result<Self, ConfigError> {
+        let map = v
+            .as_object()
+            .ok_or_else(|| err(path, format!("must be an object, got {}", kind(v))))?;
+        Ok(Obj {
+            path: path.to_owned(),
+            map,
+        })
+    }
+
+    fn field(&self, name: &str) -> String {
+        if self.path.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}.{name}", self.path)
+        }
+    }
+
+    fn only(&self, known: &[&str]) -> Result<(), ConfigError> {
+        for k in self.map.keys() {
+            if !known.contains(&k.as_str()) {
+                return Err(err(
+                    &self.field(k),
+                    format!("unknown field; expected one of: {}", known.join(", ")),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&self, name: &str) -> Option<&'a Value> {
+        self.map.get(name).filter(|v| !v.is_null())
+    }
+
+    fn bool(&self, name: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(err(
+                &self.field(name),
+                format!("must be true or false, got {}", kind(v)),
+            )),
+        }
+    }
+
+    fn u64(&self, name: &str) -> Result<Option<u64>, ConfigError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                err(
+                    &self.field(name),
+                    format!("must be a non-negative integer, got {v}"),
+                )
+            }),
+        }
+    }
+
+    fn positive(&self, name: &str) -> Result<Option<u64>, ConfigError> {
+        match self.u64(name)? {
+            Some(0) => Err(err(&self.field(name), "must be greater than 0")),
+            other => Ok(other),
+        }
+    }
+
+    fn string(&self, name: &str) -> Result<Option<String>, ConfigError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(err(
+                &self.field(name),
+                format!("must be a string, got {}", kind(v)),
+            )),
+        }
+    }
+
+    fn path(&self, name: &str) -> Result<Option<PathBuf>, ConfigError> {
+        match self.string(name)? {
+            Some(s) if s.is_empty() => Err(err(&self.field(name), "must not be empty")),
+            Some(s) => Ok(Some(PathBuf::from(s))),
+            None => Ok(None),
+        }
+    }
+
+    fn strings(&self, name: &str) -> Result<Vec<String>, ConfigError> {
+        match self.get(name) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_str().map(str::to_owned).ok_or_else(|| {
+                        err(
+                            &format!("{}[{i}]", self.field(name)),
+                            format!("must be a string, got {}", kind(v)),
+                        )
+                    })
+                })
+                .collect(),
+            Some(v) => Err(err(
+                &self.field(name),
+                format!("must be an array of strings, got {}", kind(v)),
+            )),
+        }
+    }
+
+    fn abs_paths(&self, name: &str) -> Result<Vec<PathBuf>, ConfigError> {
+        let items = self.strings(name)?;
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let p = PathBuf::from(&s);
+                if p.is_absolute() {
+                    Ok(p)
+                } else {
+                    Err(err(
+                        &format!("{}[{i}]", self.field(name)),
+                        format!("{s:?} must be an absolute path"),
+                    ))
+                }
+            })
+            .collect()
+    }
+
+    fn child(&self, name: &str) -> Result<Option<Obj<'a>>, ConfigError> {
+        self.get(name)
+            .map(|v| Obj::new(&self.field(name), v))
+            .transpose()
+    }
+}
+
+fn file_tool(o: Option<Obj<'_>>) -> Result<FileToolConfig, ConfigError> {
+    let Some(o) = o else {
+        return Ok(FileToolConfig::default());
+    };
+    o.only(&["enabled", "allowed_paths", "max_read_bytes"])?;
+    Ok(FileToolConfig {
+        enabled: o.bool("enabled", false)?,
+        allowed_paths: o.abs_paths("allowed_paths")?,
+        max_read_bytes: o
+            .positive("max_read_bytes")?
+            .unwrap_or(DEFAULT_MAX_READ_BYTES),
+    })
+}
+
+fn shell(o: Option<Obj<'_>>) -> Result<ShellConfig, ConfigError> {
+    let Some(o) = o else {
+        return Ok(ShellConfig::default());
+    };
+    o.only(&[
+        "enabled",
+        "allowed_executables",
+        "timeout_ms",
+        "output_cap_bytes",
+        "env",
+        "force_secret_env",
+        "working_dirs",
+    ])?;
+    let d = ShellOptionsConfig::default();
+    let mut env = BTreeMap::new();
+    if let Some(e) = o.child("env")? {
+        for (k, v) in e.map {
+            let v = v
+                .as_str()
+                .ok_or_else(|| err(&e.field(k), format!("must be a string, got {}", kind(v))))?;
+            env.insert(k.clone(), v.to_owned());
+        }
+    }
+    Ok(ShellConfig {
+        enabled: o.bool("enabled", false)?,
+        options: ShellOptionsConfig {
+            allowed_executables: o.strings("allowed_executables")?,
+            timeout: o
+                .positive("timeout_ms")?
+                .map(Duration::from_millis)
+                .unwrap_or(d.timeout),
+            output_cap: o
+                .positive("output_cap_bytes")?
+                .map(|n| n.min(usize::MAX as u64) as usize)
+                .unwrap_or(d.output_cap),
+            env,
+            force_secret_env: o.bool("force_secret_env", false)?,
+            working_dirs: o.abs_paths("working_dirs")?,
+        },
+    })
+}
+
+impl ToolConfig {
+    /// Parses the `tools` object.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the field.
+    pub fn from_value(v: &Value) -> Result<Self, ConfigError> {
+        Self::parse(&Obj::new("tools", v)?)
+    }
+
+    fn parse(o: &Obj<'_>) -> Result<Self, ConfigError> {
+        o.only(&["shell", "file_read", "file_write", "file_edit"])?;
+        Ok(ToolConfig {
+            shell: shell(o.child("shell")?)?,
+            file_read: file_tool(o.child("file_read")?)?,
+            file_write: file_tool(o.child("file_write")?)?,
+            file_edit: file_tool(o.child("file_edit")?)?,
+        })
+    }
+}
+
+impl RuntimeConfig {
+    /// A config with the log at `event_log` and every default.
+    pub fn new(event_log: impl Into<PathBuf>) -> Self {
+        RuntimeConfig {
+            event_log: event_log.into(),
+            durability: Durability::Full,
+            sandbox_root: None,
+            tools: ToolConfig::default(),
+            models: ModelsConfig::default(),
+        }
+    }
+
+    /// Parses a config JSON object: `{"v": 1, "event_log": "...", "durability": "full",
+    /// "sandbox_root": "...", "tools": {...}, "models": {...}}`.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the field (`json` when the text is not JSON).
+    pub fn from_json(text: &str) -> Result<Self, ConfigError> {
+        let v: Value = serde_json::from_str(text).map_err(|e| err("json", e.to_string()))?;
+        let o = Obj::new("", &v)?;
+        o.only(&[
+            "v",
+            "event_log",
+            "durability",
+            "sandbox_root",
+            "tools",
+            "models",
+        ])?;
+        match o.u64("v")? {
+            Some(CONFIG_VERSION) => {}
+            Some(other) => {
+                return Err(err(
+                    "v",
+                    format!("version {other} is not supported; this build reads {CONFIG_VERSION}"),
+                ))
+            }
+            None => return Err(err("v", format!("missing; set \"v\": {CONFIG_VERSION}"))),
+        }
+        let event_log = o
+            .path("event_log")?
+            .ok_or_else(|| err("event_log", "missing; give the event log's file path"))?;
+        let durability = match o.string("durability")?.as_deref() {
+            None | Some("full") => Durability::Full,
+            Some("normal") => Durability::Normal,
+            Some(other) => {
+                return Err(err(
+                    "durability",
+                    format!("{other:?} is not \"full\" or \"normal\""),
+                ))
+            }
+        };
+        let tools = match o.child("tools")? {
+            Some(t) => ToolConfig::parse(&t)?,
+            None => ToolConfig::default(),
+        };
+        let models = match o.child("models")? {
+            None => ModelsConfig::default(),
+            Some(m) => {
+                m.only(&[
+                    "server_bin",
+                    "port",
+                    "health_timeout_ms",
+                    "log_dir",
+                    "read_timeout_ms",
+                ])?;
+                let port = match m.u64("port")? {
+                    None => None,
+                    Some(p) if (1..=65535).contains(&p) => Some(p as u16),
+                    Some(p) => {
+                        return Err(err("models.port", format!("{p} is not a port (1-65535)")))
+                    }
+                };
+                ModelsConfig {
+                    server_bin: m.path("server_bin")?,
+                    port,
+                    health_timeout: m.positive("health_timeout_ms")?.map(Duration::from_millis),
+                    log_dir: m.path("log_dir")?,
+                    read_timeout: m.positive("read_timeout_ms")?.map(Duration::from_millis),
+                }
+            }
+        };
+        Ok(RuntimeConfig {
+            event_log,
+            durability,
+            sandbox_root: o.path("sandbox_root")?,
+            tools,
+            models,
+        })
+    }
+}

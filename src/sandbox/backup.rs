@@ -1,0 +1,140 @@
+//! Backups of the files a tool may touch, kept beside each file (same filesystem, so a restore
+//! is one atomic rename), listed in a manifest so a crashed host can be recovered.
+
+use serde::{Deserialize, Serialize};
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// What stood at a path before the tool ran.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum Saved {
+    /// Nothing: a restore deletes whatever the tool created.
+    Absent,
+    /// A regular file, copied to `backup` (beside it).
+    File { backup: PathBuf },
+    /// A symlink with this target (the link itself, never what it points to).
+    Symlink { target: PathBuf },
+}
+
+/// One backed-up path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Entry {
+    pub path: PathBuf,
+    pub saved: Saved,
+}
+
+/// What an interrupted invocation left behind, enough to restore and to record it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Manifest {
+    pub session_id: String,
+    pub invocation_id: String,
+    pub tool_name: String,
+    pub entries: Vec<Entry>,
+}
+
+pub(crate) const MANIFEST: &str = "manifest.json";
+
+fn backup_name(path: &Path, tag: &str) -> io::Result<PathBuf> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let mut n = std::ffi::OsString::from(".");
+    n.push(name);
+    n.push(format!(".correx-bak-{tag}"));
+    Ok(path.with_file_name(n))
+}
+
+/// Plans the backup of `path` (without copying yet): what is there, and where its copy goes.
+pub(crate) fn plan(path: &Path, tag: &str) -> io::Result<Entry> {
+    let saved = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Saved::Absent,
+        Err(e) => return Err(e),
+        Ok(m) if m.file_type().is_symlink() => Saved::Symlink {
+            target: std::fs::read_link(path)?,
+        },
+        Ok(m) if m.file_type().is_file() => Saved::File {
+            backup: backup_name(path, tag)?,
+        },
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is not a regular file or symlink; it cannot be backed up",
+                    path.display()
+                ),
+            ))
+        }
+    };
+    Ok(Entry {
+        path: path.to_path_buf(),
+        saved,
+    })
+}
+
+/// Copies the file to its backup path: the kernel copies (`copy_file_range`, a reflink where
+/// the filesystem has them), into a temp name renamed into place once complete and flushed, so
+/// a backup that exists is whole.
+pub(crate) fn take(entry: &Entry) -> io::Result<()> {
+    if let Saved::File { backup } = &entry.saved {
+        let mut tmp = backup.as_os_str().to_os_string();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let copied = std::fs::copy(&entry.path, &tmp)
+            .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, backup));
+        if let Err(e) = copied {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Puts back what was saved. A file comes back by renaming its backup over the path.
+pub(crate) fn restore(entry: &Entry) -> io::Result<()> {
+    match &entry.saved {
+        Saved::File { backup } => match std::fs::rename(backup, &entry.path) {
+            // No backup: the crash came before it was complete, so the tool never ran and the
+            // file is as it was.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        },
+        Saved::Absent => match std::fs::symlink_metadata(&entry.path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&entry.path),
+            Ok(_) => std::fs::remove_file(&entry.path),
+        },
+        Saved::Symlink { target } => {
+            let tmp = backup_name(&entry.path, "link")?;
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(target, &tmp)?;
+            std::fs::rename(&tmp, &entry.path)
+        }
+    }
+}
+
+/// Drops a backup after success.
+pub(crate) fn discard(entry: &Entry) -> io::Result<()> {
+    match &entry.saved {
+        Saved::File { backup } => match std::fs::remove_file(backup) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        },
+        Saved::Absent | Saved::Symlink { .. } => Ok(()),
+    }
+}
+
+/// Writes the manifest atomically (temp file, then rename).
+///
+/// It is not flushed to disk: it must survive the host process dying, which the page cache
+/// does. After a power loss it may be gone, and then nothing is restored, which is still safe:
+/// the tools replace files atomically, and a backup is renamed into place only after it was
+/// flushed, so a recovery never puts back a partial copy.
+pub(crate) fn write_manifest(dir: &Path, m: &Manifest) -> io::Result<()> {
+    let bytes = serde_json::to_vec(m).map_err(io::Error::other)?;
+    let tmp = dir.join(".manifest.tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, dir.join(MANIFEST))
+}

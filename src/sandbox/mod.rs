@@ -1,0 +1,459 @@
+//! [`SandboxedToolExecutor`]: every tool run gated by its tier, backed up, and recorded.
+//!
+//! For each request: the tool is resolved (unknown: a failure, nothing recorded); T2 and T3
+//! tools are put to the approval engine (denied: `ToolExecutionRejected`, the tool never
+//! runs); `ToolExecutionStarted` is appended; every path the tool may touch is backed up beside
+//! itself and listed in a manifest in a fresh private working directory; the tool runs; on
+//! success the backups are dropped and `ToolExecutionCompleted` appended; on failure or panic
+//! every path is restored byte for byte and `ToolExecutionFailed` appended. The working
+//! directory is always removed.
+//!
+//! A host killed mid-tool leaves its manifest behind; the next executor constructed on the same
+//! root restores those files and records `ToolExecutionFailed` with the reason `interrupted`.
+
+mod backup;
+
+use crate::approvals::{ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalRequest};
+use crate::events::{append_domain, DomainEvent, EventStore, EventStoreError};
+use crate::private_dir::PrivateDir;
+use crate::tools::{Tool, ToolExecutor, ToolRegistry, ToolRequest, ToolResult};
+use backup::Manifest;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The event stream of a session's tool events.
+pub fn session_stream(session_id: &str) -> String {
+    format!("session-{session_id}")
+}
+
+/// Why an executor could not be built.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SandboxError {
+    /// The working root could not be created or read.
+    WorkRoot {
+        /// The root.
+        path: PathBuf,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// Recovering an interrupted invocation could not be recorded.
+    Events(EventStoreError),
+}
+
+impl fmt::Display for SandboxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SandboxError::WorkRoot { path, source } => write!(
+                f,
+                "sandbox working root {}: {source}; check that it is writable",
+                path.display()
+            ),
+            SandboxError::Events(e) => write!(f, "recording a recovered invocation: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SandboxError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SandboxError::WorkRoot { source, .. } => Some(source),
+            SandboxError::Events(e) => Some(e),
+        }
+    }
+}
+
+/// What an interrupted invocation found at construction came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recovered {
+    /// The session.
+    pub session_id: String,
+    /// The invocation.
+    pub invocation_id: String,
+    /// Paths put back as they were.
+    pub restored: Vec<PathBuf>,
+}
+
+/// Gates, backs up and records every tool run. See the module docs.
+pub struct SandboxedToolExecutor {
+    delegate: Arc<dyn ToolExecutor>,
+    registry: ToolRegistry,
+    approvals: Arc<dyn ApprovalEngine>,
+    events: Arc<dyn EventStore>,
+    work_root: PathBuf,
+    locks: Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
+    recovered: Vec<Recovered>,
+}
+
+impl fmt::Debug for SandboxedToolExecutor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SandboxedToolExecutor")
+            .field("registry", &self.registry)
+            .field("work_root", &self.work_root)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The default working root: `correx-sandbox` under the system temp directory.
+pub fn default_work_root() -> PathBuf {
+    std::env::temp_dir().join("correx-sandbox")
+}
+
+/// A path component safe to use as a directory name, whatever the id holds.
+fn safe_component(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' => out.push(b as char),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    if out.is_empty() {
+        out.push_str("%00");
+    }
+    out
+}
+
+impl SandboxedToolExecutor {
+    /// An executor over `registry` that runs tools through `delegate`, with working
+    /// directories under `work_root` ([`default_work_root`] is a good default). Recovers any
+    /// invocation a crashed host left under `work_root` first.
+    ///
+    /// # Errors
+    /// [`SandboxError::WorkRoot`] when the root cannot be created or read;
+    /// [`SandboxError::Events`] when a recovery cannot be recorded.
+    pub fn new(
+        delegate: Arc<dyn ToolExecutor>,
+        registry: ToolRegistry,
+        approvals: Arc<dyn ApprovalEngine>,
+        events: Arc<dyn EventStore>,
+        work_root: PathBuf,
+    ) -> Result<Self, SandboxError> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&work_root)
+            .map_err(|source| SandboxError::WorkRoot {
+                path: work_root.clone(),
+                source,
+            })?;
+        let mut ex = SandboxedToolExecutor {
+            delegate,
+            registry,
+            approvals,
+            events,
+            work_root,
+            locks: Mutex::new(HashMap::new()),
+            recovered: Vec::new(),
+        };
+        ex.recovered = ex.recover()?;
+        Ok(ex)
+    }
+
+    /// The interrupted invocations this executor restored when it was built.
+    pub fn recovered(&self) -> &[Recovered] {
+        &self.recovered
+    }
+
+    /// The registry this executor resolves tools in.
+    pub fn registry(&self) -> &ToolRegistry {
+        &self.registry
+    }
+
+    fn recover(&self) -> Result<Vec<Recovered>, SandboxError> {
+        let root_err = |source| SandboxError::WorkRoot {
+            path: self.work_root.clone(),
+            source,
+        };
+        let mut out = Vec::new();
+        for session in std::fs::read_dir(&self.work_root).map_err(root_err)? {
+            let session = session.map_err(root_err)?.path();
+            let Ok(invocations) = std::fs::read_dir(&session) else {
+                continue;
+            };
+            for inv in invocations.flatten() {
+                let dir = inv.path();
+                let manifest = std::fs::read(dir.join(backup::MANIFEST))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok());
+                if let Some(m) = manifest {
+                    let mut restored = Vec::new();
+                    for e in &m.entries {
+                        match backup::restore(e) {
+                            Ok(()) => restored.push(e.path.clone()),
+                            Err(err) => log::error!("restoring {}: {err}", e.path.display()),
+                        }
+                    }
+                    append_domain(
+                        self.events.as_ref(),
+                        &session_stream(&m.session_id),
+                        &DomainEvent::ToolExecutionFailed {
+                            session_id: m.session_id.clone(),
+                            invocation_id: m.invocation_id.clone(),
+                            tool_name: m.tool_name.clone(),
+                            reason: "interrupted".into(),
+                            recoverable: true,
+                        },
+                    )
+                    .map_err(SandboxError::Events)?;
+                    out.push(Recovered {
+                        session_id: m.session_id,
+                        invocation_id: m.invocation_id,
+                        restored,
+                    });
+                }
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            let _ = std::fs::remove_dir(&session);
+        }
+        Ok(out)
+    }
+
+    /// Runs `request` as [`ToolExecutor::execute`] does, asking approval with `context`.
+    pub fn execute_in(&self, request: &ToolRequest, context: &ApprovalContext) -> ToolResult {
+        let id = &request.invocation_id;
+        let Some(tool) = self.registry.resolve(&request.tool_name).cloned() else {
+            return ToolResult::failure(
+                id,
+                format!(
+                    "unknown tool {:?}; available: {}",
+                    request.tool_name,
+                    self.registry.names().join(", ")
+                ),
+                false,
+            );
+        };
+        let stream = session_stream(request.session_id.as_str());
+        let record = |e: DomainEvent| append_domain(self.events.as_ref(), &stream, &e);
+        let base = (
+            request.session_id.to_string(),
+            request.invocation_id.to_string(),
+            request.tool_name.clone(),
+        );
+        if tool.tier().needs_approval() {
+            let ask = ApprovalRequest {
+                tool_name: request.tool_name.clone(),
+                tier: tool.tier(),
+                request: request.clone(),
+            };
+            if let ApprovalDecision::Denied { reason } = self.approvals.evaluate(&ask, context) {
+                let recorded = record(DomainEvent::ToolExecutionRejected {
+                    session_id: base.0,
+                    invocation_id: base.1,
+                    tool_name: base.2,
+                    tier: tool.tier().as_i32(),
+                    reason: reason.clone(),
+                });
+                let note = match recorded {
+                    Ok(_) => String::new(),
+                    Err(e) => format!(" (and the rejection could not be recorded: {e})"),
+                };
+                return ToolResult::failure(id, format!("not approved: {reason}{note}"), false);
+            }
+        }
+        if let Err(e) = record(DomainEvent::ToolExecutionStarted {
+            session_id: base.0.clone(),
+            invocation_id: base.1.clone(),
+            tool_name: base.2.clone(),
+            tier: tool.tier().as_i32(),
+        }) {
+            return ToolResult::failure(
+                id,
+                format!("the tool did not run: its start could not be recorded: {e}"),
+                true,
+            );
+        }
+        let started = Instant::now();
+        let result = self.run_guarded(tool.as_ref(), request);
+        let event = match &result {
+            ToolResult::Success { .. } => DomainEvent::ToolExecutionCompleted {
+                session_id: base.0,
+                invocation_id: base.1,
+                tool_name: base.2,
+                duration_ms: started.elapsed().as_millis() as u64,
+            },
+            ToolResult::Failure {
+                reason,
+                recoverable,
+                ..
+            } => DomainEvent::ToolExecutionFailed {
+                session_id: base.0,
+                invocation_id: base.1,
+                tool_name: base.2,
+                reason: reason.clone(),
+                recoverable: *recoverable,
+            },
+        };
+        if let Err(e) = record(event) {
+            log::error!("recording the end of invocation {id}: {e}");
+        }
+        result
+    }
+
+    /// Working dir, locks, backups, the tool itself, then commit or restore.
+    fn run_guarded(&self, tool: &dyn Tool, request: &ToolRequest) -> ToolResult {
+        let id = &request.invocation_id;
+        let session_dir = self
+            .work_root
+            .join(safe_component(request.session_id.as_str()));
+        let work = match PrivateDir::new_exact(&session_dir, &safe_component(id.as_str())) {
+            Ok(w) => w,
+            Err(e) => {
+                return ToolResult::failure(
+                    id,
+                    format!("could not create the sandbox working directory: {e}"),
+                    true,
+                )
+            }
+        };
+        let paths = match tool.as_file_affecting() {
+            Some(f) => match f.affected_paths(request) {
+                Ok(p) => p,
+                Err(reason) => return ToolResult::failure(id, reason, false),
+            },
+            None => Vec::new(),
+        };
+        let _locks = self.lock_paths(&paths);
+        let tag = &safe_component(id.as_str())[..safe_component(id.as_str()).len().min(40)];
+        let mut entries = Vec::with_capacity(paths.len());
+        for p in &paths {
+            match backup::plan(p, tag) {
+                Ok(e) => entries.push(e),
+                Err(e) => {
+                    return ToolResult::failure(
+                        id,
+                        format!(
+                            "backup of {} failed, the tool did not run: {e}",
+                            p.display()
+                        ),
+                        true,
+                    )
+                }
+            }
+        }
+        let manifest = Manifest {
+            session_id: request.session_id.to_string(),
+            invocation_id: id.to_string(),
+            tool_name: request.tool_name.clone(),
+            entries,
+        };
+        // The manifest goes first: a crash while copying leaves it, and a recovery only renames
+        // back backups that are complete (each lands under its final name only when whole).
+        let prepared = backup::write_manifest(work.path(), &manifest)
+            .map_err(|e| format!("writing the sandbox manifest: {e}"))
+            .and_then(|()| {
+                for e in &manifest.entries {
+                    backup::take(e).map_err(|err| {
+                        format!(
+                            "backup of {} failed, the tool did not run: {err}",
+                            e.path.display()
+                        )
+                    })?;
+                }
+                Ok(())
+            });
+        if let Err(reason) = prepared {
+            for e in &manifest.entries {
+                let _ = backup::discard(e);
+            }
+            return ToolResult::failure(id, reason, true);
+        }
+        let result = match catch_unwind(AssertUnwindSafe(|| self.delegate.execute(request))) {
+            Ok(r) => r,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                ToolResult::failure(id, format!("the tool panicked: {what}"), false)
+            }
+        };
+        let result = match result {
+            ToolResult::Success { .. } => {
+                for e in &manifest.entries {
+                    if let Err(err) = backup::discard(e) {
+                        log::warn!("dropping the backup of {}: {err}", e.path.display());
+                    }
+                }
+                result
+            }
+            ToolResult::Failure {
+                invocation_id,
+                reason,
+                recoverable,
+            } => {
+                let mut reason = reason;
+                for e in manifest.entries.iter().rev() {
+                    if let Err(err) = backup::restore(e) {
+                        reason.push_str(&format!("; restoring {} failed: {err}", e.path.display()));
+                    }
+                }
+                ToolResult::Failure {
+                    invocation_id,
+                    reason,
+                    recoverable,
+                }
+            }
+        };
+        drop(work);
+        let _ = std::fs::remove_dir(&session_dir);
+        result
+    }
+
+    /// One lock per path, taken in sorted order so two invocations cannot deadlock.
+    fn lock_paths(&self, paths: &[PathBuf]) -> Vec<PathGuard<'_>> {
+        let mut sorted: Vec<&PathBuf> = paths.iter().collect();
+        sorted.sort();
+        sorted.dedup();
+        let locks: Vec<(PathBuf, Arc<Mutex<()>>)> = {
+            let mut map = self.locks.lock();
+            sorted
+                .into_iter()
+                .map(|p| (p.clone(), Arc::clone(map.entry(p.clone()).or_default())))
+                .collect()
+        };
+        locks
+            .into_iter()
+            .map(|(path, lock)| PathGuard {
+                owner: self,
+                path,
+                guard: Some(lock.lock_arc()),
+            })
+            .collect()
+    }
+}
+
+/// Holds one path's lock; releases it and forgets the lock when nobody else wants it.
+struct PathGuard<'a> {
+    owner: &'a SandboxedToolExecutor,
+    path: PathBuf,
+    guard: Option<parking_lot::ArcMutexGuard<parking_lot::RawMutex, ()>>,
+}
+
+impl Drop for PathGuard<'_> {
+    fn drop(&mut self) {
+        let Some(guard) = self.guard.take() else {
+            return;
+        };
+        let lock = Arc::clone(parking_lot::ArcMutexGuard::mutex(&guard));
+        drop(guard);
+        let mut map = self.owner.locks.lock();
+        // Two references left, the map's and ours: nobody waits, so the entry can go.
+        if Arc::strong_count(&lock) == 2 {
+            map.remove(&self.path);
+        }
+    }
+}
+
+impl ToolExecutor for SandboxedToolExecutor {
+    fn execute(&self, request: &ToolRequest) -> ToolResult {
+        self.execute_in(request, &ApprovalContext::new(request.session_id.clone()))
+    }
+}
