@@ -11,6 +11,7 @@
 mod approvals;
 mod cancel;
 mod events;
+pub mod ffi;
 mod ids;
 mod inference;
 mod install;

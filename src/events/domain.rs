@@ -140,6 +140,35 @@ type_ids! {
 const SCHEMA_VERSION: u32 = 1;
 
 impl DomainEvent {
+    /// One line for people: what happened, e.g. `file_write (T2) started in session s1`.
+    pub fn summary(&self) -> String {
+        match self {
+            DomainEvent::ModelLoaded { model_id, pid, load_ms, .. } => {
+                format!("model {model_id} loaded (pid {pid}, {load_ms} ms)")
+            }
+            DomainEvent::ModelUnloaded { model_id, reason } => {
+                format!("model {model_id} unloaded ({})", serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default())
+            }
+            DomainEvent::ToolExecutionStarted { tool_name, tier, invocation_id, .. } => {
+                format!("{tool_name} (T{tier}) started, invocation {invocation_id}")
+            }
+            DomainEvent::ToolExecutionCompleted { tool_name, duration_ms, invocation_id, .. } => {
+                format!("{tool_name} completed in {duration_ms} ms, invocation {invocation_id}")
+            }
+            DomainEvent::ToolExecutionFailed { tool_name, reason, invocation_id, .. } => {
+                let short: String = reason.chars().take(120).collect();
+                format!("{tool_name} failed: {short}, invocation {invocation_id}")
+            }
+            DomainEvent::ToolExecutionRejected { tool_name, tier, reason, invocation_id, .. } => {
+                format!("{tool_name} (T{tier}) rejected: {reason}, invocation {invocation_id}")
+            }
+            DomainEvent::InferenceCompleted { model_id, usage, latency_ms, finish_reason } => format!(
+                "inference on {model_id}: {} prompt + {} completion tokens in {latency_ms} ms ({finish_reason})",
+                usage.prompt_tokens, usage.completion_tokens
+            ),
+        }
+    }
+
     /// The event ready to append, with a fresh event id.
     pub fn to_new_event(&self) -> NewEvent {
         // Serializing a plain struct of strings and numbers cannot fail.

@@ -60,7 +60,11 @@ pub struct ModelDescriptor {
     /// When it unloads by itself.
     pub residency: ResidencyMode,
     /// DYNAMIC's idle timeout; default 60 s.
-    #[serde(default = "default_idle_ms", with = "duration_ms")]
+    #[serde(
+        default = "default_idle_ms",
+        with = "duration_ms",
+        rename = "idle_timeout_ms"
+    )]
     pub idle_timeout: Duration,
     /// The server's context size; default 8192.
     #[serde(default = "default_ctx")]
@@ -306,6 +310,11 @@ impl DefaultModelManager {
         )))
     }
 
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.inner.options.port
+    }
+
     /// The pid of the running server, if any.
     pub fn server_pid(&self) -> Option<u32> {
         self.inner
@@ -328,10 +337,13 @@ impl DefaultModelManager {
 
     /// A provider for `descriptor` that loads it on first use.
     pub fn provider(&self, descriptor: &ModelDescriptor) -> Arc<dyn InferenceProvider> {
-        Arc::new(ManagedInferenceProvider::new(
-            Arc::downgrade(&self.inner),
-            descriptor.clone(),
-        ))
+        Arc::new(self.managed(descriptor))
+    }
+
+    /// As [`DefaultModelManager::provider`], as the concrete type (for
+    /// [`ManagedInferenceProvider::infer_with_cancel`]).
+    pub fn managed(&self, descriptor: &ModelDescriptor) -> ManagedInferenceProvider {
+        ManagedInferenceProvider::new(Arc::downgrade(&self.inner), descriptor.clone())
     }
 }
 
@@ -820,39 +832,79 @@ impl ManagedInferenceProvider {
                 })?;
             (r.provider.clone(), r.generation)
         };
-        let result = provider.infer(request).map(|mut r| {
-            r.model = self.descriptor.model_id.clone();
-            r
-        });
-        let mut st = inner.state.lock();
-        st.in_flight = st.in_flight.saturating_sub(1);
-        if let Ok(r) = &result {
-            let event = DomainEvent::InferenceCompleted {
-                model_id: self.descriptor.model_id.clone(),
-                usage: r.usage,
-                latency_ms: r.latency_ms,
-                finish_reason: r.finish_reason.as_str().to_owned(),
-            };
-            if let Err(e) = append_domain(inner.events.as_ref(), MODEL_STREAM, &event) {
-                log::error!("recording an inference: {e}");
+        // The HTTP call runs on a worker so that a cancel returns at once; the worker still
+        // does the bookkeeping (in-flight count, residency, the event) when the server answers.
+        let (tx, rx) = mpsc::channel();
+        let descriptor = self.descriptor.clone();
+        let request = request.clone();
+        let worker = std::thread::Builder::new()
+            .name("correx-infer".into())
+            .spawn(move || {
+                let result = provider.infer(&request).map(|mut r| {
+                    r.model = descriptor.model_id.clone();
+                    r
+                });
+                finish_inference(&inner, &descriptor, generation, &result);
+                let _ = tx.send(result);
+            });
+        if let Err(e) = worker {
+            return Err(InferenceError::Transport {
+                url: String::new(),
+                detail: format!("could not start the inference thread: {e}"),
+            });
+        }
+        loop {
+            match rx.recv_timeout(Duration::from_millis(10)) {
+                Ok(result) => return result,
+                Err(mpsc::RecvTimeoutError::Timeout) if cancel.is_cancelled() => {
+                    return Err(InferenceError::Cancelled)
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(InferenceError::Transport {
+                        url: String::new(),
+                        detail: "the inference thread ended without an answer".into(),
+                    })
+                }
             }
         }
-        let ours = st.current.as_ref().map(|r| r.generation) == Some(generation);
-        if ours && st.in_flight == 0 {
-            match self.descriptor.residency {
-                ResidencyMode::Persistent => {}
-                ResidencyMode::Dynamic => {
-                    st.idle = Some((Instant::now() + self.descriptor.idle_timeout, generation));
-                    inner.timer.notify_all();
-                }
-                ResidencyMode::Ephemeral => {
-                    if let Err(e) = unload_locked(&inner, &mut st, UnloadReason::Ephemeral) {
-                        log::error!("ephemeral unload: {e}");
-                    }
+    }
+}
+
+/// After an inference: the in-flight count, the event, and the residency policy.
+fn finish_inference(
+    inner: &Inner,
+    descriptor: &ModelDescriptor,
+    generation: u64,
+    result: &Result<InferenceResponse, InferenceError>,
+) {
+    let mut st = inner.state.lock();
+    st.in_flight = st.in_flight.saturating_sub(1);
+    if let Ok(r) = result {
+        let event = DomainEvent::InferenceCompleted {
+            model_id: descriptor.model_id.clone(),
+            usage: r.usage,
+            latency_ms: r.latency_ms,
+            finish_reason: r.finish_reason.as_str().to_owned(),
+        };
+        if let Err(e) = append_domain(inner.events.as_ref(), MODEL_STREAM, &event) {
+            log::error!("recording an inference: {e}");
+        }
+    }
+    let ours = st.current.as_ref().map(|r| r.generation) == Some(generation);
+    if ours && st.in_flight == 0 {
+        match descriptor.residency {
+            ResidencyMode::Persistent => {}
+            ResidencyMode::Dynamic => {
+                st.idle = Some((Instant::now() + descriptor.idle_timeout, generation));
+                inner.timer.notify_all();
+            }
+            ResidencyMode::Ephemeral => {
+                if let Err(e) = unload_locked(inner, &mut st, UnloadReason::Ephemeral) {
+                    log::error!("ephemeral unload: {e}");
                 }
             }
         }
-        result
     }
 }
 

@@ -1,0 +1,151 @@
+/* The correx main job, from C: open the event log, load the Gemma model, ask it a question,
+ * run a file_write (T2) that the approval callback approves and a shell call that it denies,
+ * then print the event log as a timeline.
+ *
+ * Needs llama-server and the model: `make run-demo` installs them first. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "minijson.h"
+#include "rmtree.h"
+
+/* Approves file_write; denies everything else. */
+static int32_t approve(void *user_data, const char *tool, int32_t tier, const char *request_json) {
+    int *asked = (int *)user_data;
+    int yes = strcmp(tool, "file_write") == 0;
+    (void)request_json;
+    (*asked)++;
+    printf("  approver: %s (T%d) -> %s\n", tool, (int)tier, yes ? "APPROVE" : "DENY");
+    return yes ? CORREX_APPROVE : CORREX_DENY;
+}
+
+/* Copies `in` into `out` as the inside of a JSON string. */
+static void json_escape(const char *in, char *out, size_t n) {
+    size_t o = 0;
+    for (; *in && o + 7 < n; in++) {
+        unsigned char c = (unsigned char)*in;
+        if (c == '"' || c == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)c;
+        } else if (c < 0x20) {
+            o += (size_t)snprintf(out + o, n - o, "\\u%04x", c);
+        } else {
+            out[o++] = (char)c;
+        }
+    }
+    out[o] = '\0';
+}
+
+static void run_tool(correx_runtime *rt, const char *request) {
+    char *result = NULL;
+    char status[32] = "", text[512] = "";
+    MUST("tool", correx_tool_execute(rt, request, &result, &err));
+    mj_str(mj_get(result, "status"), status, sizeof status);
+    if (mj_str(mj_get(result, "output"), text, sizeof text) != 0) {
+        mj_str(mj_get(result, "reason"), text, sizeof text);
+    }
+    printf("  result: %s: %s\n", status, text);
+    correx_string_free(result);
+}
+
+static void print_timeline(correx_runtime *rt) {
+    uint64_t from = 1;
+    printf("\nEvent log:\n");
+    for (;;) {
+        char *page = NULL;
+        const char *e;
+        int n = 0;
+        MUST("read events", correx_events_read_all(rt, from, 100, &page, &err));
+        for (e = mj_first(mj_get(page, "events")); e; e = mj_next(e)) {
+            char ts[64] = "", stream[128] = "", type[64] = "", summary[400] = "";
+            mj_str(mj_get(e, "timestamp"), ts, sizeof ts);
+            mj_str(mj_get(e, "stream_id"), stream, sizeof stream);
+            mj_str(mj_get(e, "type_id"), type, sizeof type);
+            mj_str(mj_get(e, "summary"), summary, sizeof summary);
+            printf("  #%-3lld %s  %-16s %-26s %s\n", mj_int(mj_get(e, "position"), 0), ts, stream,
+                   type, summary);
+            from = (uint64_t)mj_int(mj_get(e, "position"), 0) + 1;
+            n++;
+        }
+        correx_string_free(page);
+        if (n == 0) break;
+    }
+}
+
+int main(void) {
+    char dir[] = "/tmp/correx-demo-XXXXXX";
+    char config[2048], request[4096], escaped[1200];
+    correx_runtime *rt = NULL;
+    char *answer = NULL;
+    char text[200] = "", finish[32] = "";
+    const char *usage;
+    int asked = 0;
+
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    printf("correx %d.%d.%d demo, working in %s\n", CORREX_ABI_VERSION_MAJOR,
+           CORREX_ABI_VERSION_MINOR, CORREX_ABI_VERSION_PATCH, dir);
+    snprintf(config, sizeof config,
+             "{\"v\": 1, \"event_log\": \"%s/events.db\", \"sandbox_root\": \"%s/sandbox\","
+             " \"tools\": {\"file_write\": {\"enabled\": true, \"allowed_paths\": [\"%s\"]},"
+             " \"shell\": {\"enabled\": true, \"allowed_executables\": [\"ls\"]}},"
+             " \"models\": {\"port\": 18431, \"log_dir\": \"%s/logs\"}}",
+             dir, dir, dir, dir);
+    MUST("runtime", correx_runtime_new(config, &rt, &err));
+    MUST("approver", correx_runtime_set_approver(rt, approve, &asked, NULL, &err));
+
+    printf("\nLoading gemma-3-270m...\n");
+    MUST("load", correx_model_load(rt,
+                                   "{\"v\": 1, \"model_id\": \"gemma-3-270m\", \"residency\": "
+                                   "\"persistent\", \"context_size\": 2048, \"extra_args\": "
+                                   "[\"--no-jinja\", \"--chat-template\", \"gemma\"]}",
+                                   NULL, &err));
+
+    printf("\nAsking: What is the capital of France?\n");
+    /* Gemma 3 270M is a small base model: a few examples of the answer's shape (the L2
+     * history) and a short budget get a one-word answer out of it. */
+    MUST("infer", correx_infer(rt, "gemma-3-270m",
+                               "{\"v\": 1, \"context\": {\"entries\": ["
+                               "{\"source\": \"user\", \"content\": \"What is the capital of Italy?\"},"
+                               "{\"source\": \"model\", \"content\": \"Rome.\"},"
+                               "{\"source\": \"user\", \"content\": \"What is the capital of Germany?\"},"
+                               "{\"source\": \"model\", \"content\": \"Berlin.\"},"
+                               "{\"source\": \"user\", \"content\": \"What is the capital of France?\"}]},"
+                               " \"config\": {\"temperature\": 0, \"max_tokens\": 2, \"seed\": 7}}",
+                               NULL, &answer, &err));
+    mj_str(mj_get(answer, "text"), text, sizeof text);
+    mj_str(mj_get(answer, "finish_reason"), finish, sizeof finish);
+    usage = mj_get(answer, "usage");
+    printf("  answer: %s\n", text);
+    printf("  usage: %lld prompt + %lld completion = %lld tokens (%s, %lld ms)\n",
+           mj_int(mj_get(usage, "prompt_tokens"), -1), mj_int(mj_get(usage, "completion_tokens"), -1),
+           mj_int(mj_get(usage, "total_tokens"), -1), finish, mj_int(mj_get(answer, "latency_ms"), -1));
+    correx_string_free(answer);
+
+    json_escape(text, escaped, sizeof escaped);
+    printf("\nfile_write %s/answer.txt (T2):\n", dir);
+    snprintf(request, sizeof request,
+             "{\"v\": 1, \"session_id\": \"demo\", \"tool_name\": \"file_write\", \"parameters\":"
+             " {\"operation\": \"write\", \"path\": \"answer.txt\", \"content\": \"%s\\n\"}}",
+             escaped);
+    run_tool(rt, request);
+
+    printf("\nshell ls -l %s (T2):\n", dir);
+    snprintf(request, sizeof request,
+             "{\"v\": 1, \"session_id\": \"demo\", \"tool_name\": \"shell\", \"parameters\":"
+             " {\"argv\": [\"ls\", \"-l\", \"%s\"]}}",
+             dir);
+    run_tool(rt, request);
+
+    MUST("unload", correx_model_unload(rt, "gemma-3-270m", &err));
+    print_timeline(rt);
+    printf("\nThe approver was asked %d times.\n", asked);
+    correx_runtime_free(rt);
+    if (!getenv("CORREX_DEMO_KEEP")) rmtree(dir);
+    return asked == 2 ? 0 : 1;
+}

@@ -1,0 +1,648 @@
+#ifndef CORREX_H
+#define CORREX_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+/*
+ * correx: the infrastructure layer of a local-first LLM agent runtime.
+ *
+ * Conventions:
+ * - Every call returns an int32_t status: CORREX_OK (0) or a CORREX_E_* code. Each takes an
+ *   optional `correx_error **err` that receives an error (code and message) on failure; free it
+ *   with correx_error_free. There is no thread-local "last error".
+ * - Handles are opaque. Constructors write their out-param only on success. Every *_free(NULL)
+ *   is a no-op; freeing twice is undefined behaviour.
+ * - Strings in are NUL-terminated UTF-8 (invalid UTF-8 is CORREX_E_INVALID_ARGUMENT). Strings
+ *   out belong to the caller and are freed only with correx_string_free.
+ * - Complex payloads are JSON objects carrying "v": 1.
+ * - A panic inside correx returns CORREX_E_PANIC and leaves that handle unusable
+ *   (CORREX_E_UNUSABLE); it can still be freed.
+ * - A runtime may be shared by any number of threads.
+ */
+
+/**
+ * Success.
+ */
+#define CORREX_OK 0
+
+/**
+ * A required pointer argument was NULL.
+ */
+#define CORREX_E_NULL 1
+
+/**
+ * An argument is malformed: invalid UTF-8, JSON that does not parse or has the wrong shape,
+ * a `"v"` other than 1, an out-of-range integer.
+ */
+#define CORREX_E_INVALID_ARGUMENT 2
+
+/**
+ * The runtime config is invalid (the message names the field).
+ */
+#define CORREX_E_CONFIG 3
+
+/**
+ * The event log failed (I/O, corruption, locked too long).
+ */
+#define CORREX_E_EVENT_STORE 4
+
+/**
+ * An append's expected version did not hold; re-read the stream and retry.
+ */
+#define CORREX_E_CONFLICT 5
+
+/**
+ * A model could not be loaded or unloaded.
+ */
+#define CORREX_E_MODEL 6
+
+/**
+ * An inference failed (connection, timeout, HTTP, context size, malformed body).
+ */
+#define CORREX_E_INFERENCE 7
+
+/**
+ * The call was cancelled through its `correx_cancel`.
+ */
+#define CORREX_E_CANCELLED 8
+
+/**
+ * A panic inside correx was caught; the handle is now unusable.
+ */
+#define CORREX_E_PANIC 9
+
+/**
+ * The handle was marked unusable by an earlier caught panic; free it and make a new one.
+ */
+#define CORREX_E_UNUSABLE 10
+
+/**
+ * The named model was never loaded through this runtime.
+ */
+#define CORREX_E_UNKNOWN_MODEL 11
+
+/**
+ * A file or tool could not be set up (a missing allowed path or executable).
+ */
+#define CORREX_E_TOOL_SETUP 12
+
+/**
+ * An approval callback's answer that approves. Any other value denies.
+ */
+#define CORREX_APPROVE 1
+
+/**
+ * An approval callback's answer that denies.
+ */
+#define CORREX_DENY 0
+
+/**
+ * `correx_events_append`: append whatever the stream holds.
+ */
+#define CORREX_EXPECT_ANY 0
+
+/**
+ * `correx_events_append`: the stream must not exist yet.
+ */
+#define CORREX_EXPECT_NO_STREAM 1
+
+/**
+ * `correx_events_append`: the stream's last version must equal `expected_version`.
+ */
+#define CORREX_EXPECT_EXACT 2
+
+/**
+ * The ABI's major version: bumped on incompatible changes.
+ */
+#define CORREX_ABI_VERSION_MAJOR 0
+
+/**
+ * The ABI's minor version: bumped when calls are added.
+ */
+#define CORREX_ABI_VERSION_MINOR 1
+
+/**
+ * The ABI's patch version: bumped for fixes that change no signature.
+ */
+#define CORREX_ABI_VERSION_PATCH 0
+
+/**
+ * The ABI version as one number: `MAJOR << 16 | MINOR << 8 | PATCH`; compare it with
+ * `correx_abi_version()` at run time.
+ */
+#define CORREX_ABI_VERSION (((CORREX_ABI_VERSION_MAJOR << 16) | (CORREX_ABI_VERSION_MINOR << 8)) | CORREX_ABI_VERSION_PATCH)
+
+/**
+ * A cancellation flag for blocking calls (`correx_model_load`, `correx_infer`). Trigger it
+ * from any thread.
+ */
+typedef struct correx_cancel correx_cancel;
+
+/**
+ * An error: a `CORREX_E_*` code and a message saying what failed and what to try.
+ */
+typedef struct correx_error correx_error;
+
+/**
+ * A correx runtime: the event log, the model manager and the sandboxed tools. Share one
+ * handle among threads freely; free it once, after every other call on it returned.
+ */
+typedef struct correx_runtime correx_runtime;
+
+/**
+ * A log callback: `level` is 1 (error) to 5 (trace); `message` lives only during the call.
+ * It may be called from any thread, including correx's own background threads.
+ */
+typedef void (*correx_log_callback)(void *user_data, int32_t level, const char *message);
+
+/**
+ * An approval callback: asked for every T2 and T3 tool before it runs.
+ *
+ * `tool` is the tool's name, `tier` 0..3, `request_json` the full request
+ * (`{"v":1,"invocation_id":..,"session_id":..,"tool_name":..,"parameters":{..}}`); both strings
+ * live only during the call. Return `CORREX_APPROVE` to approve; any other value denies. It runs
+ * on the thread that called `correx_tool_execute`, with no correx lock held, so it may block
+ * (to ask a person) and may call correx (but not free the runtime).
+ */
+typedef int32_t (*correx_approve_fn)(void *user_data,
+                                     const char *tool,
+                                     int32_t tier,
+                                     const char *request_json);
+
+/**
+ * Frees the `user_data` given with a callback, when correx no longer needs it.
+ */
+typedef void (*correx_free_fn)(void *user_data);
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+/**
+ * The ABI version of the loaded library, `MAJOR << 16 | MINOR << 8 | PATCH`.
+ *
+ * # Returns
+ * The version; compare it with the header's `CORREX_ABI_VERSION`.
+ *
+ * # Blocking and threads
+ * Never blocks; callable from any thread.
+ */
+int32_t correx_abi_version(void);
+
+/**
+ * The error's `CORREX_E_*` code.
+ *
+ * # Parameters
+ * - `error`: an error from any correx call, or NULL (then `CORREX_E_NULL` is returned).
+ *
+ * # Safety
+ * `error` is NULL or a live error from correx.
+ */
+int32_t correx_error_code(const struct correx_error *error);
+
+/**
+ * The error's message: what failed and what to try.
+ *
+ * # Parameters
+ * - `error`: an error from any correx call, or NULL (then an empty string is returned).
+ *
+ * # Memory and lifetimes
+ * The string belongs to the error and lives until `correx_error_free(error)`; do not free it.
+ *
+ * # Safety
+ * `error` is NULL or a live error from correx.
+ */
+const char *correx_error_message(const struct correx_error *error);
+
+/**
+ * Frees an error. NULL is a no-op; freeing the same error twice is undefined behaviour.
+ *
+ * # Safety
+ * `error` is NULL or an error from correx not yet freed.
+ */
+void correx_error_free(struct correx_error *error);
+
+/**
+ * Frees a string correx returned. NULL is a no-op; freeing twice is undefined behaviour.
+ *
+ * # Safety
+ * `s` is NULL or a string returned by correx not yet freed.
+ */
+void correx_string_free(char *s);
+
+/**
+ * Sets (or, with a NULL callback, clears) the process-wide log callback. Records at or below
+ * `max_level` (1 error, 2 warn, 3 info, 4 debug, 5 trace) are passed to it.
+ *
+ * # Parameters
+ * - `callback`: called with `user_data`, the level and a message that lives only during the
+ *   call; may be called from any thread, concurrently.
+ * - `user_data`: passed back untouched; correx never frees it.
+ * - `max_level`: the most verbose level delivered; out-of-range values are clamped.
+ *
+ * # Returns
+ * `CORREX_OK`, or `CORREX_E_INVALID_ARGUMENT` when another logger (from a Rust host) owns the
+ * `log` facade.
+ *
+ * # Blocking and threads
+ * Never blocks for long; callable from any thread. A callback must not call back into
+ * `correx_set_log_callback`.
+ *
+ * # Safety
+ * `callback` is NULL or a function safe to call from any thread with `user_data`.
+ */
+int32_t correx_set_log_callback(correx_log_callback callback, void *user_data, int32_t max_level);
+
+/**
+ * Creates a runtime from a config JSON object.
+ *
+ * # Parameters
+ * - `config_json`: `{"v": 1, "event_log": "/path/events.db", "durability": "full"|"normal",
+ *   "sandbox_root": "/path", "tools": {"shell": {...}, "file_read": {...}, "file_write": {...},
+ *   "file_edit": {...}}, "models": {"server_bin", "port", "health_timeout_ms", "log_dir",
+ *   "read_timeout_ms"}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
+ *   everything. See the README for every field.
+ * - `out`: receives the new runtime.
+ * - `err`: optional; receives an error on failure.
+ *
+ * # Returns
+ * `CORREX_OK`; `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT` (bad UTF-8), `CORREX_E_CONFIG` (the
+ * message names the field), `CORREX_E_EVENT_STORE`, `CORREX_E_TOOL_SETUP`.
+ *
+ * # Memory and lifetimes
+ * On success `*out` owns a runtime the caller frees with `correx_runtime_free`. On error
+ * `*out` is left untouched.
+ *
+ * # Blocking and threads
+ * Blocks while it opens the event log and recovers interrupted tool runs. Any thread.
+ *
+ * # Safety
+ * `config_json` is NULL or NUL-terminated; `out` and `err` are NULL or valid for a write.
+ */
+int32_t correx_runtime_new(const char *config_json,
+                           struct correx_runtime **out,
+                           struct correx_error **err);
+
+/**
+ * Frees a runtime: unloads its model (stopping llama-server) and closes the event log.
+ * NULL is a no-op; freeing twice is undefined behaviour. Works on an unusable runtime too.
+ *
+ * # Blocking and threads
+ * Blocks while the server stops (at most a couple of seconds). Call it once, after every
+ * other call on this runtime has returned.
+ *
+ * # Safety
+ * `rt` is NULL or a runtime from `correx_runtime_new` not yet freed.
+ */
+void correx_runtime_free(struct correx_runtime *rt);
+
+/**
+ * Registers the approval callback (replacing, and releasing, any earlier one). With a NULL
+ * `callback` every T2/T3 tool is denied, which is also the state of a new runtime.
+ *
+ * # Parameters
+ * - `callback`: see `correx_approve_fn`.
+ * - `user_data`: passed back to `callback`.
+ * - `free_user_data`: optional; called once with `user_data` when the callback is replaced or
+ *   the runtime freed (after any call in progress returned).
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
+ *
+ * # Blocking and threads
+ * Never blocks for long. Any thread; the callback and user_data must be usable from every
+ * thread that calls `correx_tool_execute`.
+ *
+ * # Safety
+ * `rt` is NULL or live; the callback is safe to call with `user_data` from any thread.
+ */
+int32_t correx_runtime_set_approver(const struct correx_runtime *rt,
+                                    correx_approve_fn callback,
+                                    void *user_data,
+                                    correx_free_fn free_user_data,
+                                    struct correx_error **err);
+
+/**
+ * Creates a cancellation flag.
+ *
+ * # Returns
+ * `CORREX_OK` or `CORREX_E_NULL`. On success `*out` owns a flag freed with
+ * `correx_cancel_free`; on error it is untouched.
+ *
+ * # Safety
+ * `out` and `err` are NULL or valid for a write.
+ */
+int32_t correx_cancel_new(struct correx_cancel **out, struct correx_error **err);
+
+/**
+ * Asks every call using this flag to stop; they return `CORREX_E_CANCELLED` soon after.
+ * NULL is a no-op.
+ *
+ * # Blocking and threads
+ * Never blocks; safe from any thread, also while another thread is blocked using the flag.
+ *
+ * # Safety
+ * `cancel` is NULL or live.
+ */
+void correx_cancel_trigger(const struct correx_cancel *cancel);
+
+/**
+ * Clears the flag so it can be reused. NULL is a no-op.
+ *
+ * # Safety
+ * `cancel` is NULL or live.
+ */
+void correx_cancel_reset(const struct correx_cancel *cancel);
+
+/**
+ * Frees a cancellation flag. NULL is a no-op; freeing twice is undefined behaviour. Free it
+ * only after the calls using it returned.
+ *
+ * # Safety
+ * `cancel` is NULL or a flag from `correx_cancel_new` not yet freed.
+ */
+void correx_cancel_free(struct correx_cancel *cancel);
+
+/**
+ * Loads a model (a no-op when it is loaded), replacing any other; appends `model.loaded`.
+ *
+ * # Parameters
+ * - `descriptor_json`: `{"v": 1, "model_id": "gemma", "model_path": "/m.gguf",
+ *   "residency": "persistent"|"dynamic"|"ephemeral", "idle_timeout_ms": 60000,
+ *   "context_size": 8192, "extra_args": ["--no-jinja", "--chat-template", "gemma"],
+ *   "threads": 2}`; `model_path` defaults to the model `scripts/install-llama.sh` installed.
+ * - `cancel`: optional; triggering it stops the load (`CORREX_E_CANCELLED`, server killed).
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_MODEL` (the message
+ * carries the server's last log lines), `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
+ *
+ * # Blocking and threads
+ * Blocks until the server is healthy (about a second for a small model; the health deadline
+ * defaults to 30 s). Any thread; loads are serialized.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_model_load(const struct correx_runtime *rt,
+                          const char *descriptor_json,
+                          const struct correx_cancel *cancel,
+                          struct correx_error **err);
+
+/**
+ * Unloads a model if it is loaded; appends `model.unloaded`.
+ *
+ * # Returns
+ * `CORREX_OK` (also when it was not loaded), `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`,
+ * `CORREX_E_MODEL`, `CORREX_E_UNUSABLE`.
+ *
+ * # Blocking and threads
+ * Blocks until the server has exited (at most a couple of seconds). Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_model_unload(const struct correx_runtime *rt,
+                            const char *model_id,
+                            struct correx_error **err);
+
+/**
+ * The loaded model: `{"v": 1, "model": null}` or `{"v": 1, "model": {descriptor}}`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` receives a string the caller frees with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Waits while a load is in progress. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_model_current(const struct correx_runtime *rt,
+                             char **out_json,
+                             struct correx_error **err);
+
+/**
+ * Whether the loaded model's server answers: `{"v": 1, "healthy": true}` or
+ * `{"v": 1, "healthy": false, "reason": "..."}`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Blocks for one local HTTP call (at most the health timeout, 2 s). Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_model_health(const struct correx_runtime *rt,
+                            char **out_json,
+                            struct correx_error **err);
+
+/**
+ * Runs one inference on a model loaded earlier through this runtime (reloading it first if
+ * its residency unloaded it); appends `inference.completed`.
+ *
+ * # Parameters
+ * - `model_id`: a model passed to `correx_model_load` before.
+ * - `request_json`: `{"v": 1, "context": {"system": "...", "task": "...", "entries":
+ *   [{"source": "model"|"user"|"tool", "content": "..."}]}, "config": {"temperature": 0.7,
+ *   "top_p": 0.95, "max_tokens": 512, "stop": [], "seed": 42}}`.
+ * - `cancel`: optional; triggering it makes the call return `CORREX_E_CANCELLED` within about
+ *   10 ms.
+ * - `out_json`: receives `{"v": 1, "text": "...", "usage": {"prompt_tokens", "completion_tokens",
+ *   "total_tokens"}, "finish_reason": "stop"|"length"|..., "latency_ms": 120, "model": "gemma"}`.
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_UNKNOWN_MODEL`,
+ * `CORREX_E_INFERENCE`, `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Blocks for the whole generation (and a reload if needed). Any thread; inferences may run
+ * concurrently.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_infer(const struct correx_runtime *rt,
+                     const char *model_id,
+                     const char *request_json,
+                     const struct correx_cancel *cancel,
+                     char **out_json,
+                     struct correx_error **err);
+
+/**
+ * Tokenizes `text` with the loaded model's tokenizer: `{"v": 1, "tokens": [1, 2, ...]}`.
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_INFERENCE` (no server),
+ * `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Blocks for one local HTTP call. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_tokenize(const struct correx_runtime *rt,
+                        const char *text,
+                        char **out_json,
+                        struct correx_error **err);
+
+/**
+ * Counts the tokens of `text`. Never fails for want of a server: without one it approximates
+ * characters / 4 (and logs a warning).
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_UNUSABLE`.
+ *
+ * # Blocking and threads
+ * Blocks for one local HTTP call. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_count_tokens(const struct correx_runtime *rt,
+                            const char *text,
+                            uint64_t *out_count,
+                            struct correx_error **err);
+
+/**
+ * Runs a tool through the sandbox: T2 and T3 tools ask the approval callback first; every path
+ * the tool touches is backed up and restored if it fails; started / completed / failed /
+ * rejected events go to the stream `session-{session_id}`.
+ *
+ * # Parameters
+ * - `request_json`: `{"v": 1, "session_id": "s1", "tool_name": "file_write",
+ *   "invocation_id": "optional, generated when absent", "parameters": {...}}`.
+ * - `out_json`: receives `{"v": 1, "status": "success", "invocation_id", "output", "metadata"}`
+ *   or `{"v": 1, "status": "failure", "invocation_id", "reason", "recoverable"}`. A tool that
+ *   fails (or is denied, or unknown) is still `CORREX_OK`: the result says so.
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Blocks while the approver decides and the tool runs (a shell command up to its timeout).
+ * Any thread; tools on different files run in parallel, on one file one after another.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_tool_execute(const struct correx_runtime *rt,
+                            const char *request_json,
+                            char **out_json,
+                            struct correx_error **err);
+
+/**
+ * Appends events to a stream atomically.
+ *
+ * # Parameters
+ * - `stream`: the stream's name (not empty).
+ * - `expected_kind`: `CORREX_EXPECT_ANY`, `CORREX_EXPECT_NO_STREAM` or `CORREX_EXPECT_EXACT`.
+ * - `expected_version`: the version `CORREX_EXPECT_EXACT` expects; ignored otherwise.
+ * - `events_json`: `{"v": 1, "events": [{"type_id": "note.added", "schema_version": 1,
+ *   "payload": {...}, "event_id": "optional", "correlation_id": null, "causation_id": null}]}`.
+ *   An `event_id` appended before is stored once (the retry returns the first positions).
+ * - `out_json`: optional; receives `{"v": 1, "first_position", "last_position",
+ *   "stream_version"}`.
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_CONFLICT` (expected
+ * version), `CORREX_E_EVENT_STORE`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` (when given) is the caller's, freed with `correx_string_free`.
+ *
+ * # Blocking and threads
+ * Blocks until the events are on disk (one flush, shared with concurrent appends). Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_events_append(const struct correx_runtime *rt,
+                             const char *stream,
+                             int32_t expected_kind,
+                             uint64_t expected_version,
+                             const char *events_json,
+                             char **out_json,
+                             struct correx_error **err);
+
+/**
+ * Reads up to `max` events of `stream` from version `from_version` (inclusive; versions start
+ * at 1): `{"v": 1, "events": [{"position", "event_id", "stream_id", "stream_version",
+ * "type_id", "schema_version", "timestamp_ms", "timestamp", "correlation_id", "causation_id",
+ * "payload", "summary"}]}`, where `timestamp` is RFC 3339 UTC and `summary` one line for people. At most 1000 events per call; page by asking again from the last version + 1.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Blocks for one short read. Any thread, concurrently with appends.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_events_read_stream(const struct correx_runtime *rt,
+                                  const char *stream,
+                                  uint64_t from_version,
+                                  uint32_t max,
+                                  char **out_json,
+                                  struct correx_error **err);
+
+/**
+ * Reads up to `max` events of the whole log from global position `from_position` (inclusive;
+ * positions start at 1), in position order, in the shape of `correx_events_read_stream`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Blocks for one short read. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_events_read_all(const struct correx_runtime *rt,
+                               uint64_t from_position,
+                               uint32_t max,
+                               char **out_json,
+                               struct correx_error **err);
+
+/**
+ * The last global position in the log (0 when empty).
+ *
+ * # Blocking and threads
+ * Blocks for one short read. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_events_last_position(const struct correx_runtime *rt,
+                                    uint64_t *out_position,
+                                    struct correx_error **err);
+
+/**
+ * For testing the panic guard: panics inside correx. Returns `CORREX_E_PANIC` and leaves the
+ * runtime unusable (every later call returns `CORREX_E_UNUSABLE`; freeing still works).
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_debug_panic(const struct correx_runtime *rt, struct correx_error **err);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+#endif  /* CORREX_H */
