@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-const SINGLES: usize = 1500;
-const BATCHES: usize = 100;
+const SINGLES: usize = 3000;
+const BATCHES: usize = 600;
 const BATCH: usize = 100;
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 
 fn event(i: usize) -> NewEvent {
     NewEvent::new(
@@ -74,8 +74,14 @@ fn raw_insert(c: &Connection, version: &mut i64, events: &[NewEvent]) {
     c.execute_batch("COMMIT").expect("commit");
 }
 
+/// Flushes every dirty page first, so one run's writeback does not land in the next run's time.
+fn settle() {
+    let _ = std::process::Command::new("sync").status();
+}
+
 fn raw_rate(dir: &Path, batch: usize, n: usize) -> f64 {
     let c = raw_conn(&fresh(dir, "raw.db"));
+    settle();
     let events: Vec<Vec<NewEvent>> = (0..n)
         .map(|i| (0..batch).map(|j| event(i * batch + j)).collect())
         .collect();
@@ -89,6 +95,7 @@ fn raw_rate(dir: &Path, batch: usize, n: usize) -> f64 {
 
 fn ours_rate(dir: &Path, batch: usize, n: usize) -> f64 {
     let store = SqliteEventStore::open(fresh(dir, "ours.db")).expect("open store");
+    settle();
     let events: Vec<Vec<NewEvent>> = (0..n)
         .map(|i| (0..batch).map(|j| event(i * batch + j)).collect())
         .collect();
@@ -103,6 +110,7 @@ fn ours_rate(dir: &Path, batch: usize, n: usize) -> f64 {
 
 fn threaded_rate(dir: &Path, threads: usize, per_thread: usize) -> f64 {
     let store = Arc::new(SqliteEventStore::open(fresh(dir, "mt.db")).expect("open store"));
+    settle();
     let t = Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|k| {
@@ -154,18 +162,73 @@ fn fill(store: &SqliteEventStore, upto: usize) {
     }
 }
 
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Appends `n` events at a steady pace, each carrying the wall time its append started.
+fn paced_writer(store: &SqliteEventStore, n: usize) {
+    for _ in 0..n {
+        let e = NewEvent::new("bench.live", 1, json!({"sent_ns": now_ns()}));
+        store
+            .append("live", ExpectedVersion::Any, &[e])
+            .expect("append");
+        std::thread::sleep(std::time::Duration::from_millis(3));
+    }
+}
+
+/// p50 of (delivery - append start) over `n` live events, in ms.
+fn subscription_p50_ms(
+    store: &Arc<SqliteEventStore>,
+    n: usize,
+    spawn_writer: impl FnOnce(),
+) -> f64 {
+    let after = store.last_position().expect("pos");
+    let mut sub = store.subscribe(after).expect("subscribe");
+    spawn_writer();
+    let mut lat = Vec::with_capacity(n);
+    while lat.len() < n {
+        let e = sub
+            .next_timeout(std::time::Duration::from_secs(30))
+            .expect("subscription")
+            .expect("an event within 30 s");
+        let sent = e.payload["sent_ns"].as_u64().unwrap_or(0);
+        lat.push(now_ns().saturating_sub(sent) as f64 / 1e6);
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    lat[n / 2]
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("writer") {
+        // The cross-process writer, started by the subscription bench below.
+        let store = SqliteEventStore::open(&args[2]).expect("open");
+        paced_writer(&store, args[3].parse().expect("count"));
+        return;
+    }
     let dir = std::env::temp_dir().join(format!("correx-bench-events-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bench dir");
     println!("durability: FULL (synchronous=2, WAL)");
 
     // Alternate ours and raw so drift in the disk's flush latency hits both alike.
     let (mut ours1, mut raw1, mut oursb, mut rawb) = (vec![], vec![], vec![], vec![]);
-    for _ in 0..ROUNDS {
-        raw1.push(raw_rate(&dir, 1, SINGLES / ROUNDS));
-        ours1.push(ours_rate(&dir, 1, SINGLES / ROUNDS));
-        rawb.push(raw_rate(&dir, BATCH, BATCHES / ROUNDS));
-        oursb.push(ours_rate(&dir, BATCH, BATCHES / ROUNDS));
+    for round in 0..ROUNDS {
+        // Alternate who goes first, too.
+        if round % 2 == 0 {
+            raw1.push(raw_rate(&dir, 1, SINGLES / ROUNDS));
+            ours1.push(ours_rate(&dir, 1, SINGLES / ROUNDS));
+            rawb.push(raw_rate(&dir, BATCH, BATCHES / ROUNDS));
+            oursb.push(ours_rate(&dir, BATCH, BATCHES / ROUNDS));
+        } else {
+            ours1.push(ours_rate(&dir, 1, SINGLES / ROUNDS));
+            raw1.push(raw_rate(&dir, 1, SINGLES / ROUNDS));
+            oursb.push(ours_rate(&dir, BATCH, BATCHES / ROUNDS));
+            rawb.push(raw_rate(&dir, BATCH, BATCHES / ROUNDS));
+        }
     }
     let (ours1, raw1, oursb, rawb) = (median(ours1), median(raw1), median(oursb), median(rawb));
     println!("append_single_events_per_s: {ours1:.0}");
@@ -203,6 +266,31 @@ fn main() {
     println!("append_p50_us_at_1m: {p50_1m:.0}");
     println!("append_p50_growth_1m_vs_10k: {:.2}", p50_1m / p50_10k);
     drop(store);
+
+    let live = Arc::new(SqliteEventStore::open(fresh(&dir, "live.db")).expect("open live"));
+    let writer_store = Arc::clone(&live);
+    let mut in_proc_writer = None;
+    let in_proc = subscription_p50_ms(&live, 200, || {
+        in_proc_writer = Some(std::thread::spawn(move || paced_writer(&writer_store, 200)));
+    });
+    if let Some(w) = in_proc_writer {
+        w.join().expect("writer");
+    }
+    let mut child = None;
+    let cross = subscription_p50_ms(&live, 200, || {
+        child = Some(
+            std::process::Command::new(std::env::current_exe().expect("exe"))
+                .args(["writer", &dir.join("live.db").display().to_string(), "200"])
+                .spawn()
+                .expect("spawn writer"),
+        );
+    });
+    if let Some(mut c) = child {
+        c.wait().expect("writer exit");
+    }
+    println!("subscription_latency_in_process_p50_ms: {in_proc:.3}");
+    println!("subscription_latency_cross_process_p50_ms: {cross:.3}");
+    drop(live);
     let _ = std::fs::remove_dir_all(&dir);
     println!("append_ratio_vs_raw: {:.3}", ours1 / raw1);
     println!("batch_ratio_vs_raw: {:.3}", oursb / rawb);

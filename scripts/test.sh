@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (llama-server and the Gemma model, into a cache
-# outside the repo), then runs every test: the Rust suites, then the C hosts (plain, under
-# valgrind, under ASan/UBSan).
+# outside the repo), then runs every test: the Rust suites, the C hosts (plain, under valgrind,
+# under ASan/UBSan, and built through pkg-config), the Rust embedding example and the Java
+# (Panama) demo when a JDK >= 22 is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,3 +10,7 @@ bash scripts/install-llama.sh >/dev/null
 cargo test --all-targets
 cargo test --doc
 make -C examples/c test
+echo "== rust embed example"
+cargo run --release --quiet --example embed
+echo "== java (panama) demo"
+bash scripts/jvm-demo.sh

@@ -28,7 +28,7 @@ pub use cancel::CancelToken;
 pub use events::{
     append_domain, format_rfc3339_ms, AppendResult, DomainEvent, Durability, EventStore,
     EventStoreError, ExpectedVersion, NewEvent, RecordedEvent, SqliteEventStore, StoreOptions,
-    UnloadReason,
+    Subscription, UnloadReason,
 };
 pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
 pub use inference::{

@@ -5,6 +5,7 @@ mod tools_util;
 mod util;
 
 mod events;
+mod ffi;
 mod header;
 mod inference;
 mod manager;

@@ -23,11 +23,13 @@
 mod domain;
 mod error;
 mod sqlite;
+mod subscription;
 mod time;
 
 pub use domain::{DomainEvent, UnloadReason};
 pub use error::EventStoreError;
 pub use sqlite::{Durability, SqliteEventStore, StoreOptions};
+pub use subscription::Subscription;
 pub use time::format_rfc3339_ms;
 
 use crate::ids::EventId;

@@ -5,7 +5,7 @@ use super::{
     AppendResult, EventStore, EventStoreError, ExpectedVersion, NewEvent, RecordedEvent, Result,
 };
 use crate::ids::EventId;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -83,11 +83,58 @@ CREATE TABLE IF NOT EXISTS events (
 const COLUMNS: &str = "position, event_id, stream_id, stream_version, type_id, schema_version, \
                        timestamp_ms, correlation_id, causation_id, payload";
 
+/// Appends waiting for the next group, and whether a leader is committing one now.
+#[derive(Default)]
+struct Queue {
+    pending: Vec<Arc<Pending>>,
+    leader: bool,
+}
+
+/// Steps the leader down and wakes everyone, also when the commit unwinds.
+struct StepDown<'a> {
+    store: &'a SqliteEventStore,
+}
+
+impl Drop for StepDown<'_> {
+    fn drop(&mut self) {
+        self.store.queue.lock().leader = false;
+        self.store.committed.notify_all();
+    }
+}
+
+/// An event ready to insert: its payload serialized by the appending thread, so the group's
+/// leader only binds and inserts.
+struct Row {
+    event_id: String,
+    type_id: String,
+    schema_version: u32,
+    correlation_id: Option<String>,
+    causation_id: Option<String>,
+    payload: String,
+}
+
+impl Row {
+    fn new(e: &NewEvent) -> Result<Row> {
+        Ok(Row {
+            event_id: e.event_id.to_string(),
+            type_id: e.type_id.clone(),
+            schema_version: e.schema_version,
+            correlation_id: e.correlation_id.clone(),
+            causation_id: e.causation_id.clone(),
+            payload: serde_json::to_string(&e.payload).map_err(|err| {
+                EventStoreError::InvalidAppend {
+                    detail: format!("payload of {} is not serializable: {err}", e.event_id),
+                }
+            })?,
+        })
+    }
+}
+
 /// One append waiting for a group commit.
 struct Pending {
     stream: String,
     expected: ExpectedVersion,
-    events: Vec<NewEvent>,
+    events: Vec<Row>,
     result: Mutex<Option<Result<AppendResult>>>,
 }
 
@@ -102,7 +149,12 @@ pub struct SqliteEventStore {
     path: PathBuf,
     options: StoreOptions,
     writer: Mutex<Connection>,
-    pending: Mutex<Vec<Arc<Pending>>>,
+    queue: Mutex<Queue>,
+    /// Signalled when a group was committed (its results are set) and the leader stepped down.
+    committed: Condvar,
+    /// Groups committed by this handle, for subscriptions to wake on.
+    commits: Mutex<u64>,
+    appended: Condvar,
     readers: Mutex<Vec<Connection>>,
 }
 
@@ -147,7 +199,10 @@ impl SqliteEventStore {
             path,
             options,
             writer: Mutex::new(writer),
-            pending: Mutex::new(Vec::new()),
+            queue: Mutex::new(Queue::default()),
+            committed: Condvar::new(),
+            commits: Mutex::new(0),
+            appended: Condvar::new(),
             readers: Mutex::new(Vec::new()),
         })
     }
@@ -160,6 +215,19 @@ impl SqliteEventStore {
     /// The durability this store commits with.
     pub fn durability(&self) -> Durability {
         self.options.durability
+    }
+
+    /// How many groups this handle has committed.
+    pub(super) fn commit_count(&self) -> u64 {
+        *self.commits.lock()
+    }
+
+    /// Waits until this handle commits past `seen` groups, or `timeout` passes.
+    pub(super) fn wait_for_commit(&self, seen: u64, timeout: Duration) {
+        let mut n = self.commits.lock();
+        if *n == seen {
+            self.appended.wait_for(&mut n, timeout);
+        }
     }
 
     /// Runs `f` on a pooled read-only connection.
@@ -175,19 +243,7 @@ impl SqliteEventStore {
     }
 
     fn read_query(&self, sql: &str, args: &[&dyn rusqlite::ToSql]) -> Result<Vec<RecordedEvent>> {
-        self.with_reader(|conn| {
-            let sqlite = |source| EventStoreError::Sqlite {
-                operation: "read",
-                source,
-            };
-            let mut stmt = conn.prepare_cached(sql).map_err(sqlite)?;
-            let mut rows = stmt.query(args).map_err(sqlite)?;
-            let mut out = Vec::new();
-            while let Some(row) = rows.next().map_err(sqlite)? {
-                out.push(decode_row(row)?);
-            }
-            Ok(out)
-        })
+        self.with_reader(|conn| query_events(conn, sql, args))
     }
 
     /// Commits every append waiting now in one transaction; fills in each one's result.
@@ -222,6 +278,8 @@ impl SqliteEventStore {
                 for (p, r) in group.iter().zip(results) {
                     *p.result.lock() = Some(r);
                 }
+                *self.commits.lock() += 1;
+                self.appended.notify_all();
             }
             Err(e) => {
                 // rusqlite errors are not Clone: every append of the group gets the same story.
@@ -239,6 +297,37 @@ impl SqliteEventStore {
             }
         }
     }
+}
+
+/// A new read-only connection on the store's file, set up like the pooled ones.
+pub(super) fn open_reader(store: &SqliteEventStore) -> Result<Connection> {
+    open_connection(&store.path, &store.options, Role::Reader)
+}
+
+/// Up to `max` events from `from` on `conn`, in position order.
+pub(super) fn read_all_on(conn: &Connection, from: u64, max: usize) -> Result<Vec<RecordedEvent>> {
+    let sql =
+        format!("SELECT {COLUMNS} FROM events WHERE position >= ?1 ORDER BY position LIMIT ?2");
+    let from = from.min(i64::MAX as u64) as i64;
+    query_events(conn, &sql, &[&from, &page(max)])
+}
+
+fn query_events(
+    conn: &Connection,
+    sql: &str,
+    args: &[&dyn rusqlite::ToSql],
+) -> Result<Vec<RecordedEvent>> {
+    let sqlite = |source| EventStoreError::Sqlite {
+        operation: "read",
+        source,
+    };
+    let mut stmt = conn.prepare_cached(sql).map_err(sqlite)?;
+    let mut rows = stmt.query(args).map_err(sqlite)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(sqlite)? {
+        out.push(decode_row(row)?);
+    }
+    Ok(out)
 }
 
 fn page(max: usize) -> i64 {
@@ -309,6 +398,11 @@ fn open_connection(path: &Path, options: &StoreOptions, role: Role) -> Result<Co
     if role == Role::Reader {
         conn.pragma_update(None, "query_only", true)
             .map_err(open_err)?;
+    } else {
+        // Each append runs in a savepoint, whose journal spills to a temp file past 64 KiB
+        // unless temp storage is in memory; on disk it costs a third of a batch append.
+        conn.pragma_update(None, "temp_store", "MEMORY")
+            .map_err(open_err)?;
     }
     Ok(conn)
 }
@@ -353,15 +447,20 @@ fn append_in_savepoint(
     now: i64,
 ) -> Result<AppendResult> {
     let sqlite = |operation| move |source| EventStoreError::Sqlite { operation, source };
-    tx.execute_batch("SAVEPOINT append")
-        .map_err(sqlite("savepoint"))?;
+    // Cached statements: parsing these four tiny statements anew for every append of every
+    // group would be a visible share of the leader's time.
+    let run = |sql: &str| {
+        tx.prepare_cached(sql)
+            .and_then(|mut st| st.execute([]))
+            .map(|_| ())
+    };
+    run("SAVEPOINT append").map_err(sqlite("savepoint"))?;
     let result = match append_events(tx, p, now) {
         Ok(Attempt::Stored(r)) => Ok(r),
         // Checking ids up front would cost a lookup per event on every append; the UNIQUE index
         // finds repeats for free, and only then do we look at what was stored before.
         Ok(Attempt::DuplicateId) => {
-            tx.execute_batch("ROLLBACK TO append")
-                .map_err(sqlite("rollback savepoint"))?;
+            run("ROLLBACK TO append").map_err(sqlite("rollback savepoint"))?;
             match find_existing(tx, p) {
                 Ok(Some(r)) => Ok(r),
                 Ok(None) => match first_duplicate(p) {
@@ -378,12 +477,10 @@ fn append_in_savepoint(
         }
         Err(e) => Err(e),
     };
-    let end = if result.is_ok() {
-        "RELEASE append"
-    } else {
-        "ROLLBACK TO append; RELEASE append"
-    };
-    tx.execute_batch(end).map_err(sqlite("release savepoint"))?;
+    if result.is_err() {
+        run("ROLLBACK TO append").map_err(sqlite("rollback savepoint"))?;
+    }
+    run("RELEASE append").map_err(sqlite("release savepoint"))?;
     result
 }
 
@@ -441,10 +538,6 @@ fn append_events(conn: &Connection, p: &Pending, now: i64) -> Result<Attempt> {
     let mut last = 0;
     for (i, e) in p.events.iter().enumerate() {
         version += 1;
-        let payload =
-            serde_json::to_string(&e.payload).map_err(|err| EventStoreError::InvalidAppend {
-                detail: format!("payload of {} is not serializable: {err}", e.event_id),
-            })?;
         let inserted = insert.execute(params![
             e.event_id.as_str(),
             p.stream,
@@ -454,7 +547,7 @@ fn append_events(conn: &Connection, p: &Pending, now: i64) -> Result<Attempt> {
             now,
             e.correlation_id,
             e.causation_id,
-            payload
+            e.payload
         ]);
         match inserted {
             Ok(_) => {}
@@ -588,26 +681,31 @@ impl EventStore for SqliteEventStore {
         let me = Arc::new(Pending {
             stream: stream.to_owned(),
             expected,
-            events: events.to_vec(),
+            events: events.iter().map(Row::new).collect::<Result<_>>()?,
             result: Mutex::new(None),
         });
-        self.pending.lock().push(Arc::clone(&me));
+        // Leader/follower group commit: the first append to find no leader becomes it, takes
+        // every append queued so far and commits them in one transaction; the others wait on
+        // `committed` and return as soon as their result is set, without touching the writer.
+        let mut queue = self.queue.lock();
+        queue.pending.push(Arc::clone(&me));
         loop {
-            // Whoever holds the writer is committing a group; when we get it, either that group
-            // held our append (our result is set) or we lead the next group, which holds ours.
-            let mut conn = self.writer.lock();
             if let Some(r) = me.result.lock().take() {
                 return r;
             }
-            let group = std::mem::take(&mut *self.pending.lock());
-            if group.is_empty() {
+            if queue.leader {
+                self.committed.wait(&mut queue);
                 continue;
             }
-            self.commit_group(&mut conn, &group);
-            drop(conn);
-            if let Some(r) = me.result.lock().take() {
-                return r;
+            queue.leader = true;
+            let group = std::mem::take(&mut queue.pending);
+            drop(queue);
+            {
+                let _step_down = StepDown { store: self };
+                let mut conn = self.writer.lock();
+                self.commit_group(&mut conn, &group);
             }
+            queue = self.queue.lock();
         }
     }
 

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs libcorrex (shared and static), include/correx.h and a pkg-config file under PREFIX
+# (default /usr/local): `pkg-config --cflags --libs correx` then links against it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PREFIX="${1:-/usr/local}"
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+
+cargo build --release --lib
+install -d "$PREFIX/lib/pkgconfig" "$PREFIX/include"
+install -m 0644 target/release/libcorrex.a "$PREFIX/lib/"
+install -m 0755 target/release/libcorrex.so "$PREFIX/lib/"
+install -m 0644 include/correx.h "$PREFIX/include/"
+cat >"$PREFIX/lib/pkgconfig/correx.pc" <<PC
+prefix=$PREFIX
+libdir=\${prefix}/lib
+includedir=\${prefix}/include
+
+Name: correx
+Description: Infrastructure layer of a local-first LLM agent runtime (event log, llama-server, confined tools)
+Version: $VERSION
+Libs: -L\${libdir} -lcorrex
+Libs.private: -lpthread -ldl -lm -lrt -lutil -lgcc_s
+Cflags: -I\${includedir}
+PC
+echo "installed correx $VERSION under $PREFIX"

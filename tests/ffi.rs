@@ -1,0 +1,190 @@
+//! The C ABI called from Rust: cancellation from another thread, and the panic guard.
+
+use crate::util::{free_port, llama_install, TempDir};
+use correx::ffi::*;
+use std::ffi::{CStr, CString};
+use std::ptr;
+use std::time::{Duration, Instant};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+struct Rt(*mut correx_runtime);
+
+// SAFETY: correx_runtime is documented as shareable across threads.
+unsafe impl Send for Rt {}
+// SAFETY: as above.
+unsafe impl Sync for Rt {}
+
+impl Drop for Rt {
+    fn drop(&mut self) {
+        // SAFETY: made by correx_runtime_new, freed once here.
+        unsafe { correx_runtime_free(self.0) };
+    }
+}
+
+struct Cancel(*mut correx_cancel);
+// SAFETY: the flag is documented as usable from any thread.
+unsafe impl Send for Cancel {}
+// SAFETY: as above.
+unsafe impl Sync for Cancel {}
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        // SAFETY: made by correx_cancel_new, freed once here.
+        unsafe { correx_cancel_free(self.0) };
+    }
+}
+
+fn runtime(dir: &TempDir, port: u16) -> Result<Rt, Box<dyn std::error::Error>> {
+    let config = serde_json::json!({
+        "v": 1,
+        "event_log": dir.join("events.db"),
+        "sandbox_root": dir.join("sb"),
+        "models": {"port": port, "log_dir": dir.join("logs")},
+    })
+    .to_string();
+    let config = CString::new(config)?;
+    let mut rt = ptr::null_mut();
+    // SAFETY: valid string and out-params.
+    let rc = unsafe { correx_runtime_new(config.as_ptr(), &mut rt, ptr::null_mut()) };
+    assert_eq!(rc, CORREX_OK);
+    Ok(Rt(rt))
+}
+
+fn cancel() -> Cancel {
+    let mut c = ptr::null_mut();
+    // SAFETY: valid out-param.
+    assert_eq!(
+        unsafe { correx_cancel_new(&mut c, ptr::null_mut()) },
+        CORREX_OK
+    );
+    Cancel(c)
+}
+
+const DESCRIPTOR: &str = r#"{"v": 1, "model_id": "g", "residency": "persistent", "context_size": 1024, "extra_args": ["--no-jinja", "--chat-template", "gemma"]}"#;
+
+#[test]
+fn a_load_and_an_infer_can_be_cancelled_from_another_thread() -> TestResult {
+    if llama_install().is_none() {
+        return Ok(());
+    }
+    let dir = TempDir::new("ffi-cancel");
+    let port = free_port();
+    let rt = std::sync::Arc::new(runtime(&dir, port)?);
+    let flag = std::sync::Arc::new(cancel());
+    let descriptor = CString::new(DESCRIPTOR)?;
+
+    // Cancel a load 100 ms in (a load takes about a second).
+    let trigger = {
+        let flag = flag.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            // SAFETY: the flag outlives this thread (the test joins it first).
+            unsafe { correx_cancel_trigger(flag.0) };
+        })
+    };
+    let mut err = ptr::null_mut();
+    // SAFETY: live runtime, valid strings, err out-param.
+    let rc = unsafe { correx_model_load(rt.0, descriptor.as_ptr(), flag.0, &mut err) };
+    trigger.join().map_err(|_| "trigger panicked")?;
+    assert_eq!(rc, CORREX_E_CANCELLED);
+    // SAFETY: err was set on failure.
+    unsafe { correx_error_free(err) };
+    assert!(
+        std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
+        "the cancelled server still runs"
+    );
+
+    // SAFETY: as above.
+    unsafe { correx_cancel_reset(flag.0) };
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { correx_model_load(rt.0, descriptor.as_ptr(), flag.0, ptr::null_mut()) },
+        CORREX_OK
+    );
+
+    // A long generation, cancelled 200 ms in, returns at once.
+    let request = CString::new(
+        r#"{"v": 1, "context": {"task": "Write a very long story."}, "config": {"max_tokens": 2000, "temperature": 0}}"#,
+    )?;
+    let model = CString::new("g")?;
+    let trigger = {
+        let flag = flag.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            // SAFETY: as above.
+            unsafe { correx_cancel_trigger(flag.0) };
+        })
+    };
+    let started = Instant::now();
+    let mut out = ptr::null_mut();
+    // SAFETY: live runtime, valid strings and out-params.
+    let rc = unsafe {
+        correx_infer(
+            rt.0,
+            model.as_ptr(),
+            request.as_ptr(),
+            flag.0,
+            &mut out,
+            ptr::null_mut(),
+        )
+    };
+    trigger.join().map_err(|_| "trigger panicked")?;
+    assert_eq!(rc, CORREX_E_CANCELLED);
+    assert!(out.is_null(), "out-param written on error");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "cancel took {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+#[test]
+fn infer_through_the_abi_returns_v1_json() -> TestResult {
+    if llama_install().is_none() {
+        return Ok(());
+    }
+    let dir = TempDir::new("ffi-infer");
+    let rt = runtime(&dir, free_port())?;
+    let descriptor = CString::new(DESCRIPTOR)?;
+    // SAFETY: live runtime and valid strings.
+    assert_eq!(
+        unsafe { correx_model_load(rt.0, descriptor.as_ptr(), ptr::null(), ptr::null_mut()) },
+        CORREX_OK
+    );
+    let request = CString::new(
+        r#"{"v": 1, "context": {"task": "Hi"}, "config": {"max_tokens": 3, "temperature": 0, "seed": 1}}"#,
+    )?;
+    let model = CString::new("g")?;
+    let mut out = ptr::null_mut();
+    // SAFETY: as above.
+    let rc = unsafe {
+        correx_infer(
+            rt.0,
+            model.as_ptr(),
+            request.as_ptr(),
+            ptr::null(),
+            &mut out,
+            ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, CORREX_OK);
+    // SAFETY: out is a NUL-terminated string from correx.
+    let text = unsafe { CStr::from_ptr(out) }.to_str()?.to_owned();
+    // SAFETY: freed once.
+    unsafe { correx_string_free(out) };
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    assert_eq!(v["v"], 1);
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    assert_eq!(v["finish_reason"], "length");
+    let mut count = 0u64;
+    let t = CString::new("hello world")?;
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { correx_count_tokens(rt.0, t.as_ptr(), &mut count, ptr::null_mut()) },
+        CORREX_OK
+    );
+    assert!(count >= 2);
+    Ok(())
+}
