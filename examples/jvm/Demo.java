@@ -121,6 +121,9 @@ public class Demo {
                 while (m.find()) System.out.println("  " + m.group(1));
             } finally {
                 runtimeFree.invokeExact(rt);
+                try (var paths = Files.walk(dir)) {
+                    paths.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+                }
             }
             if (asked != 2) throw new IllegalStateException("the approver was asked " + asked + " times");
         }
