@@ -246,8 +246,8 @@ void correx_string_free(char *s);
  * `log` facade.
  *
  * # Blocking and threads
- * Never blocks for long; callable from any thread. A callback must not call back into
- * `correx_set_log_callback`.
+ * Never blocks for long; callable from any thread. The callback may run while correx holds
+ * internal locks: it must return promptly and must not call any correx function.
  *
  * # Safety
  * `callback` is NULL or a function safe to call from any thread with `user_data`.
@@ -305,7 +305,9 @@ void correx_runtime_free(struct correx_runtime *rt);
  * - `callback`: see `correx_approve_fn`.
  * - `user_data`: passed back to `callback`.
  * - `free_user_data`: optional; called once with `user_data` when the callback is replaced or
- *   the runtime freed (after any call in progress returned).
+ *   the runtime freed (after any call in progress returned). When this call fails it is not
+ *   called: the caller still owns `user_data`. Do not register the same `user_data` with a
+ *   destructor twice.
  *
  * # Returns
  * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.

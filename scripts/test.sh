@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-llama.sh >/dev/null
-cargo test --all-targets
+# Benchmarks run in .ci/run with `cargo bench`, not here.
+cargo test --lib --tests --examples
 cargo test --doc
 make -C examples/c test
 echo "== rust embed example"

@@ -590,3 +590,52 @@ fn approvers_see_the_request_and_fail_closed() -> TestResult {
     );
     Ok(())
 }
+
+#[test]
+fn a_working_root_open_to_others_is_refused() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let rig = Rig::new()?;
+    std::fs::create_dir_all(&rig.work_root)?;
+    std::fs::set_permissions(&rig.work_root, std::fs::Permissions::from_mode(0o777))?;
+    let err = rig
+        .executor(vec![], Arc::new(DenyAll))
+        .err()
+        .ok_or("accepted a shared root")?;
+    assert!(err.to_string().contains("0700"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn a_second_executor_never_recovers_a_live_invocation() -> TestResult {
+    let rig = Rig::new()?;
+    let target = rig.tmp.join("busy.txt");
+    std::fs::write(&target, "before")?;
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let release_rx = parking_lot::Mutex::new(release_rx);
+    let started_tx = parking_lot::Mutex::new(started_tx);
+    let tool = scripted("slow_write", Tier::T1, target.clone(), move |r, t| {
+        let _ = std::fs::write(t, "after");
+        let _ = started_tx.lock().send(());
+        let _ = release_rx.lock().recv_timeout(Duration::from_secs(10));
+        ToolResult::success(&r.invocation_id, "done")
+    });
+    let first = Arc::new(rig.executor(vec![tool], Arc::new(DenyAll))?);
+    let runner = {
+        let first = first.clone();
+        std::thread::spawn(move || first.execute(&req("slow_write", json!({}))))
+    };
+    started_rx.recv_timeout(Duration::from_secs(10))?;
+    // Another runtime on the same root starts while the tool is mid-run.
+    let second = rig.executor(vec![], Arc::new(DenyAll))?;
+    assert!(second.recovered().is_empty(), "recovered a live invocation");
+    assert_eq!(std::fs::read_to_string(&target)?, "after");
+    release_tx.send(())?;
+    assert!(runner.join().map_err(|_| "runner panicked")?.is_success());
+    assert_eq!(std::fs::read_to_string(&target)?, "after");
+    assert_eq!(
+        types(&rig.events()?),
+        ["tool.execution_started", "tool.execution_completed"]
+    );
+    rig.assert_clean(rig.tmp.path())
+}

@@ -88,7 +88,12 @@ const COLUMNS: &str = "position, event_id, stream_id, stream_version, type_id, s
 struct Queue {
     pending: Vec<Arc<Pending>>,
     leader: bool,
+    /// Threads inside `append` that have not taken their answer yet.
+    appenders: usize,
 }
+
+/// The longest a leader waits for appenders it knows are coming back; well under one flush.
+const GATHER: Duration = Duration::from_micros(150);
 
 /// Steps the leader down and wakes everyone, also when the commit unwinds.
 struct StepDown<'a> {
@@ -97,7 +102,13 @@ struct StepDown<'a> {
 
 impl Drop for StepDown<'_> {
     fn drop(&mut self) {
-        self.store.queue.lock().leader = false;
+        let mut queue = self.store.queue.lock();
+        queue.leader = false;
+        if std::thread::panicking() {
+            // The leader unwinds out of `append` without taking its answer.
+            queue.appenders = queue.appenders.saturating_sub(1);
+        }
+        drop(queue);
         self.store.committed.notify_all();
     }
 }
@@ -152,6 +163,8 @@ pub struct SqliteEventStore {
     queue: Mutex<Queue>,
     /// Signalled when a group was committed (its results are set) and the leader stepped down.
     committed: Condvar,
+    /// Signalled when an append joins the queue, for a leader gathering its group.
+    arrived: Condvar,
     /// Groups committed by this handle, for subscriptions to wake on.
     commits: Mutex<u64>,
     appended: Condvar,
@@ -201,6 +214,7 @@ impl SqliteEventStore {
             writer: Mutex::new(writer),
             queue: Mutex::new(Queue::default()),
             committed: Condvar::new(),
+            arrived: Condvar::new(),
             commits: Mutex::new(0),
             appended: Condvar::new(),
             readers: Mutex::new(Vec::new()),
@@ -689,8 +703,11 @@ impl EventStore for SqliteEventStore {
         // `committed` and return as soon as their result is set, without touching the writer.
         let mut queue = self.queue.lock();
         queue.pending.push(Arc::clone(&me));
+        queue.appenders += 1;
+        self.arrived.notify_one();
         loop {
             if let Some(r) = me.result.lock().take() {
+                queue.appenders = queue.appenders.saturating_sub(1);
                 return r;
             }
             if queue.leader {
@@ -698,6 +715,13 @@ impl EventStore for SqliteEventStore {
                 continue;
             }
             queue.leader = true;
+            // Appenders that just got their answer usually come straight back with the next
+            // append: give them a moment to join this group rather than pay a flush of their
+            // own. A lone appender never waits.
+            let deadline = Instant::now() + GATHER;
+            while queue.pending.len() < queue.appenders && Instant::now() < deadline {
+                self.arrived.wait_until(&mut queue, deadline);
+            }
             let group = std::mem::take(&mut queue.pending);
             drop(queue);
             {

@@ -32,7 +32,7 @@ impl log::Log for Bridge {
     }
 
     fn log(&self, record: &log::Record<'_>) {
-        let sink = SINK.read();
+        let sink = SINK.read_recursive();
         let Some(s) = sink.as_ref() else { return };
         if record.level() > s.max_level {
             return;
@@ -61,8 +61,8 @@ impl log::Log for Bridge {
 /// `log` facade.
 ///
 /// # Blocking and threads
-/// Never blocks for long; callable from any thread. A callback must not call back into
-/// `correx_set_log_callback`.
+/// Never blocks for long; callable from any thread. The callback may run while correx holds
+/// internal locks: it must return promptly and must not call any correx function.
 ///
 /// # Safety
 /// `callback` is NULL or a function safe to call from any thread with `user_data`.

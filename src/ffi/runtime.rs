@@ -278,7 +278,9 @@ pub unsafe extern "C" fn correx_runtime_free(rt: *mut correx_runtime) {
 /// - `callback`: see `correx_approve_fn`.
 /// - `user_data`: passed back to `callback`.
 /// - `free_user_data`: optional; called once with `user_data` when the callback is replaced or
-///   the runtime freed (after any call in progress returned).
+///   the runtime freed (after any call in progress returned). When this call fails it is not
+///   called: the caller still owns `user_data`. Do not register the same `user_data` with a
+///   destructor twice.
 ///
 /// # Returns
 /// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.

@@ -423,21 +423,36 @@ fn unload_locked(
 
 fn stop_child(child: &mut Child) {
     let pgid = child.id() as i32;
-    if matches!(child.try_wait(), Ok(None)) {
+    if !exited_unreaped(child) {
         // SAFETY: signalling the process group we created for this child.
         unsafe {
             libc::killpg(pgid, libc::SIGTERM);
         }
         let deadline = Instant::now() + TERM_GRACE;
-        while Instant::now() < deadline {
-            if !matches!(child.try_wait(), Ok(None)) {
-                break;
-            }
+        while Instant::now() < deadline && !exited_unreaped(child) {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+    // The leader is at most a zombie here, so its group id is still ours to signal.
     kill_group(pgid);
     let _ = child.wait();
+}
+
+/// Whether the child has exited, without reaping it.
+fn exited_unreaped(child: &Child) -> bool {
+    // SAFETY: siginfo_t is plain data; waitid writes it on success.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid with WNOWAIT on our own child does not reap it; info is valid for writes.
+    let r = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            child.id() as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // SAFETY: si_pid is valid to read after a successful waitid.
+    r != 0 || unsafe { info.si_pid() } != 0
 }
 
 fn load_locked(
@@ -446,6 +461,9 @@ fn load_locked(
     d: &ModelDescriptor,
     cancel: &CancelToken,
 ) -> Result<(), ModelLoadError> {
+    if st.shutdown {
+        return Err(ModelLoadError::ManagerGone);
+    }
     if let Some(r) = st.current.as_mut() {
         if r.descriptor.model_id == d.model_id && matches!(r.child.try_wait(), Ok(None)) {
             return Ok(());
@@ -569,12 +587,16 @@ fn load_locked(
         if cancel.is_cancelled() {
             return fail(&mut child, ModelLoadError::Cancelled);
         }
-        if let Ok(Some(status)) = child.try_wait() {
+        if exited_unreaped(&child) {
             kill_group(child.id() as i32);
+            let status = child
+                .wait()
+                .map(|s| s.to_string())
+                .unwrap_or_else(|e| e.to_string());
             // Give the drain thread a moment to collect the last lines.
             std::thread::sleep(Duration::from_millis(50));
             return Err(ModelLoadError::ExitedWhileLoading {
-                status: status.to_string(),
+                status,
                 log_tail: inner.tail.lines(),
             });
         }
@@ -837,27 +859,50 @@ impl ManagedInferenceProvider {
         let (tx, rx) = mpsc::channel();
         let descriptor = self.descriptor.clone();
         let request = request.clone();
+        // Set when the caller gave up: the server's late answer is then not recorded as an
+        // inference the caller received.
+        let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (worker_inner, worker_abandoned) = (Arc::clone(&inner), Arc::clone(&abandoned));
         let worker = std::thread::Builder::new()
             .name("correx-infer".into())
             .spawn(move || {
-                let result = provider.infer(&request).map(|mut r| {
-                    r.model = descriptor.model_id.clone();
-                    r
-                });
-                finish_inference(&inner, &descriptor, generation, &result);
+                let call = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    provider.infer(&request)
+                }));
+                let result = match call {
+                    Ok(r) => r.map(|mut r| {
+                        r.model = descriptor.model_id.clone();
+                        r
+                    }),
+                    Err(_) => Err(InferenceError::Transport {
+                        url: String::new(),
+                        detail: "the inference panicked".into(),
+                    }),
+                };
+                let gone = worker_abandoned.load(std::sync::atomic::Ordering::SeqCst);
+                finish_inference(&worker_inner, &descriptor, generation, &result, gone);
                 let _ = tx.send(result);
             });
         if let Err(e) = worker {
-            return Err(InferenceError::Transport {
+            let err = InferenceError::Transport {
                 url: String::new(),
                 detail: format!("could not start the inference thread: {e}"),
-            });
+            };
+            finish_inference(
+                &inner,
+                &self.descriptor,
+                generation,
+                &Err(InferenceError::Cancelled),
+                true,
+            );
+            return Err(err);
         }
         loop {
             match rx.recv_timeout(Duration::from_millis(10)) {
                 Ok(result) => return result,
                 Err(mpsc::RecvTimeoutError::Timeout) if cancel.is_cancelled() => {
-                    return Err(InferenceError::Cancelled)
+                    abandoned.store(true, std::sync::atomic::Ordering::SeqCst);
+                    return Err(InferenceError::Cancelled);
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -877,10 +922,11 @@ fn finish_inference(
     descriptor: &ModelDescriptor,
     generation: u64,
     result: &Result<InferenceResponse, InferenceError>,
+    abandoned: bool,
 ) {
     let mut st = inner.state.lock();
     st.in_flight = st.in_flight.saturating_sub(1);
-    if let Ok(r) = result {
+    if let (Ok(r), false) = (result, abandoned) {
         let event = DomainEvent::InferenceCompleted {
             model_id: descriptor.model_id.clone(),
             usage: r.usage,

@@ -11,10 +11,60 @@ use std::path::{Path, PathBuf};
 pub(crate) enum Saved {
     /// Nothing: a restore deletes whatever the tool created.
     Absent,
-    /// A regular file, copied to `backup` (beside it).
-    File { backup: PathBuf },
+    /// A regular file, copied to `backup` (beside it). `identity` is what the file looked like
+    /// before the tool ran: when it still looks the same, the tool did not touch it and it is
+    /// left alone rather than rolled back over someone else's change.
+    File { backup: PathBuf, identity: Identity },
     /// A symlink with this target (the link itself, never what it points to).
     Symlink { target: PathBuf },
+}
+
+/// Enough of a file's metadata to tell whether anything replaced or rewrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Identity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+}
+
+impl Identity {
+    fn of(m: &std::fs::Metadata) -> Identity {
+        use std::os::unix::fs::MetadataExt;
+        Identity {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            // i64 nanoseconds reach the year 2262; serde's tagged enums cannot carry i128.
+            mtime_ns: m
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.mtime_nsec()),
+            ctime_ns: m
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.ctime_nsec()),
+        }
+    }
+
+    fn current(path: &Path) -> Option<Identity> {
+        std::fs::symlink_metadata(path)
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| Identity::of(&m))
+    }
+}
+
+/// What a restore did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Restored {
+    /// The path was put back as it was.
+    Yes,
+    /// The path was as it was already; nothing to do.
+    Unchanged,
+    /// No complete backup exists (a crash came before it was whole, so the tool never ran).
+    NoBackup,
 }
 
 /// One backed-up path.
@@ -55,6 +105,7 @@ pub(crate) fn plan(path: &Path, tag: &str) -> io::Result<Entry> {
         },
         Ok(m) if m.file_type().is_file() => Saved::File {
             backup: backup_name(path, tag)?,
+            identity: Identity::of(&m),
         },
         Ok(_) => {
             return Err(io::Error::new(
@@ -76,7 +127,7 @@ pub(crate) fn plan(path: &Path, tag: &str) -> io::Result<Entry> {
 /// the filesystem has them), into a temp name renamed into place once complete and flushed, so
 /// a backup that exists is whole.
 pub(crate) fn take(entry: &Entry) -> io::Result<()> {
-    if let Saved::File { backup } = &entry.saved {
+    if let Saved::File { backup, .. } = &entry.saved {
         let mut tmp = backup.as_os_str().to_os_string();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
@@ -91,34 +142,68 @@ pub(crate) fn take(entry: &Entry) -> io::Result<()> {
     Ok(())
 }
 
-/// Puts back what was saved. A file comes back by renaming its backup over the path.
-pub(crate) fn restore(entry: &Entry) -> io::Result<()> {
+/// Puts back what was saved. A file comes back by renaming its backup over the path, unless
+/// the file was never changed.
+pub(crate) fn restore(entry: &Entry) -> io::Result<Restored> {
     match &entry.saved {
-        Saved::File { backup } => match std::fs::rename(backup, &entry.path) {
-            // No backup: the crash came before it was complete, so the tool never ran and the
-            // file is as it was.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            other => other,
-        },
+        Saved::File { backup, identity } => {
+            if Identity::current(&entry.path) == Some(*identity) {
+                discard(entry)?;
+                return Ok(Restored::Unchanged);
+            }
+            match std::fs::rename(backup, &entry.path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Restored::NoBackup),
+                Err(e) => Err(e),
+                Ok(()) => Ok(Restored::Yes),
+            }
+        }
         Saved::Absent => match std::fs::symlink_metadata(&entry.path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Restored::Unchanged),
             Err(e) => Err(e),
-            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&entry.path),
-            Ok(_) => std::fs::remove_file(&entry.path),
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&entry.path).map(|()| Restored::Yes),
+            Ok(_) => std::fs::remove_file(&entry.path).map(|()| Restored::Yes),
         },
         Saved::Symlink { target } => {
+            if std::fs::read_link(&entry.path).ok().as_ref() == Some(target) {
+                return Ok(Restored::Unchanged);
+            }
             let tmp = backup_name(&entry.path, "link")?;
             let _ = std::fs::remove_file(&tmp);
             std::os::unix::fs::symlink(target, &tmp)?;
-            std::fs::rename(&tmp, &entry.path)
+            if let Err(e) = std::fs::rename(&tmp, &entry.path) {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+            Ok(Restored::Yes)
         }
+    }
+}
+
+/// Whether a manifest entry is one this code could have written: its backup sits beside its
+/// path under the backup naming scheme. Recovery ignores anything else.
+pub(crate) fn plausible(entry: &Entry) -> bool {
+    if !entry.path.is_absolute() {
+        return false;
+    }
+    match &entry.saved {
+        Saved::File { backup, .. } => {
+            let prefix = match entry.path.file_name() {
+                Some(n) => format!(".{}.correx-bak-", n.to_string_lossy()),
+                None => return false,
+            };
+            backup.parent() == entry.path.parent()
+                && backup
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        }
+        Saved::Absent | Saved::Symlink { .. } => true,
     }
 }
 
 /// Drops a backup after success.
 pub(crate) fn discard(entry: &Entry) -> io::Result<()> {
     match &entry.saved {
-        Saved::File { backup } => match std::fs::remove_file(backup) {
+        Saved::File { backup, .. } => match std::fs::remove_file(backup) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             other => other,
         },

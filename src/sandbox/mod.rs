@@ -99,9 +99,59 @@ impl fmt::Debug for SandboxedToolExecutor {
     }
 }
 
-/// The default working root: `correx-sandbox` under the system temp directory.
+/// The default working root: `correx-sandbox-{uid}` under the system temp directory, one per
+/// user (a root shared between users would let one plant manifests for another to "recover").
 pub fn default_work_root() -> PathBuf {
-    std::env::temp_dir().join("correx-sandbox")
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    std::env::temp_dir().join(format!("correx-sandbox-{uid}"))
+}
+
+/// Refuses a working root that is a symlink, not ours, or open to others: recovery acts on the
+/// manifests it finds there.
+fn check_private(root: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(root)?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let why = if !m.is_dir() {
+        "is not a directory (or is a symlink)"
+    } else if m.uid() != uid {
+        "belongs to another user"
+    } else if m.mode() & 0o077 != 0 {
+        "is readable or writable by others (it must be mode 0700)"
+    } else {
+        return Ok(());
+    };
+    Err(std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        format!("{} {why}", root.display()),
+    ))
+}
+
+/// An exclusive advisory lock on `dir/lock`, held while an invocation runs; the kernel drops it
+/// when the process dies, which is how recovery tells a crashed invocation from a live one.
+fn lock_invocation(dir: &std::path::Path, wait: bool) -> std::io::Result<Option<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))?;
+    let op = if wait {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_EX | libc::LOCK_NB
+    };
+    // SAFETY: flock on an fd we own; no memory is involved.
+    if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    Ok(Some(f))
 }
 
 /// A path component safe to use as a directory name, whatever the id holds.
@@ -139,6 +189,7 @@ impl SandboxedToolExecutor {
             .recursive(true)
             .mode(0o700)
             .create(&work_root)
+            .and_then(|()| check_private(&work_root))
             .map_err(|source| SandboxError::WorkRoot {
                 path: work_root.clone(),
                 source,
@@ -179,14 +230,19 @@ impl SandboxedToolExecutor {
             };
             for inv in invocations.flatten() {
                 let dir = inv.path();
+                // A live invocation (this process or another) holds its lock: not ours to touch.
+                let Ok(Some(_held)) = lock_invocation(&dir, false) else {
+                    continue;
+                };
                 let manifest = std::fs::read(dir.join(backup::MANIFEST))
                     .ok()
                     .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok());
                 if let Some(m) = manifest {
                     let mut restored = Vec::new();
-                    for e in &m.entries {
+                    for e in m.entries.iter().filter(|e| backup::plausible(e)) {
                         match backup::restore(e) {
-                            Ok(()) => restored.push(e.path.clone()),
+                            Ok(backup::Restored::Yes) => restored.push(e.path.clone()),
+                            Ok(backup::Restored::Unchanged | backup::Restored::NoBackup) => {}
                             Err(err) => log::error!("restoring {}: {err}", e.path.display()),
                         }
                     }
@@ -302,7 +358,13 @@ impl SandboxedToolExecutor {
         let session_dir = self
             .work_root
             .join(safe_component(request.session_id.as_str()));
-        let work = match PrivateDir::new_exact(&session_dir, &safe_component(id.as_str())) {
+        let name = safe_component(id.as_str());
+        // Another invocation of this session may remove the session directory just as this one
+        // creates it: one retry covers that.
+        let work = PrivateDir::new_exact(&session_dir, &name)
+            .or_else(|_| PrivateDir::new_exact(&session_dir, &name))
+            .and_then(|w| lock_invocation(w.path(), true).map(|lock| (w, lock)));
+        let (work, _lock) = match work {
             Ok(w) => w,
             Err(e) => {
                 return ToolResult::failure(
@@ -377,6 +439,11 @@ impl SandboxedToolExecutor {
         };
         let result = match result {
             ToolResult::Success { .. } => {
+                // The manifest goes first: once it is gone, a crash cannot turn this success
+                // into a "recovery" that rolls the tool's work back.
+                if let Err(err) = std::fs::remove_file(work.path().join(backup::MANIFEST)) {
+                    log::error!("removing the sandbox manifest of {id}: {err}");
+                }
                 for e in &manifest.entries {
                     if let Err(err) = backup::discard(e) {
                         log::warn!("dropping the backup of {}: {err}", e.path.display());
