@@ -87,34 +87,48 @@ pub(crate) fn random_uuid() -> String {
     )
 }
 
-/// Random bytes from the kernel; falls back to a time- and counter-derived mix if `getrandom`
-/// is unavailable (ids need uniqueness, not secrecy).
+/// Random bytes for ids and jitter: a per-thread splitmix64 generator seeded once from the
+/// kernel (ids need uniqueness, not secrecy; a syscall per id was a visible share of an
+/// append).
 pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    use std::cell::Cell;
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(seed());
+    }
     let mut buf = [0u8; N];
-    // SAFETY: buf is a valid, writable buffer of N bytes; getrandom writes at most N bytes.
-    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), N, 0) };
-    if n != N as isize {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let mut x = nanos
-            ^ (u64::from(std::process::id()) << 32)
-            ^ COUNTER
-                .fetch_add(1, Ordering::Relaxed)
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        for byte in buf.iter_mut() {
-            // splitmix64 step
-            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    STATE.with(|state| {
+        for chunk in buf.chunks_mut(8) {
+            let x = state.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+            state.set(x);
             let mut z = x;
             z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            *byte = (z ^ (z >> 31)) as u8;
+            z ^= z >> 31;
+            chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
         }
-    }
+    });
     buf
+}
+
+/// A seed from the kernel, or from the time, pid and a counter when `getrandom` fails.
+fn seed() -> u64 {
+    let mut buf = [0u8; 8];
+    // SAFETY: buf is a valid, writable buffer of 8 bytes; getrandom writes at most 8.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n == 8 {
+        return u64::from_le_bytes(buf);
+    }
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos
+        ^ (u64::from(std::process::id()) << 32)
+        ^ COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 #[cfg(test)]

@@ -92,8 +92,8 @@ struct Queue {
     appenders: usize,
 }
 
-/// The longest a leader waits for appenders it knows are coming back; well under one flush.
-const GATHER: Duration = Duration::from_micros(150);
+/// The longest a leader waits for appenders it knows are coming back (about two flushes here).
+const GATHER: Duration = Duration::from_micros(400);
 
 /// Steps the leader down and wakes everyone, also when the commit unwinds.
 struct StepDown<'a> {
@@ -704,10 +704,16 @@ impl EventStore for SqliteEventStore {
         let mut queue = self.queue.lock();
         queue.pending.push(Arc::clone(&me));
         queue.appenders += 1;
-        self.arrived.notify_one();
+        // Wake a gathering leader only once its group is complete: one wake, not one per append.
+        if queue.leader && queue.pending.len() >= queue.appenders {
+            self.arrived.notify_one();
+        }
         loop {
             if let Some(r) = me.result.lock().take() {
                 queue.appenders = queue.appenders.saturating_sub(1);
+                if queue.leader && queue.pending.len() >= queue.appenders {
+                    self.arrived.notify_one();
+                }
                 return r;
             }
             if queue.leader {
