@@ -639,3 +639,40 @@ fn a_second_executor_never_recovers_a_live_invocation() -> TestResult {
     );
     rig.assert_clean(rig.tmp.path())
 }
+
+#[test]
+fn recovery_never_restores_a_short_backup() -> TestResult {
+    let rig = Rig::new()?;
+    let target = rig.tmp.join("precious.txt");
+    std::fs::write(&target, b"the original bytes\n".repeat(5000))?;
+    let mut child = child_test("sandbox::child_host_mid_write")
+        .env("CORREX_CHILD_DIR", rig.tmp.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    for line in std::io::BufReader::new(stdout).lines() {
+        if line?.contains("PAUSED") {
+            break;
+        }
+    }
+    // SAFETY: SIGKILL to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait()?;
+    // A power loss could leave the unflushed backup short: simulate that.
+    let backup = std::fs::read_dir(rig.tmp.path())?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("correx-bak"))
+        .ok_or("no backup beside the file")?;
+    std::fs::write(&backup, b"short")?;
+    let damaged = std::fs::read(&target)?;
+    let ex = rig.executor(vec![], Arc::new(DenyAll))?;
+    assert_eq!(ex.recovered().len(), 1);
+    assert!(ex.recovered()[0].restored.is_empty());
+    assert_eq!(
+        std::fs::read(&target)?,
+        damaged,
+        "a short backup was restored"
+    );
+    rig.assert_clean(rig.tmp.path())
+}

@@ -124,16 +124,19 @@ pub(crate) fn plan(path: &Path, tag: &str) -> io::Result<Entry> {
 }
 
 /// Copies the file to its backup path: the kernel copies (`copy_file_range`, a reflink where
-/// the filesystem has them), into a temp name renamed into place once complete and flushed, so
-/// a backup that exists is whole.
+/// the filesystem has them) into a temp name, renamed into place once complete, so a backup
+/// under its final name was whole when the host last ran.
+///
+/// The copy is not flushed to disk (as `cp` does not): it must survive a crash of the host,
+/// which the page cache does. After a power loss a backup may come back short; a restore checks
+/// its size against the size recorded in the manifest and leaves the file alone when they
+/// differ.
 pub(crate) fn take(entry: &Entry) -> io::Result<()> {
     if let Saved::File { backup, .. } = &entry.saved {
         let mut tmp = backup.as_os_str().to_os_string();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
-        let copied = std::fs::copy(&entry.path, &tmp)
-            .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
-            .and_then(|()| std::fs::rename(&tmp, backup));
+        let copied = std::fs::copy(&entry.path, &tmp).and_then(|_| std::fs::rename(&tmp, backup));
         if let Err(e) = copied {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
@@ -150,6 +153,20 @@ pub(crate) fn restore(entry: &Entry) -> io::Result<Restored> {
             if Identity::current(&entry.path) == Some(*identity) {
                 discard(entry)?;
                 return Ok(Restored::Unchanged);
+            }
+            match std::fs::symlink_metadata(backup) {
+                Ok(m) if m.len() != identity.size => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "backup {} holds {} of {} bytes; the file was left as it is",
+                            backup.display(),
+                            m.len(),
+                            identity.size
+                        ),
+                    ))
+                }
+                _ => {}
             }
             match std::fs::rename(backup, &entry.path) {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Restored::NoBackup),

@@ -243,7 +243,10 @@ impl SandboxedToolExecutor {
                         match backup::restore(e) {
                             Ok(backup::Restored::Yes) => restored.push(e.path.clone()),
                             Ok(backup::Restored::Unchanged | backup::Restored::NoBackup) => {}
-                            Err(err) => log::error!("restoring {}: {err}", e.path.display()),
+                            Err(err) => {
+                                log::error!("restoring {}: {err}", e.path.display());
+                                let _ = backup::discard(e);
+                            }
                         }
                     }
                     append_domain(
