@@ -41,7 +41,7 @@ pub use inference::{
 pub use install::LlamaInstall;
 pub use runtime::{
     build_registry, ConfigError, FileToolConfig, ModelsConfig, Runtime, RuntimeConfig,
-    RuntimeError, ShellConfig, ShellOptionsConfig, ToolConfig, CONFIG_VERSION,
+    RuntimeError, ShellConfig, ToolConfig, CONFIG_VERSION,
 };
 pub use sandbox::{
     default_work_root, session_stream, Recovered, SandboxError, SandboxedToolExecutor,

@@ -25,6 +25,21 @@ fn all_events(store: &SqliteEventStore) -> Result<Vec<correx::RecordedEvent>, Ev
     }
 }
 
+/// Every stream's versions run 1, 2, 3, ... in position order, with no gap.
+fn assert_gapless(all: &[correx::RecordedEvent]) {
+    let mut by_stream: HashMap<&str, Vec<u64>> = HashMap::new();
+    for e in all {
+        by_stream
+            .entry(&e.stream_id)
+            .or_default()
+            .push(e.stream_version);
+    }
+    for (stream, versions) in by_stream {
+        let want: Vec<u64> = (1..=versions.len() as u64).collect();
+        assert_eq!(versions, want, "stream {stream} has gaps");
+    }
+}
+
 fn every_domain_event() -> Vec<DomainEvent> {
     vec![
         DomainEvent::ModelLoaded {
@@ -129,17 +144,7 @@ fn versions_are_gapless_and_positions_strictly_increase_across_threads() -> Test
     for pair in all.windows(2) {
         assert!(pair[0].position < pair[1].position);
     }
-    let mut by_stream: HashMap<&str, Vec<u64>> = HashMap::new();
-    for e in &all {
-        by_stream
-            .entry(&e.stream_id)
-            .or_default()
-            .push(e.stream_version);
-    }
-    for (stream, versions) in by_stream {
-        let want: Vec<u64> = (1..=versions.len() as u64).collect();
-        assert_eq!(versions, want, "stream {stream} has gaps");
-    }
+    assert_gapless(&all);
     assert_eq!(
         store.last_position()?,
         all.last().map(|e| e.position).unwrap_or(0)
@@ -507,16 +512,7 @@ fn a_sigkill_loses_no_acknowledged_append() -> TestResult {
     for id in &acknowledged {
         assert!(stored.contains(id), "acknowledged event {id} was lost");
     }
-    let mut by_stream: HashMap<&str, Vec<u64>> = HashMap::new();
-    for e in &all {
-        by_stream
-            .entry(&e.stream_id)
-            .or_default()
-            .push(e.stream_version);
-    }
-    for versions in by_stream.values() {
-        assert_eq!(*versions, (1..=versions.len() as u64).collect::<Vec<_>>());
-    }
+    assert_gapless(&all);
     let raw = rusqlite::Connection::open(&path)?;
     let check: String = raw.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
     assert_eq!(check, "ok");
@@ -552,16 +548,7 @@ fn eight_threads_of_a_thousand_durable_appends_are_all_stored_once_and_gapless()
     assert_eq!(all.len(), 8000);
     let ids: HashSet<String> = all.iter().map(|e| e.event_id.to_string()).collect();
     assert_eq!(ids.len(), 8000);
-    let mut by_stream: HashMap<&str, Vec<u64>> = HashMap::new();
-    for e in &all {
-        by_stream
-            .entry(&e.stream_id)
-            .or_default()
-            .push(e.stream_version);
-    }
-    for versions in by_stream.values() {
-        assert_eq!(*versions, (1..=versions.len() as u64).collect::<Vec<_>>());
-    }
+    assert_gapless(&all);
     Ok(())
 }
 

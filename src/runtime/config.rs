@@ -2,7 +2,7 @@
 //! empty allowlists deny everything. Errors name the field.
 
 use crate::events::Durability;
-use crate::tools::{ShellOptions, DEFAULT_MAX_READ_BYTES, DEFAULT_OUTPUT_CAP};
+use crate::tools::{ShellOptions, DEFAULT_MAX_READ_BYTES};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -34,52 +34,8 @@ impl std::error::Error for ConfigError {}
 pub struct ShellConfig {
     /// Whether the tool is offered; default false.
     pub enabled: bool,
-    /// The shell tool's own settings.
-    pub options: ShellOptionsConfig,
-}
-
-/// [`ShellOptions`] as configured.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ShellOptionsConfig {
-    /// Executables that may run; default none.
-    pub allowed_executables: Vec<String>,
-    /// Timeout; default 30 s.
-    pub timeout: Duration,
-    /// Output cap per stream; default 1 MiB.
-    pub output_cap: usize,
-    /// Extra variables; default none.
-    pub env: BTreeMap<String, String>,
-    /// Pass secret-looking variables; default false.
-    pub force_secret_env: bool,
-    /// Where `cwd` may point; default nowhere.
-    pub working_dirs: Vec<PathBuf>,
-}
-
-impl Default for ShellOptionsConfig {
-    fn default() -> Self {
-        ShellOptionsConfig {
-            allowed_executables: Vec::new(),
-            timeout: Duration::from_secs(30),
-            output_cap: DEFAULT_OUTPUT_CAP,
-            env: BTreeMap::new(),
-            force_secret_env: false,
-            working_dirs: Vec::new(),
-        }
-    }
-}
-
-impl ShellOptionsConfig {
-    /// As [`ShellOptions`].
-    pub fn to_options(&self) -> ShellOptions {
-        ShellOptions {
-            allowed_executables: self.allowed_executables.clone(),
-            timeout: self.timeout,
-            output_cap: self.output_cap,
-            env: self.env.clone(),
-            force_secret_env: self.force_secret_env,
-            working_roots: self.working_dirs.clone(),
-        }
-    }
+    /// The shell tool's own settings (JSON `working_dirs` is [`ShellOptions::working_roots`]).
+    pub options: ShellOptions,
 }
 
 /// A file tool's settings.
@@ -321,7 +277,7 @@ fn shell(o: Option<Obj<'_>>) -> Result<ShellConfig, ConfigError> {
         "force_secret_env",
         "working_dirs",
     ])?;
-    let d = ShellOptionsConfig::default();
+    let d = ShellOptions::default();
     let mut env = BTreeMap::new();
     if let Some(e) = o.child("env")? {
         for (k, v) in e.map {
@@ -333,7 +289,7 @@ fn shell(o: Option<Obj<'_>>) -> Result<ShellConfig, ConfigError> {
     }
     Ok(ShellConfig {
         enabled: o.bool("enabled", false)?,
-        options: ShellOptionsConfig {
+        options: ShellOptions {
             allowed_executables: o.strings("allowed_executables")?,
             timeout: o
                 .positive("timeout_ms")?
@@ -345,7 +301,7 @@ fn shell(o: Option<Obj<'_>>) -> Result<ShellConfig, ConfigError> {
                 .unwrap_or(d.output_cap),
             env,
             force_secret_env: o.bool("force_secret_env", false)?,
-            working_dirs: o.abs_paths("working_dirs")?,
+            working_roots: o.abs_paths("working_dirs")?,
         },
     })
 }

@@ -4,8 +4,8 @@
 mod config;
 
 pub use config::{
-    ConfigError, FileToolConfig, ModelsConfig, RuntimeConfig, ShellConfig, ShellOptionsConfig,
-    ToolConfig, CONFIG_VERSION,
+    ConfigError, FileToolConfig, ModelsConfig, RuntimeConfig, ShellConfig, ToolConfig,
+    CONFIG_VERSION,
 };
 
 use crate::approvals::ApprovalEngine;
@@ -76,7 +76,7 @@ pub fn build_registry(config: &ToolConfig) -> Result<ToolRegistry, RuntimeError>
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     if config.shell.enabled {
         tools.push(Arc::new(
-            ShellTool::new(config.shell.options.to_options()).map_err(tool_err("shell"))?,
+            ShellTool::new(config.shell.options.clone()).map_err(tool_err("shell"))?,
         ));
     }
     if config.file_read.enabled {

@@ -14,7 +14,7 @@ use std::time::Duration;
 pub const DEFAULT_OUTPUT_CAP: usize = 1024 * 1024;
 
 /// Settings of a [`ShellTool`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ShellOptions {
     /// Executables that may run, by name (resolved through the fixed PATH) or absolute path;
     /// default empty: everything is denied.
