@@ -219,6 +219,8 @@ struct Inner {
     spawner: Mutex<mpsc::Sender<SpawnRequest>>,
     tail: Arc<LogTail>,
     base_url: String,
+    /// Log drains and exit watchers of the servers started so far.
+    helpers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 /// The llama-server lifecycle manager. Dropping it unloads the model.
@@ -278,6 +280,7 @@ impl DefaultModelManager {
             spawner: Mutex::new(spawner_thread()),
             tail: Arc::new(LogTail::default()),
             base_url,
+            helpers: Mutex::new(Vec::new()),
             options,
         });
         let weak = Arc::downgrade(&inner);
@@ -359,6 +362,11 @@ impl Drop for DefaultModelManager {
         self.inner.timer.notify_all();
         if let Some(t) = self.timer_thread.take() {
             let _ = t.join();
+        }
+        // The server is gone, so its pipes closed and its watcher wakes: these end promptly.
+        let helpers = std::mem::take(&mut *self.inner.helpers.lock());
+        for h in helpers {
+            let _ = h.join();
         }
     }
 }
@@ -668,6 +676,7 @@ fn served_alias(agent: &ureq::Agent, base: &str) -> Option<String> {
 /// process exits on its own (its pidfd turns readable while it is still the current server),
 /// records the crash.
 fn start_log_drain(inner: &Arc<Inner>, child: &mut Child, generation: u64, log: std::fs::File) {
+    let mut handles = Vec::with_capacity(3);
     let weak = Arc::downgrade(inner);
     let tail = Arc::clone(&inner.tail);
     let log = Arc::new(Mutex::new(log));
@@ -687,7 +696,7 @@ fn start_log_drain(inner: &Arc<Inner>, child: &mut Child, generation: u64, log: 
     .collect();
     for pipe in pipes {
         let (tail, log) = (Arc::clone(&tail), Arc::clone(&log));
-        let _ = std::thread::Builder::new()
+        let drain = std::thread::Builder::new()
             .name("correx-server-log".into())
             .spawn(move || {
                 for line in BufReader::new(pipe).lines() {
@@ -696,13 +705,20 @@ fn start_log_drain(inner: &Arc<Inner>, child: &mut Child, generation: u64, log: 
                     tail.push(line);
                 }
             });
+        handles.extend(drain.ok());
     }
-    let _ = std::thread::Builder::new()
+    let pid = child.id() as i32;
+    let watch = std::thread::Builder::new()
         .name("correx-server-watch".into())
-        .spawn(move || watch_exit(weak, pidfd, generation));
+        .spawn(move || watch_exit(weak, pidfd, pid, generation));
+    handles.extend(watch.ok());
+    // Kept so that dropping the manager can join them: no correx thread outlives it.
+    let mut helpers = inner.helpers.lock();
+    helpers.retain(|h| !h.is_finished());
+    helpers.extend(handles);
 }
 
-fn watch_exit(weak: Weak<Inner>, pidfd: Option<OwnedFd>, generation: u64) {
+fn watch_exit(weak: Weak<Inner>, pidfd: Option<OwnedFd>, pid: i32, generation: u64) {
     match &pidfd {
         Some(fd) => loop {
             let mut p = libc::pollfd {
@@ -731,6 +747,11 @@ fn watch_exit(weak: Weak<Inner>, pidfd: Option<OwnedFd>, generation: u64) {
             std::thread::sleep(Duration::from_millis(100));
             let Some(inner) = weak.upgrade() else { return };
             let mut st = inner.state.lock();
+            // SAFETY: kill with signal 0 only checks that the process exists.
+            let gone = unsafe { libc::kill(pid, 0) } != 0;
+            if st.shutdown || (st.current.is_none() && gone) {
+                return;
+            }
             let loading = st.current.is_none() && st.generation == generation;
             let exited = match st.current.as_mut() {
                 Some(r) if r.generation == generation => !matches!(r.child.try_wait(), Ok(None)),
