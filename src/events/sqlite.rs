@@ -95,21 +95,24 @@ struct Queue {
 /// The longest a leader waits for appenders it knows are coming back (about two flushes here).
 const GATHER: Duration = Duration::from_micros(400);
 
-/// Steps the leader down and wakes everyone, also when the commit unwinds.
-struct StepDown<'a> {
+/// Ends a leader's turn, also when the commit unwinds: the leader leaves the count of
+/// appenders, and leadership passes to the oldest queued append (one wake-up), or lapses.
+struct HandOff<'a> {
     store: &'a SqliteEventStore,
 }
 
-impl Drop for StepDown<'_> {
+impl Drop for HandOff<'_> {
     fn drop(&mut self) {
         let mut queue = self.store.queue.lock();
-        queue.leader = false;
-        if std::thread::panicking() {
-            // The leader unwinds out of `append` without taking its answer.
-            queue.appenders = queue.appenders.saturating_sub(1);
+        queue.appenders = queue.appenders.saturating_sub(1);
+        match queue.pending.first().cloned() {
+            Some(next) => {
+                drop(queue);
+                next.slot.lock().lead = true;
+                next.wake.notify_one();
+            }
+            None => queue.leader = false,
         }
-        drop(queue);
-        self.store.committed.notify_all();
     }
 }
 
@@ -146,7 +149,22 @@ struct Pending {
     stream: String,
     expected: ExpectedVersion,
     events: Vec<Row>,
-    result: Mutex<Option<Result<AppendResult>>>,
+    slot: Mutex<Slot>,
+    /// Wakes this append's thread: its result is set, or it is to lead the next group.
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Slot {
+    result: Option<Result<AppendResult>>,
+    lead: bool,
+}
+
+impl Pending {
+    fn answer(&self, r: Result<AppendResult>) {
+        self.slot.lock().result = Some(r);
+        self.wake.notify_one();
+    }
 }
 
 /// The event log in a SQLite file. Cheap to share: clone the `Arc` or use `&self` from many
@@ -161,8 +179,6 @@ pub struct SqliteEventStore {
     options: StoreOptions,
     writer: Mutex<Connection>,
     queue: Mutex<Queue>,
-    /// Signalled when a group was committed (its results are set) and the leader stepped down.
-    committed: Condvar,
     /// Signalled when an append joins the queue, for a leader gathering its group.
     arrived: Condvar,
     /// Groups committed by this handle, for subscriptions to wake on.
@@ -213,7 +229,6 @@ impl SqliteEventStore {
             options,
             writer: Mutex::new(writer),
             queue: Mutex::new(Queue::default()),
-            committed: Condvar::new(),
             arrived: Condvar::new(),
             commits: Mutex::new(0),
             appended: Condvar::new(),
@@ -290,7 +305,7 @@ impl SqliteEventStore {
         match outcome {
             Ok(results) => {
                 for (p, r) in group.iter().zip(results) {
-                    *p.result.lock() = Some(r);
+                    p.answer(r);
                 }
                 *self.commits.lock() += 1;
                 self.appended.notify_all();
@@ -299,7 +314,7 @@ impl SqliteEventStore {
                 // rusqlite errors are not Clone: every append of the group gets the same story.
                 let detail = e.to_string();
                 for p in group {
-                    *p.result.lock() = Some(Err(match &e {
+                    p.answer(Err(match &e {
                         EventStoreError::Busy { waited_ms } => EventStoreError::Busy {
                             waited_ms: *waited_ms,
                         },
@@ -354,9 +369,8 @@ struct AnswerAll<'a>(&'a [Arc<Pending>]);
 impl Drop for AnswerAll<'_> {
     fn drop(&mut self) {
         for p in self.0 {
-            let mut r = p.result.lock();
-            if r.is_none() {
-                *r = Some(Err(EventStoreError::CommitFailed {
+            if p.slot.lock().result.is_none() {
+                p.answer(Err(EventStoreError::CommitFailed {
                     detail: "the thread committing this group panicked; nothing was stored".into(),
                 }));
             }
@@ -696,47 +710,62 @@ impl EventStore for SqliteEventStore {
             stream: stream.to_owned(),
             expected,
             events: events.iter().map(Row::new).collect::<Result<_>>()?,
-            result: Mutex::new(None),
+            slot: Mutex::new(Slot::default()),
+            wake: Condvar::new(),
         });
-        // Leader/follower group commit: the first append to find no leader becomes it, takes
-        // every append queued so far and commits them in one transaction; the others wait on
-        // `committed` and return as soon as their result is set, without touching the writer.
+        // Leader/follower group commit: an append that finds no leader becomes it, gathers the
+        // appends queued meanwhile and commits them in one transaction; the others sleep on
+        // their own slot until their result is set, or until the leader hands them the next
+        // turn. Each thread is woken once per append.
         let mut queue = self.queue.lock();
         queue.pending.push(Arc::clone(&me));
         queue.appenders += 1;
-        // Wake a gathering leader only once its group is complete: one wake, not one per append.
-        if queue.leader && queue.pending.len() >= queue.appenders {
+        let leading = !queue.leader;
+        if leading {
+            queue.leader = true;
+        } else if queue.pending.len() >= queue.appenders {
+            // Wake a gathering leader only once its group is complete.
             self.arrived.notify_one();
         }
-        loop {
-            if let Some(r) = me.result.lock().take() {
+        drop(queue);
+        if !leading {
+            let mut slot = me.slot.lock();
+            while slot.result.is_none() && !slot.lead {
+                me.wake.wait(&mut slot);
+            }
+            if let Some(r) = slot.result.take() {
+                drop(slot);
+                let mut queue = self.queue.lock();
                 queue.appenders = queue.appenders.saturating_sub(1);
                 if queue.leader && queue.pending.len() >= queue.appenders {
                     self.arrived.notify_one();
                 }
                 return r;
             }
-            if queue.leader {
-                self.committed.wait(&mut queue);
-                continue;
-            }
-            queue.leader = true;
-            // Appenders that just got their answer usually come straight back with the next
-            // append: give them a moment to join this group rather than pay a flush of their
-            // own. A lone appender never waits.
-            let deadline = Instant::now() + GATHER;
-            while queue.pending.len() < queue.appenders && Instant::now() < deadline {
-                self.arrived.wait_until(&mut queue, deadline);
-            }
-            let group = std::mem::take(&mut queue.pending);
-            drop(queue);
-            {
-                let _step_down = StepDown { store: self };
-                let mut conn = self.writer.lock();
-                self.commit_group(&mut conn, &group);
-            }
-            queue = self.queue.lock();
+            slot.lead = false;
         }
+        {
+            let _hand_off = HandOff { store: self };
+            let group = {
+                let mut queue = self.queue.lock();
+                // Appenders that just got their answer usually come straight back with the next
+                // append: give them a moment to join this group rather than pay a flush of
+                // their own. A lone appender never waits.
+                let deadline = Instant::now() + GATHER;
+                while queue.pending.len() < queue.appenders && Instant::now() < deadline {
+                    self.arrived.wait_until(&mut queue, deadline);
+                }
+                std::mem::take(&mut queue.pending)
+            };
+            let mut conn = self.writer.lock();
+            self.commit_group(&mut conn, &group);
+        }
+        let answer = me.slot.lock().result.take();
+        answer.unwrap_or_else(|| {
+            Err(EventStoreError::CommitFailed {
+                detail: "the group holding this append ended without an answer".into(),
+            })
+        })
     }
 
     fn read_stream(
