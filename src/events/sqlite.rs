@@ -171,9 +171,11 @@ impl Pending {
 /// threads; several processes may open the same file.
 ///
 /// Appends from all threads of a process go through one writer connection with group commit:
-/// whoever finds the writer free commits every append waiting at that moment in one
-/// `BEGIN IMMEDIATE` transaction, each inside its own savepoint (a conflicting append fails
-/// alone), and every append returns only after that commit.
+/// an append that finds no commit in progress leads the next group: it gathers the appends
+/// queued meanwhile (waiting at most 400 us, and only for appenders it knows are coming) and
+/// commits them in one `BEGIN IMMEDIATE` transaction, each inside its own savepoint (a
+/// conflicting append fails alone); every append returns only after that commit, and the
+/// oldest append still queued leads the next group.
 pub struct SqliteEventStore {
     path: PathBuf,
     options: StoreOptions,
