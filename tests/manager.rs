@@ -368,6 +368,8 @@ fn child_host_with_a_model() -> TestResult {
     let s = setup_with(install, |_| {})?;
     let d = descriptor(&s.install, "orphan-check", ResidencyMode::Persistent);
     s.manager.load(&d)?;
+    // The parent kills this process, so it removes this scratch directory itself.
+    println!("SCRATCH={}", s._tmp.path().display());
     println!("SERVER_PID={}", s.manager.server_pid().ok_or("no pid")?);
     std::thread::sleep(Duration::from_secs(120));
     Ok(())
@@ -383,8 +385,12 @@ fn a_host_killed_with_sigkill_leaves_no_server_behind() -> TestResult {
         .spawn()?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
     let mut pid = None;
+    let mut scratch = None;
     for line in std::io::BufReader::new(stdout).lines() {
         let line = line?;
+        if let Some(dir) = line.split("SCRATCH=").nth(1) {
+            scratch = Some(std::path::PathBuf::from(dir.trim()));
+        }
         if let Some(p) = line.split("SERVER_PID=").nth(1) {
             pid = Some(p.trim().parse::<u32>()?);
             break;
@@ -395,6 +401,9 @@ fn a_host_killed_with_sigkill_leaves_no_server_behind() -> TestResult {
     // SAFETY: SIGKILL to our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     child.wait()?;
+    if let Some(dir) = scratch {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     wait_for("the orphaned server to die", Duration::from_secs(5), || {
         !alive(pid)
     })
