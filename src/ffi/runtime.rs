@@ -138,7 +138,12 @@ fn store_failure(e: EventStoreError) -> Failure {
         EventStoreError::InvalidAppend { .. } | EventStoreError::IdempotencyConflict { .. } => {
             CORREX_E_INVALID_ARGUMENT
         }
-        _ => CORREX_E_EVENT_STORE,
+        EventStoreError::Open { .. }
+        | EventStoreError::Sqlite { .. }
+        | EventStoreError::Busy { .. }
+        | EventStoreError::CommitFailed { .. }
+        | EventStoreError::CorruptEvent { .. }
+        | EventStoreError::Settings { .. } => CORREX_E_EVENT_STORE,
     };
     Failure::new(code, e.to_string())
 }
@@ -146,7 +151,15 @@ fn store_failure(e: EventStoreError) -> Failure {
 fn model_failure(e: ModelLoadError) -> Failure {
     let code = match &e {
         ModelLoadError::Cancelled => CORREX_E_CANCELLED,
-        _ => CORREX_E_MODEL,
+        ModelLoadError::BinaryNotFound { .. }
+        | ModelLoadError::ModelFileMissing { .. }
+        | ModelLoadError::PortInUse { .. }
+        | ModelLoadError::Spawn { .. }
+        | ModelLoadError::Log { .. }
+        | ModelLoadError::ExitedWhileLoading { .. }
+        | ModelLoadError::Timeout { .. }
+        | ModelLoadError::ManagerGone
+        | ModelLoadError::Events(_) => CORREX_E_MODEL,
     };
     Failure::new(code, e.to_string())
 }
@@ -154,7 +167,13 @@ fn model_failure(e: ModelLoadError) -> Failure {
 fn inference_failure(e: InferenceError) -> Failure {
     let code = match &e {
         InferenceError::Cancelled => CORREX_E_CANCELLED,
-        _ => CORREX_E_INFERENCE,
+        InferenceError::ConnectionRefused { .. }
+        | InferenceError::Timeout { .. }
+        | InferenceError::Transport { .. }
+        | InferenceError::Http { .. }
+        | InferenceError::ContextExceeded { .. }
+        | InferenceError::MalformedBody { .. }
+        | InferenceError::ModelUnavailable { .. } => CORREX_E_INFERENCE,
     };
     Failure::new(code, e.to_string())
 }
