@@ -158,7 +158,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let touch_req = req("touch", json!({}));
     let copy = files.join("big.cp");
     let (mut ours, mut cp, mut cp_sync) = (vec![], vec![], vec![]);
-    for _ in 0..3 {
+    for _ in 0..7 {
         ours.push(time(1, || assert!(quiet.execute(&touch_req).is_success())));
         cp.push(time(1, || {
             let ok = std::process::Command::new("cp")
