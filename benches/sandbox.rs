@@ -65,6 +65,24 @@ impl FileAffectingTool for Touch {
     }
 }
 
+/// `cp --reflink=auto from to`, then (when `flush`) an fsync of the copy; removes the copy.
+fn cp_reflink(from: &std::path::Path, to: &std::path::Path, flush: bool) {
+    let ok = std::process::Command::new("cp")
+        .arg("--reflink=auto")
+        .arg(from)
+        .arg(to)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "cp failed");
+    if flush {
+        std::fs::File::open(to)
+            .and_then(|f| f.sync_all())
+            .expect("sync copy");
+    }
+    std::fs::remove_file(to).expect("rm copy");
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("correx-bench-sandbox-{}", std::process::id()));
     let files = dir.join("files");
@@ -160,31 +178,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut ours, mut cp, mut cp_sync) = (vec![], vec![], vec![]);
     for _ in 0..7 {
         ours.push(time(1, || assert!(quiet.execute(&touch_req).is_success())));
-        cp.push(time(1, || {
-            let ok = std::process::Command::new("cp")
-                .args(["--reflink=auto"])
-                .arg(&big)
-                .arg(&copy)
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            assert!(ok, "cp failed");
-            std::fs::remove_file(&copy).expect("rm copy");
-        }));
-        cp_sync.push(time(1, || {
-            let ok = std::process::Command::new("cp")
-                .args(["--reflink=auto"])
-                .arg(&big)
-                .arg(&copy)
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            assert!(ok, "cp failed");
-            std::fs::File::open(&copy)
-                .and_then(|f| f.sync_all())
-                .expect("sync copy");
-            std::fs::remove_file(&copy).expect("rm copy");
-        }));
+        cp.push(time(1, || cp_reflink(&big, &copy, false)));
+        cp_sync.push(time(1, || cp_reflink(&big, &copy, true)));
     }
     let (o, c, cs) = (median(ours), median(cp), median(cp_sync));
     println!("backup_256mib_ms: {:.1}", o.as_secs_f64() * 1e3);

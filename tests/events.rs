@@ -415,21 +415,28 @@ fn child_append_worker() -> TestResult {
     Ok(())
 }
 
+/// Starts one `child_append_worker` process per tag, each appending 1,000 events to `path`.
+fn spawn_append_workers(
+    path: &std::path::Path,
+    tags: &[&str],
+) -> std::io::Result<Vec<std::process::Child>> {
+    tags.iter()
+        .map(|tag| {
+            child_test("events::child_append_worker")
+                .env("CORREX_CHILD_DB", path)
+                .env("CORREX_CHILD_TAG", tag)
+                .stdout(Stdio::null())
+                .spawn()
+        })
+        .collect()
+}
+
 #[test]
 fn multi_process_appends_are_each_stored_once() -> TestResult {
     let dir = TempDir::new("multiproc");
     let path = dir.join("e.db");
     drop(SqliteEventStore::open(&path)?);
-    let children: Vec<_> = ["a", "b"]
-        .iter()
-        .map(|tag| {
-            child_test("events::child_append_worker")
-                .env("CORREX_CHILD_DB", &path)
-                .env("CORREX_CHILD_TAG", tag)
-                .stdout(Stdio::null())
-                .spawn()
-        })
-        .collect::<Result<_, _>>()?;
+    let children = spawn_append_workers(&path, &["a", "b"])?;
     for mut c in children {
         assert!(c.wait()?.success(), "a child failed to append");
     }
@@ -653,16 +660,7 @@ fn two_appending_processes_and_a_restarted_subscriber_see_everything_once() -> T
     let dir = TempDir::new("sub-procs");
     let path = dir.join("e.db");
     drop(SqliteEventStore::open(&path)?);
-    let writers: Vec<_> = ["p", "q"]
-        .iter()
-        .map(|tag| {
-            child_test("events::child_append_worker")
-                .env("CORREX_CHILD_DB", &path)
-                .env("CORREX_CHILD_TAG", tag)
-                .stdout(Stdio::null())
-                .spawn()
-        })
-        .collect::<Result<_, _>>()?;
+    let writers = spawn_append_workers(&path, &["p", "q"])?;
     // The subscriber stops half-way, saving its position, and a new one resumes from it while
     // the writers are still going.
     let first = subscriber_run(&path, 0, 1000)?;

@@ -659,18 +659,18 @@ pub unsafe extern "C" fn correx_tokenize(
         let out = out_arg(out_json, "out_json")?;
         // SAFETY: forwarded.
         let text = unsafe { str_arg(text, "text") }?;
-        let tokens = tokenizer(r).tokenize(text).map_err(inference_failure)?;
+        let tokens = r
+            .runtime
+            .models()
+            .tokenizer()
+            .tokenize(text)
+            .map_err(inference_failure)?;
         // SAFETY: out checked; writable per the caller.
         unsafe { write_json(out, json!({ "tokens": tokens })) };
         Ok(())
     };
     // SAFETY: rt and err are NULL or valid, per this function's contract.
     unsafe { with_runtime(rt, err, body) }
-}
-
-fn tokenizer(r: &correx_runtime) -> crate::LlamaCppTokenizer {
-    let base = format!("http://127.0.0.1:{}", r.runtime.models().port());
-    crate::LlamaCppTokenizer::new(&base, &crate::HttpOptions::default())
 }
 
 /// Counts the tokens of `text`. Never fails for want of a server: without one it approximates
@@ -695,7 +695,7 @@ pub unsafe extern "C" fn correx_count_tokens(
         let out = out_arg(out_count, "out_count")?;
         // SAFETY: forwarded.
         let text = unsafe { str_arg(text, "text") }?;
-        let n = tokenizer(r).count(text) as u64;
+        let n = r.runtime.models().tokenizer().count(text) as u64;
         // SAFETY: out checked; writable per the caller.
         unsafe { *out = n };
         Ok(())

@@ -219,6 +219,8 @@ struct Inner {
     spawner: Mutex<mpsc::Sender<SpawnRequest>>,
     tail: Arc<LogTail>,
     base_url: String,
+    /// The server's tokenizer, on one keep-alive agent shared by every provider handed out.
+    tokenizer: LlamaCppTokenizer,
     /// Log drains and exit watchers of the servers started so far.
     helpers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
@@ -279,6 +281,7 @@ impl DefaultModelManager {
             events,
             spawner: Mutex::new(spawner_thread()),
             tail: Arc::new(LogTail::default()),
+            tokenizer: LlamaCppTokenizer::new(&base_url, &options.http),
             base_url,
             helpers: Mutex::new(Vec::new()),
             options,
@@ -311,6 +314,12 @@ impl DefaultModelManager {
             Arc::downgrade(&self.inner),
             descriptor.clone(),
         )))
+    }
+
+    /// The tokenizer of whichever model is loaded (it falls back to characters / 4 when none
+    /// is).
+    pub fn tokenizer(&self) -> &LlamaCppTokenizer {
+        &self.inner.tokenizer
     }
 
     /// The port the server listens on.
@@ -824,13 +833,13 @@ impl std::fmt::Debug for ManagedInferenceProvider {
 
 impl ManagedInferenceProvider {
     fn new(manager: Weak<Inner>, descriptor: ModelDescriptor) -> Self {
-        let (base, http) = match manager.upgrade() {
-            Some(i) => (i.base_url.clone(), i.options.http.clone()),
-            None => (String::from("http://127.0.0.1:0"), HttpOptions::default()),
+        let tokenizer = match manager.upgrade() {
+            Some(i) => i.tokenizer.clone(),
+            None => LlamaCppTokenizer::new("http://127.0.0.1:0", &HttpOptions::default()),
         };
         ManagedInferenceProvider {
             id: ProviderId::from_string(format!("llama-cpp:{}", descriptor.model_id)),
-            tokenizer: LlamaCppTokenizer::new(&base, &http),
+            tokenizer,
             manager,
             descriptor,
         }
