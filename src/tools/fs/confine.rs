@@ -436,20 +436,10 @@ impl Roots {
         })
     }
 
-    fn root(&self, loc: &Located) -> &Root {
-        // Located values are only made by `locate` on this set.
-        &self.roots[loc.root.min(self.roots.len().saturating_sub(1))]
-    }
-
-    /// The absolute path (canonical root joined with the relative path, not resolved further).
-    pub fn absolute(&self, loc: &Located) -> PathBuf {
-        let rel = normalize(&loc.rel);
-        let root = &self.root(loc).canonical;
-        if rel.as_os_str().is_empty() {
-            root.clone()
-        } else {
-            root.join(rel)
-        }
+    /// The root `loc` was located under. A `Located` made by another `Roots` may name a root
+    /// this set does not have: that is refused, never an out-of-bounds panic.
+    fn root(&self, loc: &Located) -> Result<&Root, ConfineError> {
+        self.roots.get(loc.root).ok_or(ConfineError::NoRoots)
     }
 
     /// The real absolute path of the entry `loc` names: its parent directory resolved beneath
@@ -471,7 +461,7 @@ impl Roots {
     /// [`ConfineError::EscapesRoot`] for anything that leaves the root, [`ConfineError::NotFound`],
     /// [`ConfineError::Io`].
     pub fn open_at(&self, loc: &Located, flags: i32, mode: u32) -> Result<OwnedFd, ConfineError> {
-        let root = self.root(loc);
+        let root = self.root(loc)?;
         let rel: &OsStr = if loc.rel.as_os_str().is_empty() {
             OsStr::new(".")
         } else {
@@ -520,7 +510,10 @@ impl Roots {
         match e.raw_os_error() {
             Some(libc::EXDEV) | Some(libc::ELOOP) => ConfineError::EscapesRoot {
                 path: loc.request.clone(),
-                root: self.root(loc).canonical.clone(),
+                root: self
+                    .root(loc)
+                    .map(|r| r.canonical.clone())
+                    .unwrap_or_default(),
             },
             Some(libc::ENOENT) => ConfineError::NotFound {
                 path: loc.request.clone(),
