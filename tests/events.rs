@@ -320,6 +320,106 @@ fn a_conflicting_append_in_a_group_fails_alone() -> TestResult {
 }
 
 #[test]
+fn two_handles_on_one_file_see_each_others_stream_versions() -> TestResult {
+    // Each handle's writer remembers the versions it wrote; a commit by the other handle must
+    // make it look again, or it would hand out a version the other already used.
+    let dir = TempDir::new("handles");
+    let a = SqliteEventStore::open(dir.join("e.db"))?;
+    let b = SqliteEventStore::open(dir.join("e.db"))?;
+    let mut version = 0;
+    for i in 0..20u64 {
+        let store = if i % 3 == 0 { &b } else { &a };
+        let expected = if i % 2 == 0 {
+            ExpectedVersion::Exact(version)
+        } else {
+            ExpectedVersion::Any
+        };
+        let expected = if version == 0 {
+            ExpectedVersion::NoStream
+        } else {
+            expected
+        };
+        let r = store.append("shared", expected, &[NewEvent::new("a", 1, json!(i))])?;
+        version += 1;
+        assert_eq!(r.stream_version, version, "append {i}");
+        // The other handle's idea of the stream is stale now: a stale exact version fails.
+        let other = if i % 3 == 0 { &a } else { &b };
+        let err = other
+            .append(
+                "shared",
+                ExpectedVersion::Exact(version - 1),
+                &[NewEvent::new("a", 1, json!("stale"))],
+            )
+            .unwrap_err();
+        assert!(
+            matches!(err, EventStoreError::WrongExpectedVersion { actual: Some(v), .. } if v == version),
+            "{err}"
+        );
+    }
+    let all = all_events(&a)?;
+    assert_eq!(all.len(), 20);
+    assert_gapless(&all);
+    Ok(())
+}
+
+#[test]
+fn a_batch_repeating_a_stored_id_fails_alone_and_leaves_nothing_in_its_group() -> TestResult {
+    let dir = TempDir::new("partial");
+    let store = Arc::new(SqliteEventStore::open(dir.join("e.db"))?);
+    let seed = NewEvent::new("a", 1, json!("seed"));
+    store.append(
+        "seed",
+        ExpectedVersion::NoStream,
+        std::slice::from_ref(&seed),
+    )?;
+    // Threads append at once, so batches share groups; odd threads' batches end with the
+    // stored id, which makes the whole batch a conflict: its fresh first event must not stay.
+    let handles: Vec<_> = (0..8)
+        .map(|t| {
+            let store = Arc::clone(&store);
+            let seed = seed.clone();
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                for i in 0..20 {
+                    let fresh = NewEvent::new("a", 1, json!({"t": t, "i": i}));
+                    let second = if t % 2 == 1 {
+                        seed.clone()
+                    } else {
+                        NewEvent::new("a", 1, json!({"t": t, "i": i, "second": true}))
+                    };
+                    let id = fresh.event_id.to_string();
+                    let r = store.append(&format!("p{t}"), ExpectedVersion::Any, &[fresh, second]);
+                    out.push((id, r));
+                }
+                (t, out)
+            })
+        })
+        .collect();
+    let mut refused = HashSet::new();
+    for h in handles {
+        let (t, out) = h.join().map_err(|_| "thread panicked")?;
+        for (id, r) in out {
+            if t % 2 == 1 {
+                assert!(
+                    matches!(r, Err(EventStoreError::IdempotencyConflict { .. })),
+                    "{r:?}"
+                );
+                refused.insert(id);
+            } else {
+                r?;
+            }
+        }
+    }
+    let all = all_events(&store)?;
+    assert_eq!(all.len(), 1 + 4 * 20 * 2);
+    assert!(all
+        .iter()
+        .all(|e| !refused.contains(&e.event_id.to_string())));
+    assert_gapless(&all);
+    Ok(())
+}
+
+#[test]
 fn unknown_type_reads_raw_and_a_corrupt_row_names_its_position() -> TestResult {
     let dir = TempDir::new("corrupt");
     let path = dir.join("e.db");

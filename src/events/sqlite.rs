@@ -7,6 +7,7 @@ use super::{
 use crate::ids::EventId;
 use parking_lot::{Condvar, Mutex};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,36 +84,93 @@ CREATE TABLE IF NOT EXISTS events (
 const COLUMNS: &str = "position, event_id, stream_id, stream_version, type_id, schema_version, \
                        timestamp_ms, correlation_id, causation_id, payload";
 
-/// Appends waiting for the next group, and whether a leader is committing one now.
+/// The one connection that writes, and what it remembers of the streams it wrote.
+struct Writer {
+    conn: Connection,
+    /// Each stream's last version as this connection committed it, which saves a lookup per
+    /// append. Valid only while no other connection commits: `data_version` is the
+    /// connection's `PRAGMA data_version` when the cache was last known good.
+    versions: HashMap<String, u64>,
+    data_version: Option<i64>,
+}
+
+/// Streams whose versions the writer remembers at most; past that it starts over.
+const MAX_CACHED_STREAMS: usize = 10_000;
+
+/// Appends waiting for the next group, and whether a group is being committed now.
 #[derive(Default)]
 struct Queue {
     pending: Vec<Arc<Pending>>,
-    leader: bool,
-    /// Threads inside `append` that have not taken their answer yet.
+    /// A leader holds the writer connection for a group taken from `pending`.
+    committing: bool,
+    /// Threads inside `append` that have not taken their answer yet: the appends a group may
+    /// still expect.
     appenders: usize,
 }
 
-/// The longest a leader waits for appenders it knows are coming back (about two flushes here).
-const GATHER: Duration = Duration::from_micros(400);
+impl Queue {
+    /// Whether the queued appends should be committed now: nothing is committing, and every
+    /// appender the store knows of is queued (or the oldest has waited long enough).
+    fn ready(&self, now: Instant) -> bool {
+        !self.committing
+            && match self.pending.first() {
+                None => false,
+                Some(oldest) => {
+                    self.pending.len() >= self.appenders || now >= oldest.arrived + GATHER
+                }
+            }
+    }
 
-/// Ends a leader's turn, also when the commit unwinds: the leader leaves the count of
-/// appenders, and leadership passes to the oldest queued append (one wake-up), or lapses.
-struct HandOff<'a> {
+    /// The queued appends, for the caller to commit, if they are ready.
+    fn take_if_ready(&mut self) -> Option<Vec<Arc<Pending>>> {
+        if !self.ready(Instant::now()) {
+            return None;
+        }
+        self.committing = true;
+        Some(std::mem::take(&mut self.pending))
+    }
+
+    /// Wakes the oldest queued append to commit its group, if the group is ready: one
+    /// targeted wake-up, not a herd.
+    fn hand_over(&mut self) {
+        if self.ready(Instant::now()) {
+            if let Some(oldest) = self.pending.first() {
+                oldest.slot.lock().lead = true;
+                oldest.wake.notify_one();
+            }
+        }
+    }
+}
+
+/// Counts a thread among the appenders while it is inside `append`, also when it unwinds:
+/// leaving may complete the group queued behind it.
+struct Appender<'a> {
     store: &'a SqliteEventStore,
 }
 
-impl Drop for HandOff<'_> {
+impl Drop for Appender<'_> {
     fn drop(&mut self) {
         let mut queue = self.store.queue.lock();
         queue.appenders = queue.appenders.saturating_sub(1);
-        match queue.pending.first().cloned() {
-            Some(next) => {
-                drop(queue);
-                next.slot.lock().lead = true;
-                next.wake.notify_one();
-            }
-            None => queue.leader = false,
-        }
+        queue.hand_over();
+    }
+}
+
+/// The longest a queued append waits for appenders it knows are coming back (about two
+/// flushes here) before its group is committed without them.
+const GATHER: Duration = Duration::from_micros(400);
+
+/// Ends a leader's turn, also when the commit unwinds: the next group may start, and if it is
+/// ready its oldest append is woken to commit it.
+struct EndTurn<'a> {
+    store: &'a SqliteEventStore,
+}
+
+impl Drop for EndTurn<'_> {
+    fn drop(&mut self) {
+        let mut queue = self.store.queue.lock();
+        queue.committing = false;
+        queue.hand_over();
     }
 }
 
@@ -149,8 +207,9 @@ struct Pending {
     stream: String,
     expected: ExpectedVersion,
     events: Vec<Row>,
+    arrived: Instant,
     slot: Mutex<Slot>,
-    /// Wakes this append's thread: its result is set, or it is to lead the next group.
+    /// Wakes this append's thread: its result is set, or its group is ready to commit.
     wake: Condvar,
 }
 
@@ -165,24 +224,25 @@ impl Pending {
         self.slot.lock().result = Some(r);
         self.wake.notify_one();
     }
+
+    fn answered(&self) -> bool {
+        self.slot.lock().result.is_some()
+    }
 }
 
 /// The event log in a SQLite file. Cheap to share: clone the `Arc` or use `&self` from many
 /// threads; several processes may open the same file.
 ///
 /// Appends from all threads of a process go through one writer connection with group commit:
-/// an append that finds no commit in progress leads the next group: it gathers the appends
-/// queued meanwhile (waiting at most 400 us, and only for appenders it knows are coming) and
-/// commits them in one `BEGIN IMMEDIATE` transaction, each inside its own savepoint (a
-/// conflicting append fails alone); every append returns only after that commit, and the
-/// oldest append still queued leads the next group.
+/// appends queue up while a group commits; the next group is committed, in one
+/// `BEGIN IMMEDIATE` transaction with a savepoint per append (a conflicting append fails
+/// alone), as soon as every appender the store knows of has queued, or the oldest has waited
+/// 400 us. Every append returns only after the commit holding it.
 pub struct SqliteEventStore {
     path: PathBuf,
     options: StoreOptions,
-    writer: Mutex<Connection>,
+    writer: Mutex<Writer>,
     queue: Mutex<Queue>,
-    /// Signalled when an append joins the queue, for a leader gathering its group.
-    arrived: Condvar,
     /// Groups committed by this handle, for subscriptions to wake on.
     commits: Mutex<u64>,
     appended: Condvar,
@@ -229,9 +289,12 @@ impl SqliteEventStore {
         Ok(SqliteEventStore {
             path,
             options,
-            writer: Mutex::new(writer),
+            writer: Mutex::new(Writer {
+                conn: writer,
+                versions: HashMap::new(),
+                data_version: None,
+            }),
             queue: Mutex::new(Queue::default()),
-            arrived: Condvar::new(),
             commits: Mutex::new(0),
             appended: Condvar::new(),
             readers: Mutex::new(Vec::new()),
@@ -277,32 +340,64 @@ impl SqliteEventStore {
         self.with_reader(|conn| query_events(conn, sql, args))
     }
 
+    /// Commits `group`, taken from the queue, then lets the next group start.
+    fn lead(&self, group: &[Arc<Pending>]) {
+        let _end = EndTurn { store: self };
+        let mut writer = self.writer.lock();
+        self.commit_group(&mut writer, group);
+    }
+
     /// Commits every append waiting now in one transaction; fills in each one's result.
-    fn commit_group(&self, conn: &mut Connection, group: &[Arc<Pending>]) {
+    fn commit_group(&self, writer: &mut Writer, group: &[Arc<Pending>]) {
         // Followers wait for results the leader sets; if the leader unwinds, they still get one.
         let _guard = AnswerAll(group);
+        let Writer {
+            conn,
+            versions,
+            data_version,
+        } = writer;
         let outcome = retry_locked(&self.options, || {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(|source| EventStoreError::Sqlite {
-                    operation: "begin",
+            let attempt = (|| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(|source| EventStoreError::Sqlite {
+                        operation: "begin",
+                        source,
+                    })?;
+                // Inside the write lock, the snapshot is the newest: if another connection
+                // committed since our last group, the versions we remember may be stale.
+                let seen: i64 = tx
+                    .prepare_cached("PRAGMA data_version")
+                    .and_then(|mut st| st.query_row([], |r| r.get(0)))
+                    .map_err(|source| EventStoreError::Sqlite {
+                        operation: "read data_version",
+                        source,
+                    })?;
+                if *data_version != Some(seen) || versions.len() > MAX_CACHED_STREAMS {
+                    versions.clear();
+                    *data_version = Some(seen);
+                }
+                let now = now_ms();
+                let mut results = Vec::with_capacity(group.len());
+                for p in group {
+                    match append_one(&tx, p, now, versions) {
+                        // A storage error (disk full, I/O) may have rolled back the whole
+                        // transaction: fail the group rather than commit what is left of it.
+                        Err(e) if !e.is_caller_error() => return Err(e),
+                        r => results.push(r),
+                    }
+                }
+                tx.commit().map_err(|source| EventStoreError::Sqlite {
+                    operation: "commit",
                     source,
                 })?;
-            let now = now_ms();
-            let mut results = Vec::with_capacity(group.len());
-            for p in group {
-                match append_in_savepoint(&tx, p, now) {
-                    // A storage error (disk full, I/O) may have rolled back the whole
-                    // transaction: fail the group rather than commit what is left of it.
-                    Err(e) if !e.is_caller_error() => return Err(e),
-                    r => results.push(r),
-                }
+                Ok(results)
+            })();
+            if attempt.is_err() {
+                // Rolled back: what this group taught us of the streams is void.
+                versions.clear();
             }
-            tx.commit().map_err(|source| EventStoreError::Sqlite {
-                operation: "commit",
-                source,
-            })?;
-            Ok(results)
+            attempt
         });
         match outcome {
             Ok(results) => {
@@ -371,7 +466,7 @@ struct AnswerAll<'a>(&'a [Arc<Pending>]);
 impl Drop for AnswerAll<'_> {
     fn drop(&mut self) {
         for p in self.0 {
-            if p.slot.lock().result.is_none() {
+            if !p.answered() {
                 p.answer(Err(EventStoreError::CommitFailed {
                     detail: "the thread committing this group panicked; nothing was stored".into(),
                 }));
@@ -471,21 +566,29 @@ fn retry_locked<T>(options: &StoreOptions, mut f: impl FnMut() -> Result<T>) -> 
     }
 }
 
-fn append_in_savepoint(
+/// Appends `p` inside the group's transaction. A failing append leaves nothing behind: an
+/// append of several events runs in a savepoint; a single event needs none, as a failed
+/// INSERT undoes itself and nothing is written before it.
+fn append_one(
     tx: &rusqlite::Transaction<'_>,
     p: &Pending,
     now: i64,
+    versions: &mut HashMap<String, u64>,
 ) -> Result<AppendResult> {
     let sqlite = |operation| move |source| EventStoreError::Sqlite { operation, source };
-    // Cached statements: parsing these four tiny statements anew for every append of every
+    let savepoint = p.events.len() > 1;
+    // Cached statements: parsing these tiny statements anew for every append of every
     // group would be a visible share of the leader's time.
     let run = |sql: &str| {
+        if !savepoint {
+            return Ok(());
+        }
         tx.prepare_cached(sql)
             .and_then(|mut st| st.execute([]))
             .map(|_| ())
     };
     run("SAVEPOINT append").map_err(sqlite("savepoint"))?;
-    let result = match append_events(tx, p, now) {
+    let result = match append_events(tx, p, now, versions) {
         Ok(Attempt::Stored(r)) => Ok(r),
         // Checking ids up front would cost a lookup per event on every append; the UNIQUE index
         // finds repeats for free, and only then do we look at what was stored before.
@@ -529,14 +632,22 @@ enum Attempt {
     DuplicateId,
 }
 
-fn append_events(conn: &Connection, p: &Pending, now: i64) -> Result<Attempt> {
+fn append_events(
+    conn: &Connection,
+    p: &Pending,
+    now: i64,
+    versions: &mut HashMap<String, u64>,
+) -> Result<Attempt> {
     let sqlite = |operation| move |source| EventStoreError::Sqlite { operation, source };
-    let current: Option<u64> = conn
-        .prepare_cached("SELECT max(stream_version) FROM events WHERE stream_id = ?1")
-        .map_err(sqlite("read stream version"))?
-        .query_row([&p.stream], |r| r.get::<_, Option<i64>>(0))
-        .map_err(sqlite("read stream version"))?
-        .map(|v| v as u64);
+    let current: Option<u64> = match versions.get(&p.stream) {
+        Some(v) => Some(*v),
+        None => conn
+            .prepare_cached("SELECT max(stream_version) FROM events WHERE stream_id = ?1")
+            .map_err(sqlite("read stream version"))?
+            .query_row([&p.stream], |r| r.get::<_, Option<i64>>(0))
+            .map_err(sqlite("read stream version"))?
+            .map(|v| v as u64),
+    };
     let ok = match p.expected {
         ExpectedVersion::Any => true,
         ExpectedVersion::NoStream => current.is_none(),
@@ -598,6 +709,7 @@ fn append_events(conn: &Connection, p: &Pending, now: i64) -> Result<Attempt> {
             first = last;
         }
     }
+    versions.insert(p.stream.clone(), version);
     Ok(Attempt::Stored(AppendResult {
         first_position: first,
         last_position: last,
@@ -712,62 +824,48 @@ impl EventStore for SqliteEventStore {
             stream: stream.to_owned(),
             expected,
             events: events.iter().map(Row::new).collect::<Result<_>>()?,
+            arrived: Instant::now(),
             slot: Mutex::new(Slot::default()),
             wake: Condvar::new(),
         });
-        // Leader/follower group commit: an append that finds no leader becomes it, gathers the
-        // appends queued meanwhile and commits them in one transaction; the others sleep on
-        // their own slot until their result is set, or until the leader hands them the next
-        // turn. Each thread is woken once per append.
-        let mut queue = self.queue.lock();
-        queue.pending.push(Arc::clone(&me));
-        queue.appenders += 1;
-        let leading = !queue.leader;
-        if leading {
-            queue.leader = true;
-        } else if queue.pending.len() >= queue.appenders {
-            // Wake a gathering leader only once its group is complete.
-            self.arrived.notify_one();
+        // Group commit with no wake-up on the way to the disk when appenders keep coming: the
+        // append that completes a group (every appender the store knows of is queued, and no
+        // commit runs) commits it at once. The others sleep on their own slot until their
+        // answer is set, or until they are handed a group that became ready without an
+        // arrival (a commit ended, an appender left); a group left incomplete is committed by
+        // whichever of its appends first waits GATHER.
+        let group = {
+            let mut queue = self.queue.lock();
+            queue.pending.push(Arc::clone(&me));
+            queue.appenders += 1;
+            queue.take_if_ready()
+        };
+        let _appender = Appender { store: self };
+        if let Some(group) = group {
+            self.lead(&group);
         }
-        drop(queue);
-        if !leading {
+        let deadline = me.arrived + GATHER;
+        loop {
             let mut slot = me.slot.lock();
-            while slot.result.is_none() && !slot.lead {
-                me.wake.wait(&mut slot);
-            }
             if let Some(r) = slot.result.take() {
-                drop(slot);
-                let mut queue = self.queue.lock();
-                queue.appenders = queue.appenders.saturating_sub(1);
-                if queue.leader && queue.pending.len() >= queue.appenders {
-                    self.arrived.notify_one();
-                }
                 return r;
             }
-            slot.lead = false;
-        }
-        {
-            let _hand_off = HandOff { store: self };
-            let group = {
-                let mut queue = self.queue.lock();
-                // Appenders that just got their answer usually come straight back with the next
-                // append: give them a moment to join this group rather than pay a flush of
-                // their own. A lone appender never waits.
-                let deadline = Instant::now() + GATHER;
-                while queue.pending.len() < queue.appenders && Instant::now() < deadline {
-                    self.arrived.wait_until(&mut queue, deadline);
-                }
-                std::mem::take(&mut queue.pending)
+            let try_lead = if std::mem::take(&mut slot.lead) {
+                true
+            } else if Instant::now() < deadline {
+                me.wake.wait_until(&mut slot, deadline).timed_out()
+            } else {
+                me.wake.wait(&mut slot);
+                false
             };
-            let mut conn = self.writer.lock();
-            self.commit_group(&mut conn, &group);
+            drop(slot);
+            if try_lead {
+                let group = self.queue.lock().take_if_ready();
+                if let Some(group) = group {
+                    self.lead(&group);
+                }
+            }
         }
-        let answer = me.slot.lock().result.take();
-        answer.unwrap_or_else(|| {
-            Err(EventStoreError::CommitFailed {
-                detail: "the group holding this append ended without an answer".into(),
-            })
-        })
     }
 
     fn read_stream(
