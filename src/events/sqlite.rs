@@ -106,6 +106,15 @@ struct Queue {
     /// Threads inside `append` that have not taken their answer yet: the appends a group may
     /// still expect.
     appenders: usize,
+    /// When the last commit ended: appends queued during a commit wait for it anyway, so the
+    /// gathering for the next group starts then.
+    turn_ended: Option<Instant>,
+}
+
+/// When a group holding an append queued at `arrived` stops waiting for appenders that may
+/// come back, given when the last commit ended.
+fn gather_deadline(arrived: Instant, turn_ended: Option<Instant>) -> Instant {
+    turn_ended.map_or(arrived, |t| t.max(arrived)) + GATHER
 }
 
 impl Queue {
@@ -116,7 +125,8 @@ impl Queue {
             && match self.pending.first() {
                 None => false,
                 Some(oldest) => {
-                    self.pending.len() >= self.appenders || now >= oldest.arrived + GATHER
+                    self.pending.len() >= self.appenders
+                        || now >= gather_deadline(oldest.arrived, self.turn_ended)
                 }
             }
     }
@@ -132,13 +142,16 @@ impl Queue {
 
     /// Wakes the oldest queued append to commit its group, if the group is ready: one
     /// targeted wake-up, not a herd.
-    fn hand_over(&mut self) {
+    /// Returns whether it woke one.
+    fn hand_over(&mut self) -> bool {
         if self.ready(Instant::now()) {
             if let Some(oldest) = self.pending.first() {
                 oldest.slot.lock().lead = true;
                 oldest.wake.notify_one();
+                return true;
             }
         }
+        false
     }
 }
 
@@ -156,8 +169,8 @@ impl Drop for Appender<'_> {
     }
 }
 
-/// The longest a queued append waits for appenders it knows are coming back (about two
-/// flushes here) before its group is committed without them.
+/// How long a group that could commit waits for appenders it knows are coming back (about two
+/// flushes here) before it commits without them.
 const GATHER: Duration = Duration::from_micros(400);
 
 /// Ends a leader's turn, also when the commit unwinds: the next group may start, and if it is
@@ -169,8 +182,21 @@ struct EndTurn<'a> {
 impl Drop for EndTurn<'_> {
     fn drop(&mut self) {
         let mut queue = self.store.queue.lock();
+        let now = Instant::now();
+        // An append whose gathering time ran out during the commit sleeps without a timeout.
+        let stopped_timing = queue
+            .pending
+            .first()
+            .is_some_and(|p| now >= gather_deadline(p.arrived, queue.turn_ended));
         queue.committing = false;
-        queue.hand_over();
+        queue.turn_ended = Some(now);
+        *self.store.turn_ended.lock() = Some(now);
+        if !queue.hand_over() && stopped_timing {
+            // Its group gathers from now on: wake it to time that.
+            if let Some(oldest) = queue.pending.first() {
+                oldest.wake.notify_one();
+            }
+        }
     }
 }
 
@@ -234,15 +260,18 @@ impl Pending {
 /// threads; several processes may open the same file.
 ///
 /// Appends from all threads of a process go through one writer connection with group commit:
-/// appends queue up while a group commits; the next group is committed, in one
-/// `BEGIN IMMEDIATE` transaction with a savepoint per append (a conflicting append fails
-/// alone), as soon as every appender the store knows of has queued, or the oldest has waited
-/// 400 us. Every append returns only after the commit holding it.
+/// appends queue up while a group commits; the next group is committed in one
+/// `BEGIN IMMEDIATE` transaction as soon as every thread inside `append` has queued, or 400 us
+/// after the last commit ended (or after the oldest queued, if later). A conflicting append
+/// fails alone: nothing of it is stored (an append of several events runs in a savepoint),
+/// and its neighbours commit. Every append returns only after the commit holding it.
 pub struct SqliteEventStore {
     path: PathBuf,
     options: StoreOptions,
     writer: Mutex<Writer>,
     queue: Mutex<Queue>,
+    /// A copy of `Queue::turn_ended` for appenders that hold their slot, not the queue.
+    turn_ended: Mutex<Option<Instant>>,
     /// Groups committed by this handle, for subscriptions to wake on.
     commits: Mutex<u64>,
     appended: Condvar,
@@ -295,6 +324,7 @@ impl SqliteEventStore {
                 data_version: None,
             }),
             queue: Mutex::new(Queue::default()),
+            turn_ended: Mutex::new(None),
             commits: Mutex::new(0),
             appended: Condvar::new(),
             readers: Mutex::new(Vec::new()),
@@ -347,7 +377,7 @@ impl SqliteEventStore {
         self.commit_group(&mut writer, group);
     }
 
-    /// Commits every append waiting now in one transaction; fills in each one's result.
+    /// Commits the group in one transaction; fills in each append's result.
     fn commit_group(&self, writer: &mut Writer, group: &[Arc<Pending>]) {
         // Followers wait for results the leader sets; if the leader unwinds, they still get one.
         let _guard = AnswerAll(group);
@@ -375,8 +405,10 @@ impl SqliteEventStore {
                     })?;
                 if *data_version != Some(seen) || versions.len() > MAX_CACHED_STREAMS {
                     versions.clear();
-                    *data_version = Some(seen);
                 }
+                // Until this transaction commits, the cache holds versions it may roll back;
+                // should this thread unwind, the next group starts from an empty cache.
+                *data_version = None;
                 let now = now_ms();
                 let mut results = Vec::with_capacity(group.len());
                 for p in group {
@@ -391,6 +423,7 @@ impl SqliteEventStore {
                     operation: "commit",
                     source,
                 })?;
+                *data_version = Some(seen);
                 Ok(results)
             })();
             if attempt.is_err() {
@@ -524,8 +557,9 @@ fn open_connection(path: &Path, options: &StoreOptions, role: Role) -> Result<Co
         conn.pragma_update(None, "query_only", true)
             .map_err(open_err)?;
     } else {
-        // Each append runs in a savepoint, whose journal spills to a temp file past 64 KiB
-        // unless temp storage is in memory; on disk it costs a third of a batch append.
+        // An append of several events runs in a savepoint, whose journal spills to a temp file
+        // past 64 KiB unless temp storage is in memory; on disk it costs a third of a batch
+        // append.
         conn.pragma_update(None, "temp_store", "MEMORY")
             .map_err(open_err)?;
     }
@@ -820,32 +854,34 @@ impl EventStore for SqliteEventStore {
                 detail: "the stream name is empty".into(),
             });
         }
-        let me = Arc::new(Pending {
-            stream: stream.to_owned(),
-            expected,
-            events: events.iter().map(Row::new).collect::<Result<_>>()?,
-            arrived: Instant::now(),
-            slot: Mutex::new(Slot::default()),
-            wake: Condvar::new(),
-        });
+        let rows = events.iter().map(Row::new).collect::<Result<_>>()?;
         // Group commit with no wake-up on the way to the disk when appenders keep coming: the
         // append that completes a group (every appender the store knows of is queued, and no
         // commit runs) commits it at once. The others sleep on their own slot until their
         // answer is set, or until they are handed a group that became ready without an
         // arrival (a commit ended, an appender left); a group left incomplete is committed by
-        // whichever of its appends first waits GATHER.
-        let group = {
+        // its oldest append when GATHER has passed.
+        let (me, group) = {
             let mut queue = self.queue.lock();
+            // Stamped under the lock, so the queue is in arrival order.
+            let me = Arc::new(Pending {
+                stream: stream.to_owned(),
+                expected,
+                events: rows,
+                arrived: Instant::now(),
+                slot: Mutex::new(Slot::default()),
+                wake: Condvar::new(),
+            });
             queue.pending.push(Arc::clone(&me));
             queue.appenders += 1;
-            queue.take_if_ready()
+            (me, queue.take_if_ready())
         };
         let _appender = Appender { store: self };
         if let Some(group) = group {
             self.lead(&group);
         }
-        let deadline = me.arrived + GATHER;
         loop {
+            let deadline = gather_deadline(me.arrived, *self.turn_ended.lock());
             let mut slot = me.slot.lock();
             if let Some(r) = slot.result.take() {
                 return r;
@@ -860,7 +896,15 @@ impl EventStore for SqliteEventStore {
             };
             drop(slot);
             if try_lead {
-                let group = self.queue.lock().take_if_ready();
+                let group = {
+                    let mut queue = self.queue.lock();
+                    // Answered meanwhile: return now rather than commit someone else's group.
+                    if me.answered() {
+                        None
+                    } else {
+                        queue.take_if_ready()
+                    }
+                };
                 if let Some(group) = group {
                     self.lead(&group);
                 }
