@@ -92,6 +92,17 @@ struct Writer {
     /// connection's `PRAGMA data_version` when the cache was last known good.
     versions: HashMap<String, u64>,
     data_version: Option<i64>,
+    /// A transaction begun while the next group gathers, holding the appends of that group
+    /// whose threads inserted them themselves while waiting.
+    open: Option<OpenGroup>,
+}
+
+/// The transaction of a group still gathering.
+struct OpenGroup {
+    /// `PRAGMA data_version` when it began.
+    seen: i64,
+    /// Appends already in it, with what inserting them came to.
+    done: Vec<(Arc<Pending>, Result<AppendResult>)>,
 }
 
 /// Streams whose versions the writer remembers at most; past that it starts over.
@@ -159,11 +170,16 @@ impl Queue {
 /// leaving may complete the group queued behind it.
 struct Appender<'a> {
     store: &'a SqliteEventStore,
+    me: Arc<Pending>,
 }
 
 impl Drop for Appender<'_> {
     fn drop(&mut self) {
         let mut queue = self.store.queue.lock();
+        if std::thread::panicking() {
+            // Its caller sees the panic: the append must not be committed later behind its back.
+            queue.pending.retain(|p| !Arc::ptr_eq(p, &self.me));
+        }
         queue.appenders = queue.appenders.saturating_sub(1);
         queue.hand_over();
     }
@@ -322,6 +338,7 @@ impl SqliteEventStore {
                 conn: writer,
                 versions: HashMap::new(),
                 data_version: None,
+                open: None,
             }),
             queue: Mutex::new(Queue::default()),
             turn_ended: Mutex::new(None),
@@ -377,14 +394,87 @@ impl SqliteEventStore {
         self.commit_group(&mut writer, group);
     }
 
-    /// Commits the group in one transaction; fills in each append's result.
-    fn commit_group(&self, writer: &mut Writer, group: &[Arc<Pending>]) {
-        // Followers wait for results the leader sets; if the leader unwinds, they still get one.
-        let _guard = AnswerAll(group);
+    /// While its group gathers, puts `me` into the group's transaction (beginning it if need
+    /// be), so that less is left for the leader once the group is complete. Does nothing when
+    /// the writer is busy, `me` was taken into a group already, or anything fails: the leader
+    /// then inserts it as usual.
+    fn insert_early(&self, me: &Arc<Pending>) {
+        let Some(mut writer) = self.writer.try_lock() else {
+            return;
+        };
+        {
+            // Under the writer: a leader that took `me` waits for the writer, then finds it in
+            // the open transaction; one that took it before this check has it already.
+            let queue = self.queue.lock();
+            if !queue.pending.iter().any(|p| Arc::ptr_eq(p, me)) {
+                return;
+            }
+        }
         let Writer {
             conn,
             versions,
             data_version,
+            open,
+        } = &mut *writer;
+        // Should this thread unwind half-way, the transaction and all it holds are dropped:
+        // the leader inserts every append of the group again.
+        let mut undo = Undo {
+            conn,
+            open,
+            versions,
+            armed: true,
+        };
+        if undo.open.is_none() {
+            let begun = undo
+                .conn
+                .prepare_cached("BEGIN IMMEDIATE")
+                .and_then(|mut st| st.execute([]))
+                .and_then(|_| {
+                    undo.conn
+                        .prepare_cached("PRAGMA data_version")
+                        .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
+                });
+            let seen = match begun {
+                Ok(seen) => seen,
+                Err(_) => return,
+            };
+            if *data_version != Some(seen) || undo.versions.len() > MAX_CACHED_STREAMS {
+                undo.versions.clear();
+            }
+            *data_version = None;
+            *undo.open = Some(OpenGroup {
+                seen,
+                done: Vec::new(),
+            });
+        }
+        match append_one(undo.conn, me, now_ms(), undo.versions) {
+            Err(e) if !e.is_caller_error() => return,
+            r => {
+                if let Some(open) = undo.open.as_mut() {
+                    open.done.push((Arc::clone(me), r));
+                }
+            }
+        }
+        undo.armed = false;
+    }
+
+    /// Commits the group in one transaction; fills in each append's result.
+    fn commit_group(&self, writer: &mut Writer, group: &[Arc<Pending>]) {
+        // Followers wait for results the leader sets; if the leader unwinds, they still get one.
+        let _guard = AnswerAll(group);
+        if let Some(results) = finish_open(writer, group) {
+            for (p, r) in group.iter().zip(results) {
+                p.answer(r);
+            }
+            *self.commits.lock() += 1;
+            self.appended.notify_all();
+            return;
+        }
+        let Writer {
+            conn,
+            versions,
+            data_version,
+            ..
         } = writer;
         let outcome = retry_locked(&self.options, || {
             let attempt = (|| {
@@ -491,6 +581,68 @@ fn query_events(
 
 fn page(max: usize) -> i64 {
     max.min(MAX_PAGE) as i64
+}
+
+/// Rolls back the open transaction unless disarmed: what it held is to be inserted again.
+struct Undo<'a> {
+    conn: &'a Connection,
+    open: &'a mut Option<OpenGroup>,
+    versions: &'a mut HashMap<String, u64>,
+    armed: bool,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            *self.open = None;
+            if !self.conn.is_autocommit() {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
+            self.versions.clear();
+        }
+    }
+}
+
+/// Commits the transaction begun while `group` gathered, inserting the appends not in it yet.
+/// `None` when there is none, or it failed: it is rolled back, and the caller commits the
+/// group from the start.
+fn finish_open(writer: &mut Writer, group: &[Arc<Pending>]) -> Option<Vec<Result<AppendResult>>> {
+    let Writer {
+        conn,
+        versions,
+        data_version,
+        open,
+    } = writer;
+    let OpenGroup { seen, mut done } = open.take()?;
+    let mut undo = Undo {
+        conn,
+        open,
+        versions,
+        armed: true,
+    };
+    let now = now_ms();
+    let mut results = Vec::with_capacity(group.len());
+    for p in group {
+        match done.iter().position(|(q, _)| Arc::ptr_eq(p, q)) {
+            Some(i) => results.push(done.swap_remove(i).1),
+            None => match append_one(undo.conn, p, now, undo.versions) {
+                Err(e) if !e.is_caller_error() => return None,
+                r => results.push(r),
+            },
+        }
+    }
+    if !done.is_empty() {
+        // Inserted early by appends this group does not hold: start over rather than commit
+        // them unanswered.
+        return None;
+    }
+    undo.conn
+        .prepare_cached("COMMIT")
+        .and_then(|mut st| st.execute([]))
+        .ok()?;
+    undo.armed = false;
+    *data_version = Some(seen);
+    Some(results)
 }
 
 /// Sets an error result on every append of a group that has none when dropped.
@@ -604,7 +756,7 @@ fn retry_locked<T>(options: &StoreOptions, mut f: impl FnMut() -> Result<T>) -> 
 /// append of several events runs in a savepoint; a single event needs none, as a failed
 /// INSERT undoes itself and nothing is written before it.
 fn append_one(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Connection,
     p: &Pending,
     now: i64,
     versions: &mut HashMap<String, u64>,
@@ -876,9 +1028,13 @@ impl EventStore for SqliteEventStore {
             queue.appenders += 1;
             (me, queue.take_if_ready())
         };
-        let _appender = Appender { store: self };
-        if let Some(group) = group {
-            self.lead(&group);
+        let _appender = Appender {
+            store: self,
+            me: Arc::clone(&me),
+        };
+        match group {
+            Some(group) => self.lead(&group),
+            None => self.insert_early(&me),
         }
         loop {
             let deadline = gather_deadline(me.arrived, *self.turn_ended.lock());
