@@ -92,8 +92,8 @@ struct Writer {
     /// connection's `PRAGMA data_version` when the cache was last known good.
     versions: HashMap<String, u64>,
     data_version: Option<i64>,
-    /// A transaction begun while the next group gathers, holding the appends of that group
-    /// whose threads inserted them themselves while waiting.
+    /// A transaction begun while the next group gathers (never while a group is taken), holding
+    /// the appends of that group whose threads inserted them themselves while waiting.
     open: Option<OpenGroup>,
 }
 
@@ -176,12 +176,30 @@ struct Appender<'a> {
 impl Drop for Appender<'_> {
     fn drop(&mut self) {
         let mut queue = self.store.queue.lock();
-        if std::thread::panicking() {
-            // Its caller sees the panic: the append must not be committed later behind its back.
+        let unwinding = std::thread::panicking();
+        if unwinding {
+            // Its caller sees the panic: an append not yet taken into a group must not be
+            // committed later behind its back.
             queue.pending.retain(|p| !Arc::ptr_eq(p, &self.me));
         }
         queue.appenders = queue.appenders.saturating_sub(1);
         queue.hand_over();
+        drop(queue);
+        if unwinding {
+            // Nor may it stay in a transaction begun early, which then has no group to
+            // commit it.
+            let mut writer = self.store.writer.lock();
+            let w = &mut *writer;
+            let held = w
+                .open
+                .as_ref()
+                .is_some_and(|o| o.done.iter().any(|(p, _)| Arc::ptr_eq(p, &self.me)));
+            if held {
+                w.open = None;
+                let _ = w.conn.execute_batch("ROLLBACK");
+                w.versions.clear();
+            }
+        }
     }
 }
 
@@ -278,9 +296,13 @@ impl Pending {
 /// Appends from all threads of a process go through one writer connection with group commit:
 /// appends queue up while a group commits; the next group is committed in one
 /// `BEGIN IMMEDIATE` transaction as soon as every thread inside `append` has queued, or 400 us
-/// after the last commit ended (or after the oldest queued, if later). A conflicting append
-/// fails alone: nothing of it is stored (an append of several events runs in a savepoint),
-/// and its neighbours commit. Every append returns only after the commit holding it.
+/// after the last commit ended (or after the oldest queued, if later). While the group
+/// gathers, its appends insert themselves into that transaction, begun by the first of them:
+/// so the database's write lock is held from then until the commit (tens of microseconds
+/// when appenders keep coming, at most about 400 us plus the commit), and a writer in another
+/// process waits that long. A conflicting append fails alone: nothing of it is stored (an
+/// append of several events runs in a savepoint), and its neighbours commit. Every append
+/// returns only after the commit holding it.
 pub struct SqliteEventStore {
     path: PathBuf,
     options: StoreOptions,
@@ -403,10 +425,11 @@ impl SqliteEventStore {
             return;
         };
         {
-            // Under the writer: a leader that took `me` waits for the writer, then finds it in
-            // the open transaction; one that took it before this check has it already.
+            // Under the writer, and only while no group is taken: the open transaction then
+            // holds appends of the gathering group alone, and the leader that takes it finds
+            // them there; a leader that took `me` before this check inserts it itself.
             let queue = self.queue.lock();
-            if !queue.pending.iter().any(|p| Arc::ptr_eq(p, me)) {
+            if queue.committing || !queue.pending.iter().any(|p| Arc::ptr_eq(p, me)) {
                 return;
             }
         }
@@ -424,16 +447,24 @@ impl SqliteEventStore {
             versions,
             armed: true,
         };
+        if undo.open.is_some() && undo.conn.is_autocommit() {
+            // SQLite ended the transaction on its own: what it held is gone; start over.
+            return;
+        }
         if undo.open.is_none() {
+            // One try, not the busy timeout: while another process writes, this thread would
+            // hold the writer for seconds; the leader waits for the lock instead, with retries.
+            let _ = undo.conn.busy_timeout(Duration::ZERO);
             let begun = undo
                 .conn
                 .prepare_cached("BEGIN IMMEDIATE")
-                .and_then(|mut st| st.execute([]))
-                .and_then(|_| {
-                    undo.conn
-                        .prepare_cached("PRAGMA data_version")
-                        .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
-                });
+                .and_then(|mut st| st.execute([]));
+            let _ = undo.conn.busy_timeout(self.options.busy_timeout);
+            let begun = begun.and_then(|_| {
+                undo.conn
+                    .prepare_cached("PRAGMA data_version")
+                    .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
+            });
             let seen = match begun {
                 Ok(seen) => seen,
                 Err(_) => return,
@@ -614,6 +645,11 @@ fn finish_open(writer: &mut Writer, group: &[Arc<Pending>]) -> Option<Vec<Result
         open,
     } = writer;
     let OpenGroup { seen, mut done } = open.take()?;
+    if conn.is_autocommit() {
+        // SQLite ended the transaction on its own: start over.
+        versions.clear();
+        return None;
+    }
     let mut undo = Undo {
         conn,
         open,
