@@ -114,6 +114,9 @@ struct Queue {
     pending: Vec<Arc<Pending>>,
     /// A leader holds the writer connection for a group taken from `pending`.
     committing: bool,
+    /// A group is taken and its transaction not yet committed: no early inserts meanwhile, so
+    /// a transaction begun early holds appends of the group gathering alone.
+    taken: bool,
     /// Threads inside `append` that have not taken their answer yet: the appends a group may
     /// still expect.
     appenders: usize,
@@ -148,6 +151,7 @@ impl Queue {
             return None;
         }
         self.committing = true;
+        self.taken = true;
         Some(std::mem::take(&mut self.pending))
     }
 
@@ -223,6 +227,7 @@ impl Drop for EndTurn<'_> {
             .first()
             .is_some_and(|p| now >= gather_deadline(p.arrived, queue.turn_ended));
         queue.committing = false;
+        queue.taken = false;
         queue.turn_ended = Some(now);
         *self.store.turn_ended.lock() = Some(now);
         if !queue.hand_over() && stopped_timing {
@@ -412,8 +417,17 @@ impl SqliteEventStore {
     /// Commits `group`, taken from the queue, then lets the next group start.
     fn lead(&self, group: &[Arc<Pending>]) {
         let _end = EndTurn { store: self };
-        let mut writer = self.writer.lock();
-        self.commit_group(&mut writer, group);
+        // Followers wait for results the leader sets; if the leader unwinds, they still get one.
+        let _answer_all = AnswerAll(group);
+        let outcome = {
+            let mut writer = self.writer.lock();
+            let outcome = self.commit_group(&mut writer, group);
+            // The writer is free before the answers go out: appends coming back meanwhile
+            // begin the next group's transaction while the rest are woken.
+            self.queue.lock().taken = false;
+            outcome
+        };
+        self.answer(group, outcome);
     }
 
     /// While its group gathers, puts `me` into the group's transaction (beginning it if need
@@ -429,7 +443,7 @@ impl SqliteEventStore {
             // holds appends of the gathering group alone, and the leader that takes it finds
             // them there; a leader that took `me` before this check inserts it itself.
             let queue = self.queue.lock();
-            if queue.committing || !queue.pending.iter().any(|p| Arc::ptr_eq(p, me)) {
+            if queue.taken || !queue.pending.iter().any(|p| Arc::ptr_eq(p, me)) {
                 return;
             }
         }
@@ -490,16 +504,13 @@ impl SqliteEventStore {
     }
 
     /// Commits the group in one transaction; fills in each append's result.
-    fn commit_group(&self, writer: &mut Writer, group: &[Arc<Pending>]) {
-        // Followers wait for results the leader sets; if the leader unwinds, they still get one.
-        let _guard = AnswerAll(group);
+    fn commit_group(
+        &self,
+        writer: &mut Writer,
+        group: &[Arc<Pending>],
+    ) -> Result<Vec<Result<AppendResult>>> {
         if let Some(results) = finish_open(writer, group) {
-            for (p, r) in group.iter().zip(results) {
-                p.answer(r);
-            }
-            *self.commits.lock() += 1;
-            self.appended.notify_all();
-            return;
+            return Ok(results);
         }
         let Writer {
             conn,
@@ -553,6 +564,11 @@ impl SqliteEventStore {
             }
             attempt
         });
+        outcome
+    }
+
+    /// Gives each append of the group its answer, and wakes its thread.
+    fn answer(&self, group: &[Arc<Pending>], outcome: Result<Vec<Result<AppendResult>>>) {
         match outcome {
             Ok(results) => {
                 for (p, r) in group.iter().zip(results) {
