@@ -92,17 +92,6 @@ struct Writer {
     /// connection's `PRAGMA data_version` when the cache was last known good.
     versions: HashMap<String, u64>,
     data_version: Option<i64>,
-    /// A transaction begun while the next group gathers (never while a group is taken), holding
-    /// the appends of that group whose threads inserted them themselves while waiting.
-    open: Option<OpenGroup>,
-}
-
-/// The transaction of a group still gathering.
-struct OpenGroup {
-    /// `PRAGMA data_version` when it began.
-    seen: i64,
-    /// Appends already in it, with what inserting them came to.
-    done: Vec<(Arc<Pending>, Result<AppendResult>)>,
 }
 
 /// Streams whose versions the writer remembers at most; past that it starts over.
@@ -114,9 +103,6 @@ struct Queue {
     pending: Vec<Arc<Pending>>,
     /// A leader holds the writer connection for a group taken from `pending`.
     committing: bool,
-    /// A group is taken and its transaction not yet committed: no early inserts meanwhile, so
-    /// a transaction begun early holds appends of the group gathering alone.
-    taken: bool,
     /// Threads inside `append` that have not taken their answer yet: the appends a group may
     /// still expect.
     appenders: usize,
@@ -151,7 +137,6 @@ impl Queue {
             return None;
         }
         self.committing = true;
-        self.taken = true;
         Some(std::mem::take(&mut self.pending))
     }
 
@@ -174,36 +159,13 @@ impl Queue {
 /// leaving may complete the group queued behind it.
 struct Appender<'a> {
     store: &'a SqliteEventStore,
-    me: Arc<Pending>,
 }
 
 impl Drop for Appender<'_> {
     fn drop(&mut self) {
         let mut queue = self.store.queue.lock();
-        let unwinding = std::thread::panicking();
-        if unwinding {
-            // Its caller sees the panic: an append not yet taken into a group must not be
-            // committed later behind its back.
-            queue.pending.retain(|p| !Arc::ptr_eq(p, &self.me));
-        }
         queue.appenders = queue.appenders.saturating_sub(1);
         queue.hand_over();
-        drop(queue);
-        if unwinding {
-            // Nor may it stay in a transaction begun early, which then has no group to
-            // commit it.
-            let mut writer = self.store.writer.lock();
-            let w = &mut *writer;
-            let held = w
-                .open
-                .as_ref()
-                .is_some_and(|o| o.done.iter().any(|(p, _)| Arc::ptr_eq(p, &self.me)));
-            if held {
-                w.open = None;
-                let _ = w.conn.execute_batch("ROLLBACK");
-                w.versions.clear();
-            }
-        }
     }
 }
 
@@ -227,7 +189,6 @@ impl Drop for EndTurn<'_> {
             .first()
             .is_some_and(|p| now >= gather_deadline(p.arrived, queue.turn_ended));
         queue.committing = false;
-        queue.taken = false;
         queue.turn_ended = Some(now);
         *self.store.turn_ended.lock() = Some(now);
         if !queue.hand_over() && stopped_timing {
@@ -301,13 +262,9 @@ impl Pending {
 /// Appends from all threads of a process go through one writer connection with group commit:
 /// appends queue up while a group commits; the next group is committed in one
 /// `BEGIN IMMEDIATE` transaction as soon as every thread inside `append` has queued, or 400 us
-/// after the last commit ended (or after the oldest queued, if later). While the group
-/// gathers, its appends insert themselves into that transaction, begun by the first of them:
-/// so the database's write lock is held from then until the commit (tens of microseconds
-/// when appenders keep coming, at most about 400 us plus the commit), and a writer in another
-/// process waits that long. A conflicting append fails alone: nothing of it is stored (an
-/// append of several events runs in a savepoint), and its neighbours commit. Every append
-/// returns only after the commit holding it.
+/// after the last commit ended (or after the oldest queued, if later). A conflicting append
+/// fails alone: nothing of it is stored (an append of several events runs in a savepoint),
+/// and its neighbours commit. Every append returns only after the commit holding it.
 pub struct SqliteEventStore {
     path: PathBuf,
     options: StoreOptions,
@@ -365,7 +322,6 @@ impl SqliteEventStore {
                 conn: writer,
                 versions: HashMap::new(),
                 data_version: None,
-                open: None,
             }),
             queue: Mutex::new(Queue::default()),
             turn_ended: Mutex::new(None),
@@ -417,106 +373,18 @@ impl SqliteEventStore {
     /// Commits `group`, taken from the queue, then lets the next group start.
     fn lead(&self, group: &[Arc<Pending>]) {
         let _end = EndTurn { store: self };
-        // Followers wait for results the leader sets; if the leader unwinds, they still get one.
-        let _answer_all = AnswerAll(group);
-        let outcome = {
-            let mut writer = self.writer.lock();
-            let outcome = self.commit_group(&mut writer, group);
-            // The writer is free before the answers go out: appends coming back meanwhile
-            // begin the next group's transaction while the rest are woken.
-            self.queue.lock().taken = false;
-            outcome
-        };
-        self.answer(group, outcome);
-    }
-
-    /// While its group gathers, puts `me` into the group's transaction (beginning it if need
-    /// be), so that less is left for the leader once the group is complete. Does nothing when
-    /// the writer is busy, `me` was taken into a group already, or anything fails: the leader
-    /// then inserts it as usual.
-    fn insert_early(&self, me: &Arc<Pending>) {
-        let Some(mut writer) = self.writer.try_lock() else {
-            return;
-        };
-        {
-            // Under the writer, and only while no group is taken: the open transaction then
-            // holds appends of the gathering group alone, and the leader that takes it finds
-            // them there; a leader that took `me` before this check inserts it itself.
-            let queue = self.queue.lock();
-            if queue.taken || !queue.pending.iter().any(|p| Arc::ptr_eq(p, me)) {
-                return;
-            }
-        }
-        let Writer {
-            conn,
-            versions,
-            data_version,
-            open,
-        } = &mut *writer;
-        // Should this thread unwind half-way, the transaction and all it holds are dropped:
-        // the leader inserts every append of the group again.
-        let mut undo = Undo {
-            conn,
-            open,
-            versions,
-            armed: true,
-        };
-        if undo.open.is_some() && undo.conn.is_autocommit() {
-            // SQLite ended the transaction on its own: what it held is gone; start over.
-            return;
-        }
-        if undo.open.is_none() {
-            // One try, not the busy timeout: while another process writes, this thread would
-            // hold the writer for seconds; the leader waits for the lock instead, with retries.
-            let _ = undo.conn.busy_timeout(Duration::ZERO);
-            let begun = undo
-                .conn
-                .prepare_cached("BEGIN IMMEDIATE")
-                .and_then(|mut st| st.execute([]));
-            let _ = undo.conn.busy_timeout(self.options.busy_timeout);
-            let begun = begun.and_then(|_| {
-                undo.conn
-                    .prepare_cached("PRAGMA data_version")
-                    .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
-            });
-            let seen = match begun {
-                Ok(seen) => seen,
-                Err(_) => return,
-            };
-            if *data_version != Some(seen) || undo.versions.len() > MAX_CACHED_STREAMS {
-                undo.versions.clear();
-            }
-            *data_version = None;
-            *undo.open = Some(OpenGroup {
-                seen,
-                done: Vec::new(),
-            });
-        }
-        match append_one(undo.conn, me, now_ms(), undo.versions) {
-            Err(e) if !e.is_caller_error() => return,
-            r => {
-                if let Some(open) = undo.open.as_mut() {
-                    open.done.push((Arc::clone(me), r));
-                }
-            }
-        }
-        undo.armed = false;
+        let mut writer = self.writer.lock();
+        self.commit_group(&mut writer, group);
     }
 
     /// Commits the group in one transaction; fills in each append's result.
-    fn commit_group(
-        &self,
-        writer: &mut Writer,
-        group: &[Arc<Pending>],
-    ) -> Result<Vec<Result<AppendResult>>> {
-        if let Some(results) = finish_open(writer, group) {
-            return Ok(results);
-        }
+    fn commit_group(&self, writer: &mut Writer, group: &[Arc<Pending>]) {
+        // Followers wait for results the leader sets; if the leader unwinds, they still get one.
+        let _guard = AnswerAll(group);
         let Writer {
             conn,
             versions,
             data_version,
-            ..
         } = writer;
         let outcome = retry_locked(&self.options, || {
             let attempt = (|| {
@@ -564,11 +432,6 @@ impl SqliteEventStore {
             }
             attempt
         });
-        outcome
-    }
-
-    /// Gives each append of the group its answer, and wakes its thread.
-    fn answer(&self, group: &[Arc<Pending>], outcome: Result<Vec<Result<AppendResult>>>) {
         match outcome {
             Ok(results) => {
                 for (p, r) in group.iter().zip(results) {
@@ -628,73 +491,6 @@ fn query_events(
 
 fn page(max: usize) -> i64 {
     max.min(MAX_PAGE) as i64
-}
-
-/// Rolls back the open transaction unless disarmed: what it held is to be inserted again.
-struct Undo<'a> {
-    conn: &'a Connection,
-    open: &'a mut Option<OpenGroup>,
-    versions: &'a mut HashMap<String, u64>,
-    armed: bool,
-}
-
-impl Drop for Undo<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            *self.open = None;
-            if !self.conn.is_autocommit() {
-                let _ = self.conn.execute_batch("ROLLBACK");
-            }
-            self.versions.clear();
-        }
-    }
-}
-
-/// Commits the transaction begun while `group` gathered, inserting the appends not in it yet.
-/// `None` when there is none, or it failed: it is rolled back, and the caller commits the
-/// group from the start.
-fn finish_open(writer: &mut Writer, group: &[Arc<Pending>]) -> Option<Vec<Result<AppendResult>>> {
-    let Writer {
-        conn,
-        versions,
-        data_version,
-        open,
-    } = writer;
-    let OpenGroup { seen, mut done } = open.take()?;
-    if conn.is_autocommit() {
-        // SQLite ended the transaction on its own: start over.
-        versions.clear();
-        return None;
-    }
-    let mut undo = Undo {
-        conn,
-        open,
-        versions,
-        armed: true,
-    };
-    let now = now_ms();
-    let mut results = Vec::with_capacity(group.len());
-    for p in group {
-        match done.iter().position(|(q, _)| Arc::ptr_eq(p, q)) {
-            Some(i) => results.push(done.swap_remove(i).1),
-            None => match append_one(undo.conn, p, now, undo.versions) {
-                Err(e) if !e.is_caller_error() => return None,
-                r => results.push(r),
-            },
-        }
-    }
-    if !done.is_empty() {
-        // Inserted early by appends this group does not hold: start over rather than commit
-        // them unanswered.
-        return None;
-    }
-    undo.conn
-        .prepare_cached("COMMIT")
-        .and_then(|mut st| st.execute([]))
-        .ok()?;
-    undo.armed = false;
-    *data_version = Some(seen);
-    Some(results)
 }
 
 /// Sets an error result on every append of a group that has none when dropped.
@@ -808,7 +604,7 @@ fn retry_locked<T>(options: &StoreOptions, mut f: impl FnMut() -> Result<T>) -> 
 /// append of several events runs in a savepoint; a single event needs none, as a failed
 /// INSERT undoes itself and nothing is written before it.
 fn append_one(
-    tx: &Connection,
+    tx: &rusqlite::Transaction<'_>,
     p: &Pending,
     now: i64,
     versions: &mut HashMap<String, u64>,
@@ -1080,13 +876,9 @@ impl EventStore for SqliteEventStore {
             queue.appenders += 1;
             (me, queue.take_if_ready())
         };
-        let _appender = Appender {
-            store: self,
-            me: Arc::clone(&me),
-        };
-        match group {
-            Some(group) => self.lead(&group),
-            None => self.insert_early(&me),
+        let _appender = Appender { store: self };
+        if let Some(group) = group {
+            self.lead(&group);
         }
         loop {
             let deadline = gather_deadline(me.arrived, *self.turn_ended.lock());
