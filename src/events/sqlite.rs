@@ -493,11 +493,16 @@ fn page(max: usize) -> i64 {
     max.min(MAX_PAGE) as i64
 }
 
-/// Sets an error result on every append of a group that has none when dropped.
+/// Sets an error result on every append of a group that has none when dropped while unwinding.
 struct AnswerAll<'a>(&'a [Arc<Pending>]);
 
 impl Drop for AnswerAll<'_> {
     fn drop(&mut self) {
+        // Only for unwinding: otherwise every append was answered, and some have taken their
+        // answer already, which would look like none.
+        if !std::thread::panicking() {
+            return;
+        }
         for p in self.0 {
             if !p.answered() {
                 p.answer(Err(EventStoreError::CommitFailed {
