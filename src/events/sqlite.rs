@@ -190,7 +190,6 @@ impl Drop for EndTurn<'_> {
             .is_some_and(|p| now >= gather_deadline(p.arrived, queue.turn_ended));
         queue.committing = false;
         queue.turn_ended = Some(now);
-        *self.store.turn_ended.lock() = Some(now);
         if !queue.hand_over() && stopped_timing {
             // Its group gathers from now on: wake it to time that.
             if let Some(oldest) = queue.pending.first() {
@@ -270,8 +269,6 @@ pub struct SqliteEventStore {
     options: StoreOptions,
     writer: Mutex<Writer>,
     queue: Mutex<Queue>,
-    /// A copy of `Queue::turn_ended` for appenders that hold their slot, not the queue.
-    turn_ended: Mutex<Option<Instant>>,
     /// Groups committed by this handle, for subscriptions to wake on.
     commits: Mutex<u64>,
     appended: Condvar,
@@ -324,7 +321,6 @@ impl SqliteEventStore {
                 data_version: None,
             }),
             queue: Mutex::new(Queue::default()),
-            turn_ended: Mutex::new(None),
             commits: Mutex::new(0),
             appended: Condvar::new(),
             readers: Mutex::new(Vec::new()),
@@ -886,7 +882,8 @@ impl EventStore for SqliteEventStore {
             self.lead(&group);
         }
         loop {
-            let deadline = gather_deadline(me.arrived, *self.turn_ended.lock());
+            // Queue before slot, the order `hand_over` takes them in.
+            let deadline = gather_deadline(me.arrived, self.queue.lock().turn_ended);
             let mut slot = me.slot.lock();
             if let Some(r) = slot.result.take() {
                 return r;
