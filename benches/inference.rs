@@ -145,6 +145,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     println!("count_1kib_p50_ms: {:.3}", p50(counts).as_secs_f64() * 1e3);
+    // Generation speed through infer(): the figure a portable build must not lose.
+    let long = InferenceRequest {
+        context: ContextPack {
+            system: None,
+            task: Some("Write a long story about a robot who learns to paint.".into()),
+            entries: vec![],
+        },
+        config: GenerationConfig {
+            temperature: 0.0,
+            max_tokens: 128,
+            seed: Some(1234),
+            ..GenerationConfig::default()
+        },
+    };
+    let mut speeds: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            let r = provider.infer(&long)?;
+            Ok(f64::from(r.usage.completion_tokens) / t.elapsed().as_secs_f64())
+        })
+        .collect::<Result<_, correx::InferenceError>>()?;
+    speeds.sort_by(f64::total_cmp);
+    println!("generation_tokens_per_s: {:.1}", speeds[speeds.len() / 2]);
     println!(
         "infer_overhead_ratio: {:.4}",
         ours.as_secs_f64() / raw.as_secs_f64()

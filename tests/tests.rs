@@ -8,6 +8,7 @@ mod events;
 mod ffi;
 mod header;
 mod inference;
+mod install;
 mod manager;
 mod sandbox;
 mod tools;
