@@ -1,7 +1,10 @@
 //! `cargo bench --bench tools`: the built-in tools against the bare std calls they wrap, in one
 //! run, alternating the two so drift hits both alike.
 
-use correx::{FileReadTool, FileWriteTool, SessionId, ShellOptions, ShellTool, Tool, ToolRequest};
+use correx::{
+    FileReadTool, FileWriteTool, IsolationMode, IsolationOptions, SessionId, ShellOptions,
+    ShellTool, Tool, ToolRequest,
+};
 use serde_json::json;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -43,25 +46,56 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("correx-bench-tools-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
 
-    let shell = ShellTool::new(ShellOptions {
-        allowed_executables: vec!["true".into()],
-        ..ShellOptions::default()
-    })?;
+    // The shell without kernel confinement (still fenced and contained), and the default one:
+    // Landlock, the seccomp filter, limits, a private temp directory.
+    let shell_with = |mode| {
+        ShellTool::new(ShellOptions {
+            allowed_executables: vec!["true".into()],
+            isolation: IsolationOptions {
+                mode,
+                force_subreaper: std::env::var_os("SUBREAPER").is_some(),
+                ..IsolationOptions::default()
+            },
+            ..ShellOptions::default()
+        })
+    };
+    let raw_true = || {
+        let out = std::process::Command::new("/bin/true")
+            .output()
+            .expect("spawn");
+        assert!(out.status.success());
+    };
     let true_req = req("shell", json!({"argv": ["/bin/true"]}));
+    let shell = shell_with(IsolationMode::None)?;
     let (ours, raw) = compare(
         15,
         40,
         || assert!(shell.execute(&true_req).is_success()),
-        || {
-            let out = std::process::Command::new("/bin/true")
-                .output()
-                .expect("spawn");
-            assert!(out.status.success());
-        },
+        raw_true,
     );
     println!("shell_spawn_us: {:.1}", ours.as_secs_f64() * 1e6);
     println!("raw_spawn_us: {:.1}", raw.as_secs_f64() * 1e6);
     let shell_ratio = ours.as_secs_f64() / raw.as_secs_f64();
+
+    let confined = shell_with(IsolationMode::Required)?;
+    let (ours, raw) = compare(
+        15,
+        40,
+        || assert!(confined.execute(&true_req).is_success()),
+        raw_true,
+    );
+    println!("confined_shell_spawn_us: {:.1}", ours.as_secs_f64() * 1e6);
+    println!("confined_raw_spawn_us: {:.1}", raw.as_secs_f64() * 1e6);
+    let confined_ratio = ours.as_secs_f64() / raw.as_secs_f64();
+    let n = 2000;
+    let t = Instant::now();
+    for _ in 0..n {
+        confined.build_confinement_for_bench()?;
+    }
+    println!(
+        "ruleset_and_filter_build_us: {:.1}",
+        t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+    );
 
     let content = "x".repeat(4096);
     std::fs::write(dir.join("data.txt"), &content)?;
@@ -106,6 +140,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     std::fs::remove_dir_all(&dir)?;
     println!("shell_spawn_ratio: {shell_ratio:.3}");
+    println!("confined_shell_spawn_ratio: {confined_ratio:.3}");
     println!("read_ratio: {read_ratio:.3}");
     println!("write_ratio: {write_ratio:.3}");
     Ok(())

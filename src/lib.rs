@@ -18,6 +18,7 @@ mod install;
 mod private_dir;
 mod runtime;
 mod sandbox;
+mod sys;
 mod tools;
 
 pub use approvals::{
@@ -48,9 +49,10 @@ pub use sandbox::{
 };
 pub use tools::{
     looks_secret, ConfineError, DispatchingToolExecutor, FileAffectingTool, FileEditTool,
-    FileReadTool, FileWriteTool, ResolveMode, Roots, ShellOptions, ShellTool, Tier, Tool,
-    ToolCapability, ToolError, ToolExecutor, ToolRegistry, ToolRequest, ToolResult,
-    ValidationResult, DEFAULT_MAX_READ_BYTES, DEFAULT_OUTPUT_CAP,
+    FileReadTool, FileWriteTool, IsolationMode, IsolationOptions, ResolveMode, ResourceLimits,
+    Roots, ShellOptions, ShellTool, Tier, Tool, ToolCapability, ToolError, ToolExecutor,
+    ToolRegistry, ToolRequest, ToolResult, ValidationResult, DEFAULT_MAX_READ_BYTES,
+    DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
 };
 
 #[cfg(test)]

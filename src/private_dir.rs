@@ -37,10 +37,44 @@ impl PrivateDir {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Takes over `path` (a directory this process made private): removed on drop.
+    pub fn adopt(path: PathBuf) -> PrivateDir {
+        PrivateDir { path }
+    }
+
+    /// Gives the directory up without removing it.
+    pub fn keep(self) -> PathBuf {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so its path is moved out exactly once.
+        unsafe { std::ptr::read(&me.path) }
+    }
 }
 
 impl Drop for PrivateDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
     }
+}
+
+/// Refuses a directory that is a symlink, not ours, or open to others: whoever could write
+/// into it could swap what correx later reads, restores or removes there.
+pub(crate) fn check_private(root: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(root)?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let why = if !m.is_dir() {
+        "is not a directory (or is a symlink)"
+    } else if m.uid() != uid {
+        "belongs to another user"
+    } else if m.mode() & 0o077 != 0 {
+        "is readable or writable by others (it must be mode 0700)"
+    } else {
+        return Ok(());
+    };
+    Err(std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        format!("{} {why}", root.display()),
+    ))
 }

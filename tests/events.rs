@@ -58,6 +58,7 @@ fn every_domain_event() -> Vec<DomainEvent> {
             invocation_id: "i".into(),
             tool_name: "file_write".into(),
             tier: 2,
+            isolation: None,
         },
         DomainEvent::ToolExecutionCompleted {
             session_id: "s".into(),

@@ -484,3 +484,42 @@ fn eight_threads_loading_inferring_and_unloading_keep_one_server_and_alternating
     }
     Ok(())
 }
+
+/// llama-server gets none of the host's descriptors, even those opened without close-on-exec,
+/// and none of its environment.
+#[test]
+fn the_server_inherits_no_host_descriptor_and_no_host_environment() -> TestResult {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let leaked = s._tmp.join("host-secret-fd");
+    std::fs::write(&leaked, "secret")?;
+    let path = std::ffi::CString::new(leaked.as_os_str().as_bytes())?;
+    // SAFETY: opening a file we just wrote, deliberately without O_CLOEXEC, as a careless
+    // host would; closed below.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY) };
+    assert!(fd >= 0);
+    std::env::set_var("CORREX_HOST_ONLY_VARIABLE", "hunter2");
+    let loaded = s
+        .manager
+        .load(&descriptor(&s.install, "fds", ResidencyMode::Persistent));
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(fd) };
+    loaded?;
+    let pid = s.manager.server_pid().ok_or("no pid")?;
+    let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))?
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(!fds.is_empty(), "no descriptors listed for the server");
+    assert!(
+        !fds.iter().any(|f| f.contains("host-secret-fd")),
+        "the server inherited the host's descriptor: {fds:?}"
+    );
+    let environ = std::fs::read(format!("/proc/{pid}/environ"))?;
+    assert!(!String::from_utf8_lossy(&environ).contains("hunter2"));
+    Ok(())
+}

@@ -4,6 +4,7 @@ mod stub;
 mod tools_util;
 mod util;
 
+mod confined;
 mod events;
 mod ffi;
 mod header;

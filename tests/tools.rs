@@ -83,10 +83,10 @@ fn shell_allowlist_is_by_resolved_path_not_by_name() -> TestResult {
     let dir = TempDir::new("shell-path");
     let tool = shell(&["ls"])?;
     assert!(tool
-        .execute(&req("shell", json!({"argv": ["ls", "/"]})))
+        .execute(&req("shell", json!({"argv": ["ls", "/usr"]})))
         .is_success());
     assert!(tool
-        .execute(&req("shell", json!({"argv": ["/usr/bin/ls", "/"]})))
+        .execute(&req("shell", json!({"argv": ["/usr/bin/ls", "/usr"]})))
         .is_success());
     // Another binary that happens to be called ls.
     let fake = dir.join("ls");
@@ -149,6 +149,12 @@ fn shell_child_sees_a_cleared_environment() -> TestResult {
     assert!(!out.contains("hunter2") && !out.contains("CORREX_TEST_SECRET"));
     let mut lines: Vec<&str> = out.lines().collect();
     lines.sort();
+    // TMPDIR is the run's private temp directory.
+    let tmp = lines.pop().unwrap_or_default();
+    assert!(
+        tmp.starts_with("TMPDIR=/") && tmp.contains("correx-shell-"),
+        "{tmp}"
+    );
     assert_eq!(
         lines,
         vec!["LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin"]

@@ -57,6 +57,10 @@ pub enum DomainEvent {
         tool_name: String,
         /// The tool's tier, 0..=3.
         tier: i32,
+        /// The kernel confinement the run gets (the shell's applied isolation policy); absent
+        /// for tools that run in the host process.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        isolation: Option<serde_json::Value>,
     },
     /// A tool invocation succeeded.
     #[serde(rename = "tool.execution_completed")]

@@ -15,12 +15,11 @@ use super::{
 use crate::cancel::CancelToken;
 use crate::events::{append_domain, DomainEvent, EventStore, UnloadReason};
 use crate::ids::ProviderId;
-use crate::tools::process::kill_group;
+use crate::sys::{self, kill_group};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -264,13 +263,6 @@ fn default_log_dir() -> PathBuf {
         .join("correx/logs")
 }
 
-fn pidfd_open(pid: i32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    // SAFETY: on success fd is a new descriptor owned by nothing else.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
 impl DefaultModelManager {
     /// A manager that records its events in `events`.
     pub fn new(events: Arc<dyn EventStore>, options: ManagerOptions) -> Self {
@@ -439,37 +431,12 @@ fn unload_locked(
 }
 
 fn stop_child(child: &mut Child) {
-    let pgid = child.id() as i32;
-    if !exited_unreaped(child) {
-        // SAFETY: signalling the process group we created for this child.
-        unsafe {
-            libc::killpg(pgid, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + TERM_GRACE;
-        while Instant::now() < deadline && !exited_unreaped(child) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-    // The leader is at most a zombie here, so its group id is still ours to signal.
-    kill_group(pgid);
-    let _ = child.wait();
+    sys::stop_group(child, TERM_GRACE);
 }
 
 /// Whether the child has exited, without reaping it.
 fn exited_unreaped(child: &Child) -> bool {
-    // SAFETY: siginfo_t is plain data; waitid writes it on success.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: waitid with WNOWAIT on our own child does not reap it; info is valid for writes.
-    let r = unsafe {
-        libc::waitid(
-            libc::P_PID,
-            child.id() as libc::id_t,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-        )
-    };
-    // SAFETY: si_pid is valid to read after a successful waitid.
-    r != 0 || unsafe { info.si_pid() } != 0
+    sys::exited_unreaped(child.id() as i32)
 }
 
 fn load_locked(
@@ -488,7 +455,7 @@ fn load_locked(
     }
     let bin = &inner.options.server_bin;
     let bin = if bin.components().count() == 1 {
-        crate::tools::process::resolve_executable(&bin.to_string_lossy())
+        sys::resolve_executable(&bin.to_string_lossy())
             .ok_or_else(|| ModelLoadError::BinaryNotFound { path: bin.clone() })?
     } else if bin.is_file() {
         bin.clone()
@@ -552,25 +519,10 @@ fn load_locked(
     if let Some(t) = d.threads {
         cmd.args(["--threads", &t.to_string()]);
     }
-    cmd.args(&d.extra_args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    // SAFETY: getpid has no preconditions. (Read before fork: the child compares getppid.)
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: runs between fork and exec; prctl and getppid are async-signal-safe and nothing
-    // here allocates.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0
-                || libc::getppid() != parent
-            {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
+    cmd.args(&d.extra_args);
+    // Cleared environment, own group, parent-death signal, no inherited host descriptors.
+    sys::fence(&mut cmd);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let (tx, rx) = mpsc::channel();
     let sent = inner.spawner.lock().send(SpawnRequest {
         command: cmd,
@@ -689,7 +641,7 @@ fn start_log_drain(inner: &Arc<Inner>, child: &mut Child, generation: u64, log: 
     let weak = Arc::downgrade(inner);
     let tail = Arc::clone(&inner.tail);
     let log = Arc::new(Mutex::new(log));
-    let pidfd = pidfd_open(child.id() as i32);
+    let pidfd = sys::pidfd_open(child.id() as i32);
     let pipes: Vec<Box<dyn std::io::Read + Send>> = [
         child
             .stdout

@@ -2,7 +2,9 @@
 //! empty allowlists deny everything. Errors name the field.
 
 use crate::events::Durability;
-use crate::tools::{ShellOptions, DEFAULT_MAX_READ_BYTES};
+use crate::tools::{
+    IsolationMode, IsolationOptions, ResourceLimits, ShellOptions, DEFAULT_MAX_READ_BYTES,
+};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -276,6 +278,7 @@ fn shell(o: Option<Obj<'_>>) -> Result<ShellConfig, ConfigError> {
         "env",
         "force_secret_env",
         "working_dirs",
+        "isolation",
     ])?;
     let d = ShellOptions::default();
     let mut env = BTreeMap::new();
@@ -302,7 +305,54 @@ fn shell(o: Option<Obj<'_>>) -> Result<ShellConfig, ConfigError> {
             env,
             force_secret_env: o.bool("force_secret_env", false)?,
             working_roots: o.abs_paths("working_dirs")?,
+            isolation: isolation(o.child("isolation")?)?,
         },
+    })
+}
+
+fn isolation(o: Option<Obj<'_>>) -> Result<IsolationOptions, ConfigError> {
+    let Some(o) = o else {
+        return Ok(IsolationOptions::default());
+    };
+    o.only(&["mode", "read_paths", "network", "limits"])?;
+    let mode = match o.string("mode")?.as_deref() {
+        None | Some("required") => IsolationMode::Required,
+        Some("best_effort") => IsolationMode::BestEffort,
+        Some("none") => IsolationMode::None,
+        Some(other) => {
+            return Err(err(
+                &o.field("mode"),
+                format!("must be \"required\", \"best_effort\" or \"none\", got {other:?}"),
+            ))
+        }
+    };
+    let d = ResourceLimits::default();
+    let limits = match o.child("limits")? {
+        None => d,
+        Some(l) => {
+            l.only(&[
+                "address_space_bytes",
+                "file_size_bytes",
+                "cpu_seconds",
+                "open_files",
+                "max_processes",
+            ])?;
+            ResourceLimits {
+                address_space_bytes: l.positive("address_space_bytes")?.or(d.address_space_bytes),
+                file_size_bytes: l.positive("file_size_bytes")?.or(d.file_size_bytes),
+                cpu_seconds: l.positive("cpu_seconds")?.or(d.cpu_seconds),
+                open_files: l.positive("open_files")?.or(d.open_files),
+                max_processes: l.positive("max_processes")?.or(d.max_processes),
+            }
+        }
+    };
+    Ok(IsolationOptions {
+        mode,
+        read_paths: o.abs_paths("read_paths")?,
+        network: o.bool("network", false)?,
+        limits,
+        pretend_landlock_abi: None,
+        force_subreaper: false,
     })
 }
 

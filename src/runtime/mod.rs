@@ -74,10 +74,11 @@ pub fn build_registry(config: &ToolConfig) -> Result<ToolRegistry, RuntimeError>
         })
     };
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
+    let mut protected = Vec::new();
     if config.shell.enabled {
-        tools.push(Arc::new(
-            ShellTool::new(config.shell.options.clone()).map_err(tool_err("shell"))?,
-        ));
+        let shell = ShellTool::new(config.shell.options.clone()).map_err(tool_err("shell"))?;
+        protected = shell.allowed_paths();
+        tools.push(Arc::new(shell));
     }
     if config.file_read.enabled {
         let c = &config.file_read;
@@ -87,16 +88,16 @@ pub fn build_registry(config: &ToolConfig) -> Result<ToolRegistry, RuntimeError>
         ));
     }
     if config.file_write.enabled {
-        tools.push(Arc::new(FileWriteTool::with_roots(roots(
-            "file_write",
-            &config.file_write.allowed_paths,
-        )?)));
+        tools.push(Arc::new(
+            FileWriteTool::with_roots(roots("file_write", &config.file_write.allowed_paths)?)
+                .protecting(&protected),
+        ));
     }
     if config.file_edit.enabled {
-        tools.push(Arc::new(FileEditTool::with_roots(roots(
-            "file_edit",
-            &config.file_edit.allowed_paths,
-        )?)));
+        tools.push(Arc::new(
+            FileEditTool::with_roots(roots("file_edit", &config.file_edit.allowed_paths)?)
+                .protecting(&protected),
+        ));
     }
     ToolRegistry::build(tools).map_err(tool_err("registry"))
 }

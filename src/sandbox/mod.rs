@@ -107,28 +107,6 @@ pub fn default_work_root() -> PathBuf {
     std::env::temp_dir().join(format!("correx-sandbox-{uid}"))
 }
 
-/// Refuses a working root that is a symlink, not ours, or open to others: recovery acts on the
-/// manifests it finds there.
-fn check_private(root: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::symlink_metadata(root)?;
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    let why = if !m.is_dir() {
-        "is not a directory (or is a symlink)"
-    } else if m.uid() != uid {
-        "belongs to another user"
-    } else if m.mode() & 0o077 != 0 {
-        "is readable or writable by others (it must be mode 0700)"
-    } else {
-        return Ok(());
-    };
-    Err(std::io::Error::new(
-        std::io::ErrorKind::PermissionDenied,
-        format!("{} {why}", root.display()),
-    ))
-}
-
 /// An exclusive advisory lock on `dir/lock`, held while an invocation runs; the kernel drops it
 /// when the process dies, which is how recovery tells a crashed invocation from a live one.
 fn lock_invocation(dir: &std::path::Path, wait: bool) -> std::io::Result<Option<std::fs::File>> {
@@ -189,7 +167,7 @@ impl SandboxedToolExecutor {
             .recursive(true)
             .mode(0o700)
             .create(&work_root)
-            .and_then(|()| check_private(&work_root))
+            .and_then(|()| crate::private_dir::check_private(&work_root))
             .map_err(|source| SandboxError::WorkRoot {
                 path: work_root.clone(),
                 source,
@@ -321,6 +299,7 @@ impl SandboxedToolExecutor {
             invocation_id: base.1.clone(),
             tool_name: base.2.clone(),
             tier: tool.tier().as_i32(),
+            isolation: tool.isolation(),
         }) {
             return ToolResult::failure(
                 id,

@@ -198,6 +198,11 @@ pub trait Tool: Send + Sync {
     fn validate_request(&self, request: &ToolRequest) -> ValidationResult;
     /// Runs the tool. Never panics on bad input: every problem is a [`ToolResult::Failure`].
     fn execute(&self, request: &ToolRequest) -> ToolResult;
+    /// The kernel confinement every run of this tool gets, as recorded in
+    /// `tool.execution_started`; `None` for tools that run in the host process.
+    fn isolation(&self) -> Option<serde_json::Value> {
+        None
+    }
     /// The tool as a [`FileAffectingTool`], when it touches files the sandbox must back up.
     fn as_file_affecting(&self) -> Option<&dyn FileAffectingTool> {
         None

@@ -45,7 +45,7 @@ impl fmt::Display for ToolError {
             ),
             ToolError::SecretEnvVar { name } => write!(
                 f,
-                "environment variable {name} looks like a secret (KEY, SECRET, TOKEN, PASSWORD); set force_secret_env to pass it anyway"
+                "environment variable {name} looks like a secret (its name holds KEY, SECRET, TOKEN, PASSWORD, PASSWD, CREDENTIAL, COOKIE or PRIVATE, ends in _PAT, is DATABASE_URL, or its value holds user:password@); set force_secret_env to pass it anyway"
             ),
             ToolError::Root(e) => write!(f, "allowed path: {e}"),
             ToolError::InvalidSetting { field, reason } => write!(f, "{field}: {reason}"),

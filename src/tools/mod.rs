@@ -16,6 +16,7 @@
 mod contract;
 mod error;
 pub(crate) mod fs;
+mod isolation;
 mod params;
 pub(crate) mod process;
 mod registry;
@@ -30,6 +31,7 @@ pub use fs::{
     ConfineError, FileEditTool, FileReadTool, FileWriteTool, ResolveMode, Roots,
     DEFAULT_MAX_READ_BYTES,
 };
+pub use isolation::{IsolationMode, IsolationOptions, ResourceLimits};
 pub(crate) use params::json_kind;
 pub use registry::{DispatchingToolExecutor, ToolRegistry};
-pub use shell::{looks_secret, ShellOptions, ShellTool, DEFAULT_OUTPUT_CAP};
+pub use shell::{looks_secret, ShellOptions, ShellTool, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT};

@@ -1,13 +1,21 @@
 //! [`ShellTool`]: runs one executable from an allowlist, by argv, never through a shell.
 
 use super::fs::{Located, Roots};
+use super::isolation::{self, IsolationOptions, Policy};
 use super::params::{json_kind, optional_str};
-use super::process::{self, resolve_both, Exit, RunSpec, FIXED_PATH};
 use super::{Tier, Tool, ToolCapability, ToolError, ToolRequest, ToolResult, ValidationResult};
+use crate::private_dir::{check_private, PrivateDir};
+use crate::sys::spawn::{self, Captured, Exit, SpawnSpec};
+use crate::sys::{resolve_both, FIXED_PATH};
 use std::collections::BTreeMap;
-use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// The longest timeout a shell tool accepts: 7 days. Longer ones are refused when the tool is
+/// built (a deadline past the clock's range would otherwise fail only after the child started).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Default cap on captured stdout, and separately on stderr: 1 MiB, enough for any listing or
 /// test log an agent reads, small enough that an output bomb cannot grow the host.
@@ -27,8 +35,12 @@ pub struct ShellOptions {
     pub env: BTreeMap<String, String>,
     /// Pass variables whose names look like secrets; default false.
     pub force_secret_env: bool,
-    /// Directories a request's `cwd` may lie in; default none (no `cwd` allowed).
+    /// Directories the child may write in, and a request's `cwd` may lie in; the first is the
+    /// default working directory. Default none: no `cwd` allowed, and a run starts in its
+    /// private temp directory.
     pub working_roots: Vec<PathBuf>,
+    /// How the child is confined by the kernel; default [`IsolationMode::Required`](super::IsolationMode::Required).
+    pub isolation: IsolationOptions,
 }
 
 impl Default for ShellOptions {
@@ -40,14 +52,21 @@ impl Default for ShellOptions {
             env: BTreeMap::new(),
             force_secret_env: false,
             working_roots: Vec::new(),
+            isolation: IsolationOptions::default(),
         }
     }
 }
 
 /// Runs an allowlisted executable with argv from the request (`{"argv": ["ls", "-l"]}`, and an
-/// optional `"cwd"` inside a working root). The child gets a cleared environment (a fixed
-/// `PATH` plus configured variables), stdin from `/dev/null`, its own process group, and is
-/// killed with its whole group at the timeout. Tier T2.
+/// optional `"cwd"` inside a working root). Tier T2.
+///
+/// The child gets a cleared environment (a fixed `PATH`, `TMPDIR` and configured variables),
+/// stdin from `/dev/null`, and a private temp directory removed after the run. It starts in the
+/// request's `cwd`, else the first working root, else its temp directory. It is confined by the
+/// kernel as [`IsolationOptions`] say (Landlock: read and execute only the system directories,
+/// the allowed executables' directories and `read_paths`; write only the working roots and its
+/// temp directory; seccomp: no socket but `AF_UNIX`; resource limits), and contained: when the
+/// run ends, by exit or timeout, every process it started is killed, however it detached.
 ///
 /// Exit 0 is a success with stdout as the output; non-zero is a failure with stderr as the
 /// reason. Metadata: `exit_code` or `signal`, `stdout_truncated`, `stderr_truncated`,
@@ -58,6 +77,30 @@ pub struct ShellTool {
     timeout: Duration,
     output_cap: usize,
     roots: Roots,
+    working_roots: Vec<PathBuf>,
+    /// The policy the kernel can enforce, or why `required` cannot be met here (every run is
+    /// then refused with that reason).
+    policy: Result<Policy, Refusal>,
+    tmp_base: PathBuf,
+    /// An empty private temp directory a finished run left, for the next run: making and
+    /// removing a directory costs about 100 µs of journaled metadata on ext4, more than the
+    /// rest of a spawn's overhead.
+    spare: parking_lot::Mutex<Option<PathBuf>>,
+}
+
+/// Why the `required` policy cannot be met on this kernel.
+#[derive(Debug)]
+struct Refusal {
+    reason: String,
+    recorded: serde_json::Value,
+}
+
+impl Drop for ShellTool {
+    fn drop(&mut self) {
+        if let Some(p) = self.spare.get_mut().take() {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
 }
 
 impl std::fmt::Debug for ShellTool {
@@ -76,18 +119,117 @@ impl std::fmt::Debug for ShellTool {
 struct Allowed {
     canonical: PathBuf,
     name: std::ffi::OsString,
+    pin: Pin,
+}
+
+/// What an allowed executable was when the tool was built; a run of a file that no longer
+/// matches (replaced, rewritten) is refused.
+#[derive(Debug, PartialEq, Eq)]
+struct Pin {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+}
+
+impl Pin {
+    fn of(path: &Path) -> Option<Pin> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Pin {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+        })
+    }
 }
 
 fn file_name(p: &std::path::Path) -> std::ffi::OsString {
     p.file_name().map(|n| n.to_os_string()).unwrap_or_default()
 }
 
-/// Whether a variable name looks like it carries a secret.
+/// Whether a variable looks like it carries a secret: its name holds KEY, SECRET, TOKEN,
+/// PASSWORD, PASSWD, CREDENTIAL, COOKIE or PRIVATE, ends in `_PAT`, or is `DATABASE_URL`.
 pub fn looks_secret(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
-    ["KEY", "SECRET", "TOKEN", "PASSWORD"]
-        .iter()
-        .any(|w| upper.contains(w))
+    [
+        "KEY",
+        "SECRET",
+        "TOKEN",
+        "PASSWORD",
+        "PASSWD",
+        "CREDENTIAL",
+        "COOKIE",
+        "PRIVATE",
+    ]
+    .iter()
+    .any(|w| upper.contains(w))
+        || upper.ends_with("_PAT")
+        || upper == "DATABASE_URL"
+}
+
+/// Whether a value holds credentials in a URL (`scheme://user:password@host`).
+fn holds_url_credentials(value: &str) -> bool {
+    value.split("://").skip(1).any(|rest| {
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        authority
+            .rsplit_once('@')
+            .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+    })
+}
+
+/// Variables that change how the dynamic loader or a shell starts: a program the allowlist
+/// admits would run other code.
+const LOADER_VARS: &[&str] = &[
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "BASH_ENV",
+    "ENV",
+];
+
+fn check_env(options: &ShellOptions) -> Result<(), ToolError> {
+    for (name, value) in &options.env {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(ToolError::InvalidSetting {
+                field: "env",
+                reason: format!("{name:?} is not a valid variable name"),
+            });
+        }
+        if value.contains('\0') {
+            return Err(ToolError::InvalidSetting {
+                field: "env",
+                reason: format!("the value of {name} holds a NUL byte"),
+            });
+        }
+        if name == "PATH" || name == "TMPDIR" {
+            return Err(ToolError::InvalidSetting {
+                field: "env",
+                reason: format!(
+                    "{name} is set by the shell tool (PATH={FIXED_PATH}; TMPDIR is the run's private temp directory)"
+                ),
+            });
+        }
+        let forced = options.force_secret_env;
+        if (looks_secret(name) || holds_url_credentials(value)) && !forced {
+            return Err(ToolError::SecretEnvVar { name: name.clone() });
+        }
+        if (LOADER_VARS.contains(&name.as_str()) || name.starts_with("LD_")) && !forced {
+            return Err(ToolError::InvalidSetting {
+                field: "env",
+                reason: format!(
+                    "{name} changes which code the loader or a shell runs first; set force_secret_env to pass it anyway"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The per-user directory the runs' private temp directories live in.
+fn tmp_base() -> PathBuf {
+    std::env::temp_dir().join(format!("correx-shell-{}", crate::sys::euid()))
 }
 
 impl ShellTool {
@@ -97,10 +239,13 @@ impl ShellTool {
     /// [`ToolError::ExecutableNotFound`], [`ToolError::SecretEnvVar`], [`ToolError::Root`],
     /// [`ToolError::InvalidSetting`] for a zero timeout or cap.
     pub fn new(options: ShellOptions) -> Result<Self, ToolError> {
-        if options.timeout.is_zero() {
+        if options.timeout.is_zero() || options.timeout > MAX_TIMEOUT {
             return Err(ToolError::InvalidSetting {
                 field: "timeout_ms",
-                reason: "must be greater than 0".into(),
+                reason: format!(
+                    "must be greater than 0 and at most {} (7 days)",
+                    MAX_TIMEOUT.as_millis()
+                ),
             });
         }
         if options.output_cap == 0 {
@@ -111,41 +256,84 @@ impl ShellTool {
         }
         let mut allowed = Vec::new();
         for name in &options.allowed_executables {
-            let (lexical, canonical) =
-                resolve_both(name).ok_or_else(|| ToolError::ExecutableNotFound {
-                    name: name.clone(),
-                    path: FIXED_PATH,
-                })?;
+            let not_found = || ToolError::ExecutableNotFound {
+                name: name.clone(),
+                path: FIXED_PATH,
+            };
+            let (lexical, canonical) = resolve_both(name).ok_or_else(not_found)?;
+            let pin = Pin::of(&canonical).ok_or_else(not_found)?;
             allowed.push(Allowed {
                 canonical,
                 name: file_name(&lexical),
+                pin,
             });
         }
-        for name in options.env.keys() {
-            if name.is_empty() || name.contains('=') || name.contains('\0') {
-                return Err(ToolError::InvalidSetting {
-                    field: "env",
-                    reason: format!("{name:?} is not a valid variable name"),
-                });
-            }
-            if name == "PATH" {
-                return Err(ToolError::InvalidSetting {
-                    field: "env",
-                    reason: format!("PATH is fixed to {FIXED_PATH}"),
-                });
-            }
-            if looks_secret(name) && !options.force_secret_env {
-                return Err(ToolError::SecretEnvVar { name: name.clone() });
+        check_env(&options)?;
+        let roots = Roots::open(&options.working_roots).map_err(ToolError::Root)?;
+        let mut exec_dirs: Vec<PathBuf> = Vec::new();
+        for a in &allowed {
+            if let Some(d) = a.canonical.parent() {
+                if !exec_dirs.iter().any(|e| e == d) {
+                    exec_dirs.push(d.to_path_buf());
+                }
             }
         }
-        let roots = Roots::open(&options.working_roots).map_err(ToolError::Root)?;
+        let working_roots: Vec<PathBuf> = options
+            .working_roots
+            .iter()
+            .map(|r| std::fs::canonicalize(r).unwrap_or_else(|_| r.clone()))
+            .collect();
+        let policy =
+            isolation::plan(&options.isolation, &working_roots, &exec_dirs).map_err(|reason| {
+                log::warn!("shell tool: every run will be refused: {reason}");
+                Refusal {
+                    recorded: serde_json::json!({
+                        "mode": options.isolation.mode.as_str(),
+                        "refused": reason,
+                    }),
+                    reason,
+                }
+            });
         Ok(ShellTool {
             allowed,
             env: options.env.into_iter().collect(),
             timeout: options.timeout,
             output_cap: options.output_cap,
             roots,
+            working_roots,
+            policy,
+            tmp_base: tmp_base(),
+            spare: parking_lot::Mutex::new(None),
         })
+    }
+
+    /// Builds one run's confinement (Landlock ruleset and seccomp filter) and drops it: what a
+    /// run spends on it, for the `tools` benchmark.
+    #[doc(hidden)]
+    pub fn build_confinement_for_bench(&self) -> Result<(), String> {
+        let policy = self.policy.as_ref().map_err(|r| r.reason.clone())?;
+        policy.confinement(&self.tmp_base).map(drop)
+    }
+
+    /// The canonical paths of the allowed executables.
+    pub fn allowed_paths(&self) -> Vec<PathBuf> {
+        self.allowed.iter().map(|a| a.canonical.clone()).collect()
+    }
+
+    /// The confinement actually applied to every run, as recorded in `tool.execution_started`;
+    /// where `required` cannot be met on this kernel, `{"mode": "required", "refused": why}`.
+    pub fn applied_policy(&self) -> &serde_json::Value {
+        match &self.policy {
+            Ok(p) => &p.recorded,
+            Err(r) => &r.recorded,
+        }
+    }
+
+    /// Why every run is refused: the kernel cannot enforce the `required` isolation policy
+    /// (the reason names the missing feature and what to set instead). `None` when runs go
+    /// ahead.
+    pub fn refusal(&self) -> Option<&str> {
+        self.policy.as_ref().err().map(|r| r.reason.as_str())
     }
 
     fn argv<'a>(&self, request: &'a ToolRequest) -> Result<Vec<&'a str>, String> {
@@ -172,18 +360,74 @@ impl ShellTool {
             .collect()
     }
 
-    /// The canonical program and the `argv[0]` to run it under, if `argv0` is allowed.
-    fn permitted(&self, argv0: &str) -> Option<(PathBuf, String)> {
+    /// The canonical program and the `argv[0]` to run it under, if `argv0` is allowed; the
+    /// allowed entry is returned too, for its pin.
+    fn permitted(&self, argv0: &str) -> Option<(PathBuf, String, &Allowed)> {
         if self.allowed.is_empty() {
             return None;
         }
         let (lexical, canonical) = resolve_both(argv0)?;
         let name = file_name(&lexical);
-        let ok = self
+        let allowed = self
             .allowed
             .iter()
-            .any(|a| a.canonical == canonical && a.name == name);
-        ok.then(|| (canonical, name.to_string_lossy().into_owned()))
+            .find(|a| a.canonical == canonical && a.name == name)?;
+        Some((canonical, name.to_string_lossy().into_owned(), allowed))
+    }
+
+    /// A directory descriptor to start in: the request's `cwd`, else the first working root,
+    /// else the run's temp directory.
+    fn start_dir(&self, request: &ToolRequest, tmp: &Path) -> Result<OwnedFd, ToolResult> {
+        let id = &request.invocation_id;
+        // A cwd is opened beneath its root and handed to the child as a descriptor, so nothing
+        // can swap a symlink in between the check and the chdir.
+        if let Some(cwd) = optional_str(request, "cwd")? {
+            let loc: Located = self
+                .roots
+                .locate(cwd)
+                .map_err(|e| ToolResult::failure(id, format!("cwd: {e}"), false))?;
+            return self
+                .roots
+                .open_at(&loc, libc::O_PATH | libc::O_DIRECTORY, 0)
+                .map_err(|e| ToolResult::failure(id, format!("cwd: {e}"), e.recoverable()));
+        }
+        let dir = self.working_roots.first().map_or(tmp, PathBuf::as_path);
+        open_dir(dir)
+            .map_err(|e| ToolResult::failure(id, format!("opening {}: {e}", dir.display()), true))
+    }
+
+    /// An empty private temp directory for one run, in the per-user base (checked private):
+    /// the one the last run left empty, or a new one.
+    fn run_tmp(&self) -> std::io::Result<PrivateDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        if let Some(p) = self.spare.lock().take() {
+            if check_private(&p).is_ok() {
+                return Ok(PrivateDir::adopt(p));
+            }
+            let _ = std::fs::remove_dir_all(&p);
+        }
+        match std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&self.tmp_base)
+        {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        check_private(&self.tmp_base)?;
+        PrivateDir::new_in(&self.tmp_base, "run-")
+    }
+
+    /// After a run: keeps its temp directory for the next run when it is empty and still
+    /// private (nothing of this run reaches the next), else removes it.
+    fn recycle(&self, tmp: PrivateDir) {
+        let empty = std::fs::read_dir(tmp.path()).is_ok_and(|mut d| d.next().is_none());
+        if empty && check_private(tmp.path()).is_ok() {
+            let mut spare = self.spare.lock();
+            if spare.is_none() {
+                *spare = Some(tmp.keep());
+            }
+        }
     }
 
     fn run(&self, request: &ToolRequest) -> Result<ToolResult, ToolResult> {
@@ -191,7 +435,14 @@ impl ShellTool {
         let argv = self
             .argv(request)
             .map_err(|r| ToolResult::failure(id, r, true))?;
-        let (program, arg0) = self.permitted(argv[0]).ok_or_else(|| {
+        let policy = self.policy.as_ref().map_err(|r| {
+            ToolResult::failure(
+                id,
+                format!("the shell cannot be confined as required: {}", r.reason),
+                false,
+            )
+        })?;
+        let permitted = self.permitted(argv[0]).ok_or_else(|| {
             ToolResult::failure(
                 id,
                 format!(
@@ -206,43 +457,50 @@ impl ShellTool {
                 false,
             )
         })?;
-        // A cwd is opened beneath its root and handed to the child as our own fd, so nothing
-        // can swap a symlink in between the check and the chdir.
-        let cwd_fd = match optional_str(request, "cwd")? {
-            None => None,
-            Some(cwd) => {
-                let loc: Located = self
-                    .roots
-                    .locate(cwd)
-                    .map_err(|e| ToolResult::failure(id, format!("cwd: {e}"), false))?;
-                let fd = self
-                    .roots
-                    .open_at(&loc, libc::O_PATH | libc::O_DIRECTORY, 0)
-                    .map_err(|e| ToolResult::failure(id, format!("cwd: {e}"), e.recoverable()))?;
-                Some(fd)
-            }
-        };
-        let cwd_path = cwd_fd
-            .as_ref()
-            .map(|fd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())));
-        let args: Vec<String> = argv[1..].iter().map(|s| (*s).to_owned()).collect();
-        let spec = RunSpec {
+        let (program, arg0, allowed) = permitted;
+        if Pin::of(&program).as_ref() != Some(&allowed.pin) {
+            return Err(ToolResult::failure(
+                id,
+                format!(
+                    "{} changed since the shell tool was built (replaced or rewritten); it is not run",
+                    program.display()
+                ),
+                false,
+            ));
+        }
+        let tmp = self.run_tmp().map_err(|e| {
+            ToolResult::failure(id, format!("creating the run's temp directory: {e}"), true)
+        })?;
+        let cwd = self.start_dir(request, tmp.path())?;
+        let confinement = policy
+            .confinement(tmp.path())
+            .map_err(|e| ToolResult::failure(id, e, true))?;
+        let mut env = Vec::with_capacity(self.env.len() + 2);
+        env.push(("PATH".to_owned(), FIXED_PATH.to_owned()));
+        env.push(("TMPDIR".to_owned(), tmp.path().display().to_string()));
+        env.extend(self.env.iter().cloned());
+        let argv_os: Vec<&OsStr> = std::iter::once(OsStr::new(&arg0))
+            .chain(argv[1..].iter().map(OsStr::new))
+            .collect();
+        let out = spawn::run(&SpawnSpec {
             program: &program,
-            arg0: Some(&arg0),
-            args: &args,
-            env: &self.env,
-            cwd: cwd_path.as_deref(),
+            argv: &argv_os,
+            env: &env,
+            cwd: Some(cwd.as_raw_fd()),
+            confinement: confinement.as_ref(),
+            containment: policy.containment,
             timeout: self.timeout,
             output_cap: self.output_cap,
-        };
-        let out = process::run(&spec).map_err(|e| {
+        })
+        .map_err(|e| {
             ToolResult::failure(
                 id,
                 format!("could not start {}: {e}", program.display()),
                 false,
             )
         })?;
-        drop(cwd_fd);
+        drop(cwd);
+        self.recycle(tmp);
         let mut metadata = BTreeMap::new();
         match out.exit {
             Exit::Code(c) => metadata.insert("exit_code".into(), c.to_string()),
@@ -257,7 +515,7 @@ impl ShellTool {
             out.stderr.truncated().to_string(),
         );
         metadata.insert("duration_ms".into(), out.duration.as_millis().to_string());
-        let render = |c: &process::Captured| {
+        let render = |c: &Captured| {
             let mut s = String::from_utf8_lossy(&c.bytes).into_owned();
             if c.truncated() {
                 s.push_str(&format!(
@@ -271,8 +529,9 @@ impl ShellTool {
             return Ok(ToolResult::failure(
                 id,
                 format!(
-                    "timed out after {} ms; the process group was killed. stderr: {}",
+                    "timed out after {} ms; every process of the run was killed. stdout: {}\nstderr: {}",
                     self.timeout.as_millis(),
+                    render(&out.stdout),
                     render(&out.stderr)
                 ),
                 true,
@@ -315,6 +574,10 @@ impl Tool for ShellTool {
         &[ToolCapability::ShellExec, ToolCapability::ProcessSpawn]
     }
 
+    fn isolation(&self) -> Option<serde_json::Value> {
+        Some(self.applied_policy().clone())
+    }
+
     fn validate_request(&self, request: &ToolRequest) -> ValidationResult {
         match self.argv(request) {
             Ok(_) => ValidationResult::Valid,
@@ -327,4 +590,13 @@ impl Tool for ShellTool {
             Ok(r) | Err(r) => r,
         }
     }
+}
+
+fn open_dir(dir: &Path) -> std::io::Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .map(OwnedFd::from)
 }

@@ -35,6 +35,54 @@ fn locate(roots: &Roots, req: &ToolRequest, path: &str) -> Result<Located, ToolR
         .map_err(|e| fail(req, FsError::Confine(e)))
 }
 
+/// Files the file tools must not write: the shell's allowed executables, by device and inode
+/// (so a hard link or another name for one is caught too). Rewriting one would let the next
+/// shell run execute new content under an approval given for the old.
+#[derive(Clone, Debug, Default)]
+struct Protected(Vec<(u64, u64)>);
+
+impl Protected {
+    fn new(paths: &[PathBuf]) -> Protected {
+        use std::os::unix::fs::MetadataExt;
+        Protected(
+            paths
+                .iter()
+                .filter_map(|p| std::fs::metadata(p).ok())
+                .map(|m| (m.dev(), m.ino()))
+                .collect(),
+        )
+    }
+
+    fn check(
+        &self,
+        roots: &Roots,
+        req: &ToolRequest,
+        loc: &Located,
+        shown: &str,
+    ) -> Result<(), ToolResult> {
+        use std::os::unix::fs::MetadataExt;
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        let Ok(entry) = roots.entry_path(loc) else {
+            return Ok(());
+        };
+        let Ok(m) = std::fs::symlink_metadata(&entry) else {
+            return Ok(()); // nothing there yet: not an executable the shell may run
+        };
+        if self.0.contains(&(m.dev(), m.ino())) {
+            return Err(ToolResult::failure(
+                &req.invocation_id,
+                format!(
+                    "{shown} is an executable the shell tool is allowed to run; the file tools do not write, edit or delete it"
+                ),
+                false,
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn operation<'a>(req: &'a ToolRequest, allowed: &[&str]) -> Result<&'a str, ToolResult> {
     let op = required_str(req, "operation")?;
     if allowed.contains(&op) {
@@ -169,6 +217,7 @@ impl Tool for FileReadTool {
 #[derive(Debug)]
 pub struct FileWriteTool {
     roots: Roots,
+    protected: Protected,
 }
 
 impl FileWriteTool {
@@ -184,13 +233,24 @@ impl FileWriteTool {
 
     /// A writer over already-opened roots.
     pub fn with_roots(roots: Roots) -> Self {
-        FileWriteTool { roots }
+        FileWriteTool {
+            roots,
+            protected: Protected::default(),
+        }
+    }
+
+    /// Refuses to write or delete any of `executables` (the shell's allowlist), however it is
+    /// named.
+    pub fn protecting(mut self, executables: &[PathBuf]) -> Self {
+        self.protected = Protected::new(executables);
+        self
     }
 
     fn run(&self, req: &ToolRequest) -> Result<ToolResult, ToolResult> {
         let op = operation(req, &["write", "delete"])?;
         let path = required_str(req, "path")?;
         let loc = locate(&self.roots, req, path)?;
+        self.protected.check(&self.roots, req, &loc, path)?;
         if op == "write" {
             let content = required_str(req, "content")?;
             ops::write_atomic(&self.roots, &loc, content.as_bytes()).map_err(|e| fail(req, e))?;
@@ -274,6 +334,7 @@ impl FileAffectingTool for FileWriteTool {
 pub struct FileEditTool {
     roots: Roots,
     max_read_bytes: u64,
+    protected: Protected,
 }
 
 const EDIT_OPS: &[&str] = &["append", "replace", "patch"];
@@ -294,17 +355,32 @@ impl FileEditTool {
         FileEditTool {
             roots,
             max_read_bytes: DEFAULT_MAX_READ_BYTES,
+            protected: Protected::default(),
         }
+    }
+
+    /// Refuses to edit or patch any of `executables` (the shell's allowlist), however it is
+    /// named.
+    pub fn protecting(mut self, executables: &[PathBuf]) -> Self {
+        self.protected = Protected::new(executables);
+        self
     }
 
     fn run(&self, req: &ToolRequest) -> Result<ToolResult, ToolResult> {
         let op = operation(req, EDIT_OPS)?;
         if op == "patch" {
             let diff = required_str(req, "patch")?;
+            if let Ok(files) = patch::parse(diff) {
+                for f in files {
+                    let loc = locate(&self.roots, req, &f.path)?;
+                    self.protected.check(&self.roots, req, &loc, &f.path)?;
+                }
+            }
             return patch::apply(&self.roots, req, diff, self.max_read_bytes);
         }
         let path = required_str(req, "path")?;
         let loc = locate(&self.roots, req, path)?;
+        self.protected.check(&self.roots, req, &loc, path)?;
         let old = ops::read(&self.roots, &loc, self.max_read_bytes).map_err(|e| fail(req, e))?;
         let new = if op == "append" {
             let content = required_str(req, "content")?;

@@ -1,0 +1,177 @@
+//! The OS layer every child process correx starts goes through: the fence a child gets before
+//! exec, killing and stopping process groups, pidfds, executable resolution, and (for the shell)
+//! a supervised, kernel-confined spawn. The few raw syscalls live here, each behind a `// SAFETY:`
+//! line.
+
+pub(crate) mod landlock;
+pub(crate) mod limits;
+pub(crate) mod seccomp;
+pub(crate) mod spawn;
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A raw syscall through `libc::syscall`, as `io::Result<c_long>`: -1 becomes the errno.
+macro_rules! syscall {
+    ($name:ident $(, $arg:expr)* $(,)?) => {{
+        // SAFETY: each call site passes arguments of the types the syscall takes, and pointers
+        // that stay valid for the call; the kernel checks the rest.
+        let r = unsafe { libc::syscall(libc::$name $(, $arg)*) };
+        if r < 0 {
+            Err(::std::io::Error::last_os_error())
+        } else {
+            Ok(r)
+        }
+    }};
+}
+pub(crate) use syscall;
+
+/// The only `PATH` a child sees, and the one executables are resolved through.
+pub const FIXED_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// The fence every child gets: a cleared environment but for `PATH` (callers add their own
+/// variables after this), stdin from `/dev/null`, its own process group, `PR_SET_PDEATHSIG`
+/// checked against the parent's pid (so a child whose parent already died does not run), and
+/// every inherited descriptor above stderr marked close-on-exec.
+///
+/// The parent-death signal fires when the *thread* that forked the child exits: spawn from a
+/// thread that outlives the child.
+pub(crate) fn fence(cmd: &mut Command) {
+    cmd.env_clear()
+        .env("PATH", FIXED_PATH)
+        .stdin(Stdio::null())
+        .process_group(0);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs between fork and exec and only calls `fence_in_child`, which
+    // makes async-signal-safe syscalls and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || fence_in_child(parent).map_err(io::Error::from_raw_os_error));
+    }
+}
+
+/// The child's half of [`fence`], callable between fork and exec: async-signal-safe syscalls
+/// only. Returns an errno on failure.
+pub(crate) fn fence_in_child(parent: libc::pid_t) -> Result<(), i32> {
+    // SAFETY: prctl with integer arguments; no memory involved.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } != parent {
+        return Err(libc::ESRCH);
+    }
+    close_inherited_on_exec();
+    Ok(())
+}
+
+/// Marks every descriptor above stderr close-on-exec, so a host's descriptors opened without
+/// `O_CLOEXEC` never reach a child. Linux >= 5.11; on older kernels the host's own flags stay.
+pub(crate) fn close_inherited_on_exec() {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only changes descriptor flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
+        );
+    }
+}
+
+/// SIGKILL to every process in group `pgid`; ESRCH (nobody left) counts as done.
+pub(crate) fn kill_group(pgid: i32) {
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: killpg with a positive group id of a group we created; no memory involved.
+    unsafe {
+        libc::killpg(pgid, libc::SIGKILL);
+    }
+}
+
+/// A pidfd for `pid`, readable once the process exits (Linux >= 5.3), or `None`.
+pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    let fd = syscall!(SYS_pidfd_open, pid, 0).ok()?;
+    // SAFETY: fd is a freshly created descriptor that nothing else owns.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether child `pid` has exited, without reaping it (so its pid and group id stay reserved
+/// until we kill the group and reap). An error (not our child) counts as exited.
+pub(crate) fn exited_unreaped(pid: i32) -> bool {
+    // SAFETY: siginfo_t is plain data; waitid writes it on success.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid with WNOWAIT on our own child does not reap it; info is valid for writes.
+    let r = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // SAFETY: si_pid is valid to read after a successful waitid.
+    r != 0 || unsafe { info.si_pid() } != 0
+}
+
+/// Stops a child that leads its own process group: SIGTERM to the group, up to `grace` for the
+/// leader to exit, then SIGKILL to the group, and reaps the leader.
+pub(crate) fn stop_group(child: &mut std::process::Child, grace: Duration) {
+    let pgid = child.id() as i32;
+    if !exited_unreaped(pgid) {
+        // SAFETY: signalling the process group we created for this child.
+        unsafe {
+            libc::killpg(pgid, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline && !exited_unreaped(pgid) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // The leader is at most a zombie here, so its group id is still ours to signal.
+    kill_group(pgid);
+    let _ = child.wait();
+}
+
+/// Resolves `name` to a canonical absolute executable path: a bare name through
+/// [`FIXED_PATH`], a path with a slash as given (relative paths are refused: they depend on the
+/// host's working directory).
+pub(crate) fn resolve_executable(name: &str) -> Option<PathBuf> {
+    resolve_both(name).map(|(_, canonical)| canonical)
+}
+
+/// As [`resolve_executable`], also returning the path before symlinks were followed.
+pub(crate) fn resolve_both(name: &str) -> Option<(PathBuf, PathBuf)> {
+    use std::os::unix::fs::PermissionsExt;
+    let is_exec = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    let candidate = if name.contains('/') {
+        let p = Path::new(name);
+        if !p.is_absolute() {
+            return None;
+        }
+        p.to_path_buf()
+    } else if name.is_empty() {
+        return None;
+    } else {
+        FIXED_PATH
+            .split(':')
+            .map(|d| Path::new(d).join(name))
+            .find(|p| is_exec(p))?
+    };
+    let canonical = std::fs::canonicalize(&candidate).ok()?;
+    is_exec(&canonical).then_some((candidate, canonical))
+}
+
+/// The effective uid of this process.
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}

@@ -1,0 +1,918 @@
+//! A supervised spawn: nothing a child starts outlives its run.
+//!
+//! The host clones a small supervisor (no exec: it runs only async-signal-safe syscalls), which
+//! clones the program's process, confines it (limits, Landlock, seccomp) and execs it. When the
+//! program exits, the host asks for a stop, or the host dies (the supervisor watches a pipe whose
+//! only write end the host holds), the supervisor kills every descendant and exits.
+//!
+//! Containment is kernel-enforced either way:
+//! - **PID namespace** (root, or any user where unprivileged user namespaces are allowed): the
+//!   supervisor is the namespace's init; when it exits the kernel kills everything in it, and
+//!   nothing inside can signal it.
+//! - **Subreaper** (elsewhere): the supervisor is a child subreaper, so every orphan, however it
+//!   detached (setsid, setpgid, double fork), is reparented to it; it kills its children from
+//!   `/proc/thread-self/children` until it has none.
+//!
+//! The supervisor is cloned with no exit signal, so a host that ignores SIGCHLD (which makes
+//! the kernel reap ordinary children before anyone can wait for them) still gets exit statuses.
+
+use super::landlock::last_errno;
+use super::limits::Rlimit;
+use super::{close_inherited_on_exec, syscall};
+use std::ffi::{CString, OsStr};
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How long the host waits for the supervisor to finish its kill after a stop before it kills
+/// the supervisor itself.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How long pipes are still read after the run ended; only something outside the run holding a
+/// pipe could keep them open that long.
+const DRAIN_DEADLINE: Duration = Duration::from_millis(500);
+
+/// The stack the program's process runs on between clone and exec.
+const CHILD_STACK: usize = 64 * 1024;
+
+/// How the run's descendants are contained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Containment {
+    /// A new PID namespace (with a user namespace when not root).
+    PidNamespace { user_ns: bool },
+    /// The supervisor is a child subreaper that kills every descendant.
+    Subreaper,
+}
+
+impl Containment {
+    /// The name recorded in the applied policy.
+    pub fn name(self) -> &'static str {
+        match self {
+            Containment::PidNamespace { user_ns: false } => "pid_namespace",
+            Containment::PidNamespace { user_ns: true } => "user_and_pid_namespace",
+            Containment::Subreaper => "subreaper",
+        }
+    }
+
+    fn clone_flags(self) -> libc::c_ulong {
+        match self {
+            Containment::PidNamespace { user_ns: false } => libc::CLONE_NEWPID as libc::c_ulong,
+            Containment::PidNamespace { user_ns: true } => {
+                (libc::CLONE_NEWPID | libc::CLONE_NEWUSER) as libc::c_ulong
+            }
+            Containment::Subreaper => 0,
+        }
+    }
+}
+
+/// The strongest containment this process can use, probed once: a PID namespace when the
+/// kernel lets us create one (directly, or inside a new user namespace), else a subreaper.
+pub(crate) fn best_containment() -> Containment {
+    static BEST: std::sync::OnceLock<Containment> = std::sync::OnceLock::new();
+    *BEST.get_or_init(|| {
+        let candidates = if super::euid() == 0 {
+            &[
+                Containment::PidNamespace { user_ns: false },
+                Containment::PidNamespace { user_ns: true },
+            ][..]
+        } else {
+            &[Containment::PidNamespace { user_ns: true }][..]
+        };
+        candidates
+            .iter()
+            .copied()
+            .find(|c| probe(*c))
+            .unwrap_or(Containment::Subreaper)
+    })
+}
+
+/// Whether a child can be cloned into `c`'s namespaces (and, in a user namespace, map its ids:
+/// a host that is not dumpable, such as one that dropped privileges, cannot).
+fn probe(c: Containment) -> bool {
+    // SAFETY: getuid and getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let (Ok(uid_map), Ok(gid_map)) = (
+        CString::new(format!("{uid} {uid} 1\n")),
+        CString::new(format!("{gid} {gid} 1\n")),
+    ) else {
+        return false;
+    };
+    let mut pidfd: RawFd = -1;
+    // SAFETY: clone without CLONE_VM forks this process; the child only calls _exit.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            c.clone_flags() | libc::CLONE_PIDFD as libc::c_ulong,
+            0usize,
+            &mut pidfd as *mut RawFd,
+            0usize,
+            0usize,
+        )
+    };
+    if pid == 0 {
+        // SAFETY: in the cloned child: async-signal-safe writes of prepared strings, then _exit.
+        unsafe {
+            let mapped = c != (Containment::PidNamespace { user_ns: true })
+                || map_ids(&[uid_map, gid_map]).is_ok();
+            libc::_exit(if mapped { 0 } else { 1 })
+        }
+    }
+    if pid < 0 {
+        return false;
+    }
+    // SAFETY: CLONE_PIDFD stored a new descriptor that nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    reap(&pidfd) == Some(0)
+}
+
+/// Confinement a child applies to itself before exec.
+#[derive(Debug, Default)]
+pub(crate) struct Confinement {
+    /// A Landlock ruleset to enforce.
+    pub ruleset: Option<super::landlock::Ruleset>,
+    /// A seccomp filter to install.
+    pub filter: Option<super::seccomp::Filter>,
+    /// Resource limits.
+    pub rlimits: Vec<Rlimit>,
+}
+
+/// What to run.
+pub(crate) struct SpawnSpec<'a> {
+    pub program: &'a Path,
+    /// Every argument, `argv[0]` included.
+    pub argv: &'a [&'a OsStr],
+    /// The whole environment.
+    pub env: &'a [(String, String)],
+    /// A directory descriptor to start in; default the host's working directory.
+    pub cwd: Option<RawFd>,
+    pub confinement: Option<&'a Confinement>,
+    pub containment: Containment,
+    pub timeout: Duration,
+    /// Most bytes kept of stdout, and separately of stderr; the rest is read and dropped.
+    pub output_cap: usize,
+}
+
+/// How the program ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+/// One captured stream.
+#[derive(Debug, Default)]
+pub(crate) struct Captured {
+    pub bytes: Vec<u8>,
+    /// Bytes read past the cap and dropped.
+    pub dropped: u64,
+}
+
+impl Captured {
+    pub fn truncated(&self) -> bool {
+        self.dropped > 0
+    }
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub(crate) struct RunOutput {
+    pub exit: Exit,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    pub timed_out: bool,
+    pub duration: Duration,
+}
+
+/// Where a child failed before its program ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+enum Stage {
+    UserNamespace = 1,
+    Subreaper,
+    Clone,
+    Stdio,
+    Cwd,
+    Limits,
+    NoNewPrivs,
+    Landlock,
+    Seccomp,
+    Exec,
+    Fence,
+}
+
+impl Stage {
+    fn describe(n: u32) -> &'static str {
+        match n {
+            1 => "mapping its user namespace",
+            2 => "becoming a subreaper",
+            3 => "cloning the program's process",
+            4 => "redirecting stdin, stdout and stderr",
+            5 => "entering its working directory",
+            6 => "setting resource limits",
+            7 => "setting no_new_privs",
+            8 => "enforcing the Landlock ruleset",
+            9 => "installing the seccomp filter",
+            10 => "exec",
+            11 => "arming its parent-death signal",
+            _ => "starting",
+        }
+    }
+}
+
+/// A pipe, both ends close-on-exec and above stderr (so moving one onto 0..=2 never clobbers
+/// another).
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two descriptors into the array on success.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are new and owned by nothing else.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    Ok((high(r)?, high(w)?))
+}
+
+fn high(fd: OwnedFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC duplicates a descriptor we own to a new one >= 3.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: n is a new descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+fn cstring(bytes: &[u8], what: &str) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} holds a NUL byte"),
+        )
+    })
+}
+
+/// Everything the two children read, prepared before the first clone: they allocate nothing.
+struct ChildPlan<'a> {
+    program: CString,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    devnull: RawFd,
+    out_w: RawFd,
+    err_w: RawFd,
+    fail_w: RawFd,
+    stop_r: RawFd,
+    stop_w: RawFd,
+    status_w: RawFd,
+    cwd: RawFd,
+    user_maps: Option<[CString; 2]>,
+    containment: Containment,
+    confinement: Option<&'a Confinement>,
+    seccomp: Option<libc::sock_fprog>,
+    /// The program's process runs on this stack until it execs.
+    stack: Vec<u8>,
+}
+
+/// Runs `spec` to completion (or its timeout) inside a supervisor, and returns its output. When
+/// this returns, the program and everything it started are gone.
+///
+/// # Errors
+/// The program could not start (the error names the step: exec, Landlock, limits, ...), or a
+/// pipe or poll failed.
+pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
+    let start = Instant::now();
+    let deadline = start
+        .checked_add(spec.timeout)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "timeout too large"))?;
+    let program = cstring(spec.program.as_os_str().as_bytes(), "the program path")?;
+    let argv_c: Vec<CString> = spec
+        .argv
+        .iter()
+        .map(|a| cstring(a.as_bytes(), "an argument"))
+        .collect::<io::Result<_>>()?;
+    let env_c: Vec<CString> = spec
+        .env
+        .iter()
+        .map(|(k, v)| cstring(format!("{k}={v}").as_bytes(), "an environment variable"))
+        .collect::<io::Result<_>>()?;
+    let with_null = |v: &[CString]| {
+        v.iter()
+            .map(|c| c.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect::<Vec<_>>()
+    };
+    let devnull = high(OwnedFd::from(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")?,
+    ))?;
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let (fail_r, fail_w) = pipe()?;
+    let (stop_r, stop_w) = pipe()?;
+    let (status_r, status_w) = pipe()?;
+    let user_maps = match spec.containment {
+        Containment::PidNamespace { user_ns: true } => {
+            // SAFETY: getuid and getgid have no preconditions.
+            let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+            Some([
+                cstring(format!("{uid} {uid} 1\n").as_bytes(), "uid map")?,
+                cstring(format!("{gid} {gid} 1\n").as_bytes(), "gid map")?,
+            ])
+        }
+        _ => None,
+    };
+    let plan = ChildPlan {
+        argv: with_null(&argv_c),
+        envp: with_null(&env_c),
+        program,
+        devnull: devnull.as_raw_fd(),
+        out_w: out_w.as_raw_fd(),
+        err_w: err_w.as_raw_fd(),
+        fail_w: fail_w.as_raw_fd(),
+        stop_r: stop_r.as_raw_fd(),
+        stop_w: stop_w.as_raw_fd(),
+        status_w: status_w.as_raw_fd(),
+        cwd: spec.cwd.unwrap_or(-1),
+        user_maps,
+        containment: spec.containment,
+        confinement: spec.confinement,
+        seccomp: spec
+            .confinement
+            .and_then(|c| c.filter.as_ref())
+            .map(|f| f.prog()),
+        stack: vec![0u8; CHILD_STACK],
+    };
+
+    let mut pidfd: RawFd = -1;
+    // SAFETY: clone without CLONE_VM forks this process (no exit signal, so no SIGCHLD and no
+    // auto-reaping); the child runs only `supervisor`, which makes async-signal-safe syscalls
+    // on memory prepared above and never returns.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            spec.containment.clone_flags() | libc::CLONE_PIDFD as libc::c_ulong,
+            0usize,
+            &mut pidfd as *mut RawFd,
+            0usize,
+            0usize,
+        )
+    };
+    if pid == 0 {
+        // SAFETY: we are the freshly cloned child; `plan` is our copy of the parent's memory.
+        unsafe { supervisor(&plan) }
+    }
+    if pid < 0 {
+        return Err(io::Error::new(
+            io::Error::last_os_error().kind(),
+            format!(
+                "could not start the supervisor ({}): {}",
+                spec.containment.name(),
+                io::Error::last_os_error()
+            ),
+        ));
+    }
+    // SAFETY: CLONE_PIDFD stored a new descriptor that nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    // The children hold their own copies; ours would keep the pipes from ever closing.
+    drop((devnull, out_w, err_w, fail_w, stop_r, status_w));
+    drop(plan);
+
+    // Blocks until the program has exec'd (the pipe closes) or a child reported a failure.
+    let mut report = [0u8; 8];
+    let n = read_full(fail_r.as_raw_fd(), &mut report);
+    if n == report.len() {
+        drop(stop_w);
+        let _ = reap(&pidfd);
+        let stage = u32::from_ne_bytes([report[0], report[1], report[2], report[3]]);
+        let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
+        let e = io::Error::from_raw_os_error(errno);
+        return Err(io::Error::new(
+            e.kind(),
+            format!("{} failed: {e}", Stage::describe(stage)),
+        ));
+    }
+    drop(fail_r);
+
+    let mut out = Captured::default();
+    let mut err = Captured::default();
+    let mut stop_w = Some(stop_w);
+    let pumped = pump(
+        &pidfd,
+        [Some(out_r), Some(err_r)],
+        [&mut out, &mut err],
+        spec.output_cap,
+        deadline,
+        &mut stop_w,
+    );
+    if pumped.is_err() {
+        drop(stop_w.take());
+        wait_or_kill(&pidfd, pid as i32);
+    }
+    let timed_out = pumped?;
+    let mut status = [0u8; 8];
+    let exit = if read_full(status_r.as_raw_fd(), &mut status) == status.len() {
+        let kind = i32::from_ne_bytes([status[0], status[1], status[2], status[3]]);
+        let value = i32::from_ne_bytes([status[4], status[5], status[6], status[7]]);
+        if kind == libc::CLD_EXITED {
+            Exit::Code(value)
+        } else {
+            Exit::Signal(value)
+        }
+    } else {
+        // The supervisor itself was killed before it could report.
+        Exit::Signal(libc::SIGKILL)
+    };
+    Ok(RunOutput {
+        exit,
+        stdout: out,
+        stderr: err,
+        timed_out,
+        duration: start.elapsed(),
+    })
+}
+
+/// Reads into `buf` until it is full or the pipe closes; returns the bytes read.
+fn read_full(fd: RawFd, buf: &mut [u8]) -> usize {
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: reading into the unfilled tail of a live buffer.
+        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr().cast(), buf.len() - got) };
+        if n > 0 {
+            got += n as usize;
+        } else if n == 0 || last_errno() != libc::EINTR {
+            break;
+        }
+    }
+    got
+}
+
+/// Waits for the supervisor to exit and reaps it; returns its exit code when it exited.
+fn reap(pidfd: &OwnedFd) -> Option<i32> {
+    loop {
+        // SAFETY: siginfo_t is plain data; waitid writes it. __WALL: the supervisor sends no
+        // exit signal, so it is a "clone" child.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on a pidfd we own; info is valid for writes.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PIDFD,
+                pidfd.as_raw_fd() as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::__WALL,
+            )
+        };
+        if r == 0 {
+            // SAFETY: si_status is valid to read after a successful waitid.
+            return (info.si_code == libc::CLD_EXITED).then(|| unsafe { info.si_status() });
+        }
+        if last_errno() != libc::EINTR {
+            return None;
+        }
+    }
+}
+
+/// After a stop: gives the supervisor [`STOP_GRACE`] to kill the run and exit, then kills it.
+fn wait_or_kill(pidfd: &OwnedFd, pid: i32) {
+    if !wait_readable(pidfd.as_raw_fd(), STOP_GRACE) {
+        log::error!("the shell supervisor did not stop in time; killing it");
+        // SAFETY: signalling our own unreaped child (its pid cannot be reused before we reap).
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+    let _ = reap(pidfd);
+}
+
+fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis()
+            .min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd on this frame.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n > 0 {
+            return true;
+        }
+        if n == 0 || (n < 0 && last_errno() != libc::EINTR) {
+            return false;
+        }
+    }
+}
+
+fn read_into(fd: &OwnedFd, sink: &mut Captured, cap: usize) -> io::Result<bool> {
+    let mut buf = [0u8; 64 * 1024];
+    // SAFETY: fd stays open for the duration of this borrow; ManuallyDrop keeps it from closing.
+    let mut file =
+        std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd.as_raw_fd()) });
+    match file.read(&mut buf) {
+        Ok(0) => Ok(false),
+        Ok(n) => {
+            let room = cap.saturating_sub(sink.bytes.len());
+            let keep = room.min(n);
+            sink.bytes.extend_from_slice(&buf[..keep]);
+            sink.dropped += (n - keep) as u64;
+            Ok(true)
+        }
+        Err(e)
+            if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::WouldBlock =>
+        {
+            Ok(true)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads both pipes until the supervisor has exited and the pipes closed, asking it to stop at
+/// the deadline. Returns whether the run timed out; the supervisor is reaped.
+fn pump(
+    pidfd: &OwnedFd,
+    mut pipes: [Option<OwnedFd>; 2],
+    sinks: [&mut Captured; 2],
+    cap: usize,
+    deadline: Instant,
+    stop_w: &mut Option<OwnedFd>,
+) -> io::Result<bool> {
+    let [out_sink, err_sink] = sinks;
+    let mut exited = false;
+    let mut timed_out = false;
+    let mut drain_until: Option<Instant> = None;
+    let mut kill_at: Option<Instant> = None;
+    loop {
+        if exited {
+            if pipes.iter().all(Option::is_none) {
+                break;
+            }
+            let until = *drain_until.get_or_insert_with(|| Instant::now() + DRAIN_DEADLINE);
+            if Instant::now() >= until {
+                break;
+            }
+        } else if Instant::now() >= deadline && !timed_out {
+            timed_out = true;
+            // Closing the only write end tells the supervisor to kill the run and exit.
+            drop(stop_w.take());
+            kill_at = Some(Instant::now() + STOP_GRACE);
+        } else if kill_at.is_some_and(|k| Instant::now() >= k) {
+            log::error!("the shell supervisor did not stop in time; killing it");
+            // SAFETY: pidfd_send_signal on our own unreaped child's pidfd.
+            let _ = syscall!(
+                SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0u32
+            );
+            kill_at = None;
+        }
+        let wake_at = match (exited, drain_until, kill_at) {
+            (true, Some(d), _) => d,
+            (false, _, Some(k)) => k,
+            (false, _, None) if !timed_out => deadline,
+            _ => Instant::now() + DRAIN_DEADLINE,
+        };
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(3);
+        for p in pipes.iter().flatten() {
+            fds.push(libc::pollfd {
+                fd: p.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        let pidfd_slot = (!exited).then(|| {
+            fds.push(libc::pollfd {
+                fd: pidfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            fds.len() - 1
+        });
+        let wait_ms = wake_at
+            .saturating_duration_since(Instant::now())
+            .as_millis()
+            .min(i32::MAX as u128) as i32;
+        // SAFETY: fds is a valid array of fds.len() pollfd structs owned by this frame.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if let Some(slot) = pidfd_slot {
+            if fds[slot].revents != 0 {
+                let _ = reap(pidfd);
+                exited = true;
+            }
+        }
+        let mut i = 0;
+        for (k, pipe) in pipes.iter_mut().enumerate() {
+            let Some(fd) = pipe.as_ref() else { continue };
+            let revents = fds[i].revents;
+            i += 1;
+            if revents == 0 {
+                continue;
+            }
+            let sink: &mut Captured = if k == 0 { out_sink } else { err_sink };
+            let open = if revents & libc::POLLIN != 0 {
+                read_into(fd, sink, cap)?
+            } else {
+                false // POLLHUP or POLLERR with nothing left to read
+            };
+            if !open {
+                *pipe = None;
+            }
+        }
+    }
+    Ok(timed_out)
+}
+
+// ---- the children ---------------------------------------------------------------------------
+//
+// Everything below runs in a child cloned from a possibly multithreaded host: only
+// async-signal-safe syscalls, no allocation, no locks, no unwinding.
+
+/// Reports `stage` and the current errno to the host and exits.
+unsafe fn fail(plan: &ChildPlan<'_>, stage: Stage, errno: i32) -> ! {
+    let mut msg = [0u8; 8];
+    msg[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
+    msg[4..].copy_from_slice(&errno.to_ne_bytes());
+    libc::write(plan.fail_w, msg.as_ptr().cast(), msg.len());
+    libc::_exit(127)
+}
+
+unsafe fn write_file(path: &std::ffi::CStr, data: &[u8]) -> Result<(), i32> {
+    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+    if fd < 0 {
+        return Err(last_errno());
+    }
+    let n = libc::write(fd, data.as_ptr().cast(), data.len());
+    let e = last_errno();
+    libc::close(fd);
+    if n != data.len() as isize {
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// In a new user namespace: map our own uid and gid (`[uid_map, gid_map]` lines) to themselves.
+unsafe fn map_ids(maps: &[CString; 2]) -> Result<(), i32> {
+    write_file(c"/proc/self/setgroups", b"deny")?;
+    write_file(c"/proc/self/uid_map", maps[0].as_bytes())?;
+    write_file(c"/proc/self/gid_map", maps[1].as_bytes())
+}
+
+unsafe fn set_signal_mask(all: bool) {
+    let mut set: libc::sigset_t = std::mem::zeroed();
+    if all {
+        libc::sigfillset(&mut set);
+    } else {
+        libc::sigemptyset(&mut set);
+    }
+    libc::syscall(
+        libc::SYS_rt_sigprocmask,
+        libc::SIG_SETMASK,
+        &set as *const libc::sigset_t,
+        std::ptr::null_mut::<libc::sigset_t>(),
+        8usize,
+    );
+}
+
+unsafe fn default_action(sig: libc::c_int) {
+    let mut act: libc::sigaction = std::mem::zeroed();
+    act.sa_sigaction = libc::SIG_DFL;
+    libc::sigaction(sig, &act, std::ptr::null_mut());
+}
+
+/// The supervisor: starts the program, waits for it or for a stop, kills every descendant,
+/// reports the program's status and exits.
+unsafe fn supervisor(plan: &ChildPlan<'_>) -> ! {
+    // No host signal handler may run here, and SIGCHLD must not be ignored (or our own
+    // children would be reaped before we could wait for them).
+    set_signal_mask(true);
+    default_action(libc::SIGCHLD);
+    // The host holds the only other write end: its death closes the pipe.
+    libc::close(plan.stop_w);
+    if let Some(maps) = &plan.user_maps {
+        if let Err(e) = map_ids(maps) {
+            fail(plan, Stage::UserNamespace, e);
+        }
+    }
+    if plan.containment == Containment::Subreaper
+        && libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong) != 0
+    {
+        fail(plan, Stage::Subreaper, last_errno());
+    }
+    let mut child_pidfd: RawFd = -1;
+    // vfork-style: the program's process shares our memory (no page-table copy) on its own
+    // stack, and we are suspended until it execs or exits.
+    let stack_top = plan.stack.as_ptr().add(plan.stack.len()) as usize & !15;
+    let pid = libc::clone(
+        program_entry,
+        stack_top as *mut libc::c_void,
+        libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+        plan as *const ChildPlan<'_> as *mut libc::c_void,
+        &mut child_pidfd as *mut RawFd,
+    );
+    if pid < 0 {
+        fail(plan, Stage::Clone, last_errno());
+    }
+    // The program holds what it needs now. Ours (and any other host descriptor, such as
+    // another run's pipes) would keep pipes open past their owners' ends.
+    close_all_except([plan.stop_r, plan.status_w, child_pidfd]);
+    let status = watch(plan, child_pidfd, pid as libc::pid_t);
+    if plan.containment == Containment::Subreaper {
+        kill_descendants();
+    }
+    libc::write(plan.status_w, status.as_ptr().cast(), status.len());
+    // As a namespace's init, exiting kills whatever is left in it.
+    libc::_exit(0)
+}
+
+/// Closes every descriptor above stderr but `keep`.
+unsafe fn close_all_except(mut keep: [RawFd; 3]) {
+    keep.sort_unstable();
+    let mut from: u32 = 3;
+    for fd in keep {
+        let fd = fd.max(0) as u32;
+        if fd > from {
+            libc::syscall(libc::SYS_close_range, from, fd - 1, 0u32);
+        }
+        from = from.max(fd + 1);
+    }
+    libc::syscall(libc::SYS_close_range, from, u32::MAX, 0u32);
+}
+
+/// Waits until the program exits or the host asks for a stop (or dies), reaping orphans on the
+/// way; returns the program's status as (si_code, si_status) bytes.
+unsafe fn watch(plan: &ChildPlan<'_>, child_pidfd: RawFd, child: libc::pid_t) -> [u8; 8] {
+    let mut stopped = false;
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: child_pidfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: plan.stop_r,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let n = libc::poll(fds.as_mut_ptr(), if stopped { 1 } else { 2 }, 100);
+        if n > 0 && fds[1].revents != 0 && !stopped {
+            stopped = true;
+            libc::kill(child, libc::SIGKILL);
+        }
+        // Reap orphans (reparented to us), but never the program: its status is read below.
+        loop {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let r = libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL,
+            );
+            let zombie = info.si_pid();
+            if r != 0 || zombie == 0 || zombie == child {
+                break;
+            }
+            libc::waitid(
+                libc::P_PID,
+                zombie as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::__WALL,
+            );
+        }
+        if n > 0 && fds[0].revents != 0 {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            if libc::waitid(
+                libc::P_PIDFD,
+                child_pidfd as libc::id_t,
+                &mut info,
+                libc::WEXITED,
+            ) == 0
+            {
+                let mut out = [0u8; 8];
+                out[..4].copy_from_slice(&info.si_code.to_ne_bytes());
+                out[4..].copy_from_slice(&info.si_status().to_ne_bytes());
+                return out;
+            }
+        }
+    }
+}
+
+/// Kills every child until none is left; orphans of killed children are reparented to us (a
+/// subreaper) and killed in the next round.
+unsafe fn kill_descendants() {
+    let mut buf = [0u8; 4096];
+    loop {
+        let mut killed = 0;
+        let fd = libc::open(
+            c"/proc/thread-self/children".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
+        if fd >= 0 {
+            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            libc::close(fd);
+            let mut pid: libc::pid_t = 0;
+            for &b in &buf[..n.max(0) as usize] {
+                if b.is_ascii_digit() {
+                    pid = pid * 10 + libc::pid_t::from(b - b'0');
+                } else if pid > 0 {
+                    libc::kill(pid, libc::SIGKILL);
+                    killed += 1;
+                    pid = 0;
+                }
+            }
+            if pid > 0 {
+                libc::kill(pid, libc::SIGKILL);
+                killed += 1;
+            }
+        }
+        loop {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let r = libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::__WALL,
+            );
+            if r != 0 {
+                return; // ECHILD: nobody left
+            }
+            if info.si_pid() == 0 {
+                break;
+            }
+        }
+        if killed == 0 {
+            let pause = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 1_000_000,
+            };
+            libc::nanosleep(&pause, std::ptr::null_mut());
+        }
+    }
+}
+
+extern "C" fn program_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the supervisor's `ChildPlan`, alive while it is suspended in vfork.
+    unsafe { program(&*(arg as *const ChildPlan<'_>)) }
+}
+
+/// The program's process: stdio, working directory, limits, confinement, exec.
+unsafe fn program(plan: &ChildPlan<'_>) -> ! {
+    set_signal_mask(false);
+    // The host's runtime may ignore SIGPIPE; a program expects the default.
+    default_action(libc::SIGPIPE);
+    if libc::dup2(plan.devnull, 0) < 0
+        || libc::dup2(plan.out_w, 1) < 0
+        || libc::dup2(plan.err_w, 2) < 0
+    {
+        fail(plan, Stage::Stdio, last_errno());
+    }
+    if plan.cwd >= 0 && libc::fchdir(plan.cwd) != 0 {
+        fail(plan, Stage::Cwd, last_errno());
+    }
+    libc::setpgid(0, 0);
+    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+        fail(plan, Stage::Fence, last_errno());
+    }
+    close_inherited_on_exec();
+    if let Some(c) = plan.confinement {
+        if let Err(e) = super::limits::apply_in_child(&c.rlimits) {
+            fail(plan, Stage::Limits, e);
+        }
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) != 0 {
+            fail(plan, Stage::NoNewPrivs, last_errno());
+        }
+        if let Some(r) = &c.ruleset {
+            if let Err(e) = super::landlock::restrict_self_in_child(r.raw()) {
+                fail(plan, Stage::Landlock, e);
+            }
+        }
+        if let Some(prog) = &plan.seccomp {
+            if let Err(e) = super::seccomp::install_in_child(prog) {
+                fail(plan, Stage::Seccomp, e);
+            }
+        }
+    }
+    libc::execve(
+        plan.program.as_ptr(),
+        plan.argv.as_ptr(),
+        plan.envp.as_ptr(),
+    );
+    fail(plan, Stage::Exec, last_errno())
+}

@@ -1,0 +1,264 @@
+//! How the shell tool confines its child: the settings ([`IsolationOptions`]), the policy the
+//! kernel can enforce here (decided once, when the tool is built), and the per-run confinement
+//! (a Landlock ruleset naming the run's private temp directory, the seccomp filter, limits).
+
+use crate::sys::landlock::{self, Access, FsRule, OpenedRules};
+use crate::sys::limits::Rlimit;
+use crate::sys::seccomp::{self, Filter};
+use crate::sys::spawn::{self, Confinement, Containment};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// How strictly the shell's child is confined.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IsolationMode {
+    /// Every layer of the policy must be enforced by the kernel (Landlock ABI >= 3, the seccomp
+    /// network filter unless `network` is set); where one is missing, every run is refused
+    /// with an error naming the missing feature (and [`ShellTool::refusal`](super::ShellTool::refusal)
+    /// says so up front). The default.
+    #[default]
+    Required,
+    /// Apply what the kernel offers and record exactly what was applied.
+    BestEffort,
+    /// No Landlock, seccomp or limits (the run is still contained: nothing outlives it).
+    None,
+}
+
+impl IsolationMode {
+    /// The config spelling: `required`, `best_effort`, `none`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IsolationMode::Required => "required",
+            IsolationMode::BestEffort => "best_effort",
+            IsolationMode::None => "none",
+        }
+    }
+}
+
+/// Resource limits of one run (`setrlimit` in the child; soft and hard). `None` leaves the
+/// host's limit. Core dumps are always off in a confined run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceLimits {
+    /// Address space per process, bytes; default 8 GiB.
+    pub address_space_bytes: Option<u64>,
+    /// Largest file a process may write, bytes; default 4 GiB.
+    pub file_size_bytes: Option<u64>,
+    /// CPU time per process, seconds; default 600.
+    pub cpu_seconds: Option<u64>,
+    /// Open descriptors per process; default 1024.
+    pub open_files: Option<u64>,
+    /// Processes the run may have at once (`RLIMIT_NPROC`, counted per user namespace): default
+    /// 256. The kernel enforces it in a user namespace (a non-root host where unprivileged user
+    /// namespaces are allowed); it never applies to root, whose runs are bounded by the
+    /// timeout and the PID namespace instead. The applied policy says which.
+    pub max_processes: Option<u64>,
+}
+
+impl Default for ResourceLimits {
+    fn default() -> Self {
+        ResourceLimits {
+            address_space_bytes: Some(8 << 30),
+            file_size_bytes: Some(4 << 30),
+            cpu_seconds: Some(600),
+            open_files: Some(1024),
+            max_processes: Some(256),
+        }
+    }
+}
+
+/// Settings of the shell's confinement (config `tools.shell.isolation`).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct IsolationOptions {
+    /// How strict; default [`IsolationMode::Required`].
+    pub mode: IsolationMode,
+    /// Directories (or files) the child may read besides the system directories; default none.
+    pub read_paths: Vec<PathBuf>,
+    /// Allow network sockets; default false (only `AF_UNIX`).
+    pub network: bool,
+    /// Resource limits.
+    pub limits: ResourceLimits,
+    /// Test seam: pretend the kernel offers at most this Landlock ABI. Not for production use.
+    #[doc(hidden)]
+    pub pretend_landlock_abi: Option<u32>,
+    /// Test seam: contain runs with the subreaper even where a PID namespace is available.
+    #[doc(hidden)]
+    pub force_subreaper: bool,
+}
+
+/// System directories a normal program needs to read and execute from.
+const SYSTEM_READ: &[&str] = &[
+    "/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc",
+];
+/// Device files a normal program writes to or reads from.
+const DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"];
+
+/// What the kernel here lets the shell enforce, decided when the tool is built.
+#[derive(Debug)]
+pub(crate) struct Policy {
+    mode: IsolationMode,
+    network: bool,
+    /// The static rules (system, executables, read paths, devices, working dirs), opened once.
+    rules: Option<OpenedRules>,
+    rlimits: Vec<Rlimit>,
+    pub containment: Containment,
+    filter: bool,
+    /// The applied policy, as recorded in `tool.execution_started`.
+    pub recorded: Value,
+}
+
+/// Why the policy cannot be enforced in `required` mode.
+pub(crate) fn plan(
+    options: &IsolationOptions,
+    working_dirs: &[PathBuf],
+    executable_dirs: &[PathBuf],
+) -> Result<Policy, String> {
+    let kernel_abi = landlock::abi();
+    let abi = options
+        .pretend_landlock_abi
+        .map_or(kernel_abi, |p| p.min(kernel_abi));
+    let mode = options.mode;
+    let confine = mode != IsolationMode::None;
+    let filter = confine && !options.network && seccomp::SUPPORTED;
+    if mode == IsolationMode::Required {
+        if abi < landlock::MIN_FS_ABI {
+            return Err(format!(
+                "the kernel offers Landlock ABI {abi} (0: Landlock missing or disabled), and \
+                 confining the shell's filesystem needs ABI {} (Linux 6.2, with landlock in the \
+                 `lsm=` boot list); set tools.shell.isolation.mode to \"best_effort\" to run with \
+                 what the kernel offers, or \"none\" to opt out",
+                landlock::MIN_FS_ABI
+            ));
+        }
+        if !options.network && !seccomp::SUPPORTED {
+            return Err(format!(
+                "denying the network needs a seccomp filter, which correx has for x86_64 and \
+                 aarch64 only (this is {}); set network: true or mode \"best_effort\"",
+                std::env::consts::ARCH
+            ));
+        }
+    }
+    let containment = if options.force_subreaper {
+        Containment::Subreaper
+    } else {
+        spawn::best_containment()
+    };
+    let mut read: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
+    for d in executable_dirs.iter().chain(&options.read_paths) {
+        if !read.contains(d) {
+            read.push(d.clone());
+        }
+    }
+    let write = working_dirs.to_vec();
+    let l = &options.limits;
+    let mut rlimits = Vec::new();
+    if confine {
+        rlimits.push(Rlimit::at_most(libc::RLIMIT_CORE, 0));
+        let mut add = |r, v: Option<u64>| {
+            if let Some(v) = v {
+                rlimits.push(Rlimit::at_most(r, v));
+            }
+        };
+        add(libc::RLIMIT_AS, l.address_space_bytes);
+        add(libc::RLIMIT_FSIZE, l.file_size_bytes);
+        add(libc::RLIMIT_CPU, l.cpu_seconds);
+        add(libc::RLIMIT_NOFILE, l.open_files);
+        // Counted per user and user namespace: only inside our own user namespace does it
+        // bound this run rather than every process the user has.
+        if containment == (Containment::PidNamespace { user_ns: true }) {
+            add(libc::RLIMIT_NPROC, l.max_processes);
+        }
+    }
+    let nproc_enforced = confine
+        && l.max_processes.is_some()
+        && containment == (Containment::PidNamespace { user_ns: true });
+    let landlock_on = confine && abi >= 1;
+    let tcp = landlock_on && !options.network && abi >= landlock::NET_ABI;
+    let scopes = landlock_on && abi >= landlock::SCOPE_ABI;
+    let recorded = json!({
+        "mode": mode.as_str(),
+        "landlock_abi": abi,
+        "filesystem": if landlock_on {
+            json!({
+                "read_exec": read.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+                "devices": DEVICES,
+                "read_write": write.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+                "private_tmp": true,
+                "truncate_handled": abi >= 3,
+            })
+        } else { Value::Null },
+        "network": {
+            "allowed": options.network || !confine,
+            "seccomp_af_unix_only": filter,
+            "landlock_tcp_denied": tcp,
+        },
+        "scopes": {"signal": scopes, "abstract_unix_socket": scopes && !options.network},
+        "limits": if confine { json!({
+            "address_space_bytes": l.address_space_bytes,
+            "file_size_bytes": l.file_size_bytes,
+            "cpu_seconds": l.cpu_seconds,
+            "open_files": l.open_files,
+            "max_processes": l.max_processes,
+            "max_processes_enforced": nproc_enforced,
+            "core_dumps": false,
+        }) } else { Value::Null },
+        "containment": containment.name(),
+    });
+    let rules = if landlock_on {
+        let mut rules: Vec<FsRule> = read
+            .iter()
+            .map(|p| FsRule {
+                path: p.clone(),
+                access: Access::ReadExec,
+            })
+            .collect();
+        rules.extend(DEVICES.iter().map(|d| FsRule {
+            path: PathBuf::from(d),
+            access: Access::DeviceReadWrite,
+        }));
+        rules.extend(write.iter().map(|p| FsRule {
+            path: p.clone(),
+            access: Access::ReadWrite,
+        }));
+        Some(
+            landlock::open_rules(abi, &rules)
+                .map_err(|e| format!("opening Landlock rule paths: {e}"))?,
+        )
+    } else {
+        None
+    };
+    Ok(Policy {
+        mode,
+        network: options.network,
+        rules,
+        rlimits,
+        containment,
+        filter,
+        recorded,
+    })
+}
+
+impl Policy {
+    /// The confinement for one run whose private temp directory is `tmp`; `None` in mode
+    /// `none`.
+    pub fn confinement(&self, tmp: &Path) -> Result<Option<Confinement>, String> {
+        if self.mode == IsolationMode::None {
+            return Ok(None);
+        }
+        let ruleset = match &self.rules {
+            Some(rules) => Some(
+                landlock::build(rules, tmp, !self.network)
+                    .map_err(|e| format!("building the Landlock ruleset: {e}"))?,
+            ),
+            None => None,
+        };
+        Ok(Some(Confinement {
+            ruleset,
+            filter: if self.filter {
+                Filter::deny_network()
+            } else {
+                None
+            },
+            rlimits: self.rlimits.clone(),
+        }))
+    }
+}

@@ -1,0 +1,705 @@
+//! The kernel-confined shell: escapes leave nothing behind, the filesystem and the network are
+//! denied outside the policy, limits end hogs, and the policy applied is the one recorded.
+//!
+//! These machines run tests as root; users do not. Each scenario therefore runs twice: in this
+//! process, and in a child test process that first drops to uid/gid 65534 (nobody), so the
+//! unprivileged path (Landlock without privileges, a user namespace or the subreaper) is
+//! proven too.
+
+use crate::tools_util::count_processes;
+use crate::util::{child_test, is_child, TempDir};
+use correx::{
+    IsolationMode, IsolationOptions, ResourceLimits, SessionId, ShellOptions, ShellTool, Tool,
+    ToolRequest, ToolResult,
+};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const NOBODY: u32 = 65534;
+
+fn req(params: Value) -> ToolRequest {
+    ToolRequest::new(
+        SessionId::from("confined"),
+        "shell",
+        params.as_object().cloned().unwrap_or_default(),
+    )
+}
+
+fn run(tool: &ShellTool, argv: &[&str]) -> ToolResult {
+    tool.execute(&req(json!({ "argv": argv })))
+}
+
+fn stdout(r: &ToolResult) -> Option<&str> {
+    match r {
+        ToolResult::Success { output, .. } => Some(output),
+        ToolResult::Failure { .. } => None,
+    }
+}
+
+fn reason(r: &ToolResult) -> String {
+    match r {
+        ToolResult::Success { output, .. } => format!("(success) {output}"),
+        ToolResult::Failure { reason, .. } => reason.clone(),
+    }
+}
+
+/// A marker unique to this process and call, to find a test's processes in /proc.
+fn marker() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{}{:03}",
+        std::process::id() % 100_000,
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// Live processes whose command line holds `m`, after giving the kernel a moment to deliver
+/// what it has already decided.
+fn survivors(m: &str) -> usize {
+    std::thread::sleep(Duration::from_millis(50));
+    count_processes(|c| c.contains(m))
+}
+
+fn tool(allowed: &[&str], work: &[&Path], f: impl FnOnce(&mut ShellOptions)) -> ShellTool {
+    let mut o = ShellOptions {
+        allowed_executables: allowed.iter().map(|s| (*s).to_owned()).collect(),
+        working_roots: work.iter().map(|p| p.to_path_buf()).collect(),
+        timeout: Duration::from_secs(10),
+        ..ShellOptions::default()
+    };
+    f(&mut o);
+    let t = ShellTool::new(o).expect("the shell tool builds");
+    assert_eq!(t.refusal(), None, "this kernel cannot confine the shell");
+    t
+}
+
+/// Runs `scenario` here and, when we are root, again as nobody in a child test process.
+fn both(name: &str, scenario: Scenario) -> TestResult {
+    scenario()?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    let out = child_test("confined::unprivileged_child")
+        .env("CORREX_CHILD_SCENARIO", name)
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("scenario passed"),
+        "{name} as uid {NOBODY}:\n{text}"
+    );
+    Ok(())
+}
+
+type Scenario = fn() -> TestResult;
+
+const SCENARIOS: &[(&str, Scenario)] = &[
+    ("escapes", escapes),
+    ("filesystem", filesystem),
+    ("network", network),
+    ("limits", limits),
+    ("fork_bomb", fork_bomb),
+    ("cwd_and_tmp", cwd_and_tmp),
+    ("host_environment", host_environment),
+];
+
+/// The child side of [`both`]: drop to nobody, then run the named scenario.
+#[test]
+#[ignore = "helper: run by the unprivileged variants"]
+fn unprivileged_child() {
+    if !is_child() {
+        return;
+    }
+    let name = std::env::var("CORREX_CHILD_SCENARIO").expect("scenario name");
+    // SAFETY: plain credential syscalls with constant arguments; glibc applies them to every
+    // thread of the process.
+    unsafe {
+        assert_eq!(libc::setgroups(0, std::ptr::null()), 0, "setgroups");
+        assert_eq!(libc::setgid(NOBODY), 0, "setgid");
+        assert_eq!(libc::setuid(NOBODY), 0, "setuid");
+        // Changing credentials cleared the dumpable flag (its /proc files now belong to root);
+        // a process started by an ordinary user has it set.
+        assert_eq!(libc::prctl(libc::PR_SET_DUMPABLE, 1), 0, "dumpable");
+    }
+    let (_, scenario) = SCENARIOS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("a known scenario");
+    scenario().expect("the scenario");
+    println!("scenario passed");
+}
+
+// ------------------------------------------------------------------ nothing outlives a run
+
+fn escapes() -> TestResult {
+    // Both containments: the PID namespace where the kernel allows one, and the subreaper
+    // every kernel has.
+    for subreaper in [false, true] {
+        escapes_with(subreaper)?;
+    }
+    Ok(())
+}
+
+fn escapes_with(subreaper: bool) -> TestResult {
+    let work = TempDir::new("escapes");
+    let t = tool(&["sh", "setsid", "python3"], &[work.path()], |o| {
+        o.timeout = Duration::from_millis(1500);
+        o.isolation.force_subreaper = subreaper;
+    });
+    if subreaper {
+        assert_eq!(t.applied_policy()["containment"], "subreaper");
+    }
+    // A detached daemon, and a successful return.
+    let m = marker();
+    let r = run(
+        &t,
+        &["sh", "-c", &format!("setsid -f sleep 1{m}; echo started")],
+    );
+    assert_eq!(stdout(&r), Some("started\n"), "{}", reason(&r));
+    assert_eq!(
+        survivors(&m),
+        0,
+        "setsid -f sleep outlived a successful run"
+    );
+
+    // A busy loop in its own session, and a timeout.
+    let m = marker();
+    let script = format!("setsid sh -c 'm={m}; while :; do :; done' & sleep 100");
+    let r = run(&t, &["sh", "-c", &script]);
+    assert!(reason(&r).contains("timed out"), "{}", reason(&r));
+    assert_eq!(survivors(&m), 0, "a detached busy loop outlived a timeout");
+
+    // setpgid, then exec: no new session, just another group.
+    let m = marker();
+    let py = format!(
+        "import os\nif os.fork() == 0:\n    os.setpgid(0, 0)\n    os.execvp('sleep', ['sleep', '1{m}'])\nprint('forked')"
+    );
+    let r = run(&t, &["python3", "-c", &py]);
+    assert_eq!(stdout(&r), Some("forked\n"), "{}", reason(&r));
+    assert_eq!(survivors(&m), 0, "a setpgid child outlived its run");
+
+    // A double-forked daemon: its parent exits at once, so it is orphaned before the run ends.
+    let m = marker();
+    let r = run(
+        &t,
+        &["sh", "-c", &format!("(sh -c 'sleep 1{m}' &) ; exit 0")],
+    );
+    assert!(r.is_success(), "{}", reason(&r));
+    assert_eq!(survivors(&m), 0, "a double-forked daemon outlived its run");
+    Ok(())
+}
+
+#[test]
+fn escapes_leave_no_process_behind() -> TestResult {
+    both("escapes", escapes)
+}
+
+// ------------------------------------------------------------------ filesystem
+
+fn filesystem() -> TestResult {
+    let base = TempDir::new("confined-fs");
+    let work = base.join("work");
+    let home = base.join("home");
+    std::fs::create_dir_all(&work)?;
+    std::fs::create_dir_all(home.join(".ssh"))?;
+    let secret = home.join(".ssh/id_ed25519");
+    std::fs::write(&secret, "PRIVATE KEY")?;
+    let outside = base.join("outside.txt");
+    std::fs::write(&outside, "original")?;
+    let t = tool(&["sh", "cat", "ls", "cp"], &[&work], |_| {});
+    let s = |p: &Path| p.display().to_string();
+
+    // Writing inside a working dir works.
+    let r = run(
+        &t,
+        &["sh", "-c", &format!("echo made > {}/new.txt", s(&work))],
+    );
+    assert!(r.is_success(), "{}", reason(&r));
+    assert_eq!(std::fs::read_to_string(work.join("new.txt"))?, "made\n");
+
+    // Writing, truncating or replacing outside fails with EACCES, and the target is unchanged.
+    for script in [
+        format!("echo changed > {}", s(&outside)),
+        format!(": > {}", s(&outside)),
+        format!("echo x > {}/planted", s(base.path())),
+        format!("cp {}/new.txt {}", s(&work), s(&outside)),
+    ] {
+        let r = run(&t, &["sh", "-c", &script]);
+        assert!(!r.is_success(), "{script} succeeded");
+        assert!(
+            reason(&r).contains("Permission denied"),
+            "{script}: {}",
+            reason(&r)
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&outside)?, "original");
+    assert!(!base.join("planted").exists());
+
+    // A file planted outside every root cannot be read, listed or copied in.
+    let r = run(&t, &["cat", &s(&secret)]);
+    assert!(reason(&r).contains("Permission denied"), "{}", reason(&r));
+    let r = run(&t, &["ls", &s(&home.join(".ssh"))]);
+    assert!(reason(&r).contains("Permission denied"), "{}", reason(&r));
+    let r = run(&t, &["cp", &s(&secret), &s(&work.join("stolen"))]);
+    assert!(
+        !r.is_success() && !work.join("stolen").exists(),
+        "{}",
+        reason(&r)
+    );
+    Ok(())
+}
+
+#[test]
+fn filesystem_outside_the_policy_is_denied_by_the_kernel() -> TestResult {
+    both("filesystem", filesystem)
+}
+
+// ------------------------------------------------------------------ network
+
+fn network() -> TestResult {
+    use std::net::{TcpListener, UdpSocket};
+    let work = TempDir::new("confined-net");
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    let port = listener.local_addr()?.port();
+    let udp = UdpSocket::bind("127.0.0.1:0")?;
+    udp.set_nonblocking(true)?;
+    let udp_port = udp.local_addr()?.port();
+    let connect = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected");
+    let send = format!("echo hi > /dev/udp/127.0.0.1/{udp_port} && echo sent");
+
+    let denied = tool(&["bash"], &[work.path()], |_| {});
+    let r = run(&denied, &["bash", "-c", &connect]);
+    assert!(!r.is_success(), "a TCP connect got through: {}", reason(&r));
+    let r = run(&denied, &["bash", "-c", &send]);
+    assert!(!r.is_success(), "a UDP send got through: {}", reason(&r));
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(listener.accept().is_err(), "the listener saw a connection");
+    let mut buf = [0u8; 16];
+    assert!(udp.recv(&mut buf).is_err(), "the UDP socket got a datagram");
+
+    let allowed = tool(&["bash"], &[work.path()], |o| o.isolation.network = true);
+    let r = run(&allowed, &["bash", "-c", &connect]);
+    assert_eq!(stdout(&r), Some("connected\n"), "{}", reason(&r));
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(listener.accept().is_ok(), "network: true did not connect");
+    Ok(())
+}
+
+#[test]
+fn network_is_denied_unless_opted_in() -> TestResult {
+    both("network", network)
+}
+
+// ------------------------------------------------------------------ limits
+
+fn limits() -> TestResult {
+    let work = TempDir::new("confined-limits");
+    let t = tool(&["python3", "sh"], &[work.path()], |o| {
+        o.isolation.limits = ResourceLimits {
+            address_space_bytes: Some(256 << 20),
+            file_size_bytes: Some(1 << 20),
+            ..ResourceLimits::default()
+        };
+    });
+    let r = run(
+        &t,
+        &[
+            "python3",
+            "-c",
+            "x = bytearray(1 << 30); print('allocated')",
+        ],
+    );
+    assert!(reason(&r).contains("MemoryError"), "{}", reason(&r));
+    // A file past the size limit stops at the limit (SIGXFSZ).
+    let big = work.join("big");
+    let r = run(
+        &t,
+        &[
+            "sh",
+            "-c",
+            &format!("head -c 4194304 /dev/zero > {}", big.display()),
+        ],
+    );
+    assert!(!r.is_success(), "{}", reason(&r));
+    assert!(std::fs::metadata(&big)?.len() <= 1 << 20);
+    Ok(())
+}
+
+#[test]
+fn memory_and_file_size_hogs_end_at_their_limits() -> TestResult {
+    both("limits", limits)
+}
+
+fn fork_bomb() -> TestResult {
+    let work = TempDir::new("confined-bomb");
+    let t = tool(&["bash"], &[work.path()], |o| {
+        o.timeout = Duration::from_secs(3);
+        o.isolation.limits.max_processes = Some(64);
+    });
+    let enforced = t.applied_policy()["limits"]["max_processes_enforced"] == json!(true);
+    if !enforced {
+        eprintln!(
+            "!!! fork bomb not run: max_processes is not enforced here ({}) !!!",
+            t.applied_policy()["containment"]
+        );
+        return Ok(());
+    }
+    let m = marker();
+    let bomb = format!("m={m}; b() {{ b | b & }}; b; sleep 100");
+    let r = run(&t, &["bash", "-c", &bomb]);
+    assert!(!r.is_success());
+    assert_eq!(survivors(&m), 0, "fork bomb processes survived");
+    // The host still spawns at once.
+    let started = std::time::Instant::now();
+    std::process::Command::new("/bin/true").status()?;
+    assert!(started.elapsed() < Duration::from_secs(2));
+    Ok(())
+}
+
+#[test]
+fn a_fork_bomb_ends_with_its_run() -> TestResult {
+    // As root RLIMIT_NPROC does not apply (the policy records it); only the unprivileged run
+    // has a process bound, so only it runs the bomb.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let out = child_test("confined::unprivileged_child")
+            .env("CORREX_CHILD_SCENARIO", "fork_bomb")
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains("scenario passed"),
+            "{text}"
+        );
+        return Ok(());
+    }
+    fork_bomb()
+}
+
+// ------------------------------------------------------------------ cwd, tmp, timeouts
+
+fn cwd_and_tmp() -> TestResult {
+    let work = TempDir::new("confined-cwd");
+    let real = std::fs::canonicalize(work.path())?;
+    let t = tool(&["sh"], &[work.path()], |_| {});
+    let r = run(
+        &t,
+        &[
+            "sh",
+            "-c",
+            "pwd; echo $TMPDIR; echo x > $TMPDIR/f && echo tmp-ok",
+        ],
+    );
+    let out = stdout(&r).ok_or_else(|| reason(&r))?.to_owned();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        real.display().to_string(),
+        "default cwd is the first working dir"
+    );
+    let tmp = PathBuf::from(lines[1]);
+    assert_eq!(lines[2], "tmp-ok");
+    assert!(!tmp.exists(), "the run's temp directory was not removed");
+
+    // Without working dirs the run starts in its private temp directory.
+    let bare = tool(&["sh"], &[], |_| {});
+    let r = run(&bare, &["sh", "-c", "pwd; echo $TMPDIR"]);
+    let out = stdout(&r).ok_or_else(|| reason(&r))?.to_owned();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], lines[1], "{out}");
+
+    // A timeout keeps what was captured so far.
+    let quick = tool(&["sh"], &[work.path()], |o| {
+        o.timeout = Duration::from_millis(500)
+    });
+    let r = run(
+        &quick,
+        &[
+            "sh",
+            "-c",
+            "echo partial-out; echo partial-err >&2; sleep 10",
+        ],
+    );
+    let why = reason(&r);
+    assert!(why.contains("timed out"), "{why}");
+    assert!(
+        why.contains("partial-out") && why.contains("partial-err"),
+        "{why}"
+    );
+    Ok(())
+}
+
+#[test]
+fn runs_start_in_a_working_dir_with_a_private_tmp_and_timeouts_keep_output() -> TestResult {
+    both("cwd_and_tmp", cwd_and_tmp)
+}
+
+fn host_environment() -> TestResult {
+    std::env::set_var("CORREX_HOST_SECRET", "hunter2");
+    let work = TempDir::new("confined-env");
+    let t = tool(&["cat", "sh"], &[work.path()], |_| {});
+    let host = std::process::id().to_string();
+    let r = run(&t, &["cat", &format!("/proc/{host}/environ")]);
+    assert!(!r.is_success(), "read the host's environment");
+    assert!(!reason(&r).contains("hunter2"));
+    let r = run(
+        &t,
+        &["sh", "-c", "cat /proc/1/environ; cat /proc/$PPID/environ"],
+    );
+    assert!(!reason(&r).contains("hunter2"));
+    Ok(())
+}
+
+#[test]
+fn the_host_environment_is_not_readable_through_proc() -> TestResult {
+    both("host_environment", host_environment)
+}
+
+// ------------------------------------------------------------------ policy and construction
+
+#[test]
+fn required_refuses_a_kernel_without_the_needed_landlock_abi() {
+    // Test seam: pretend the kernel offers only Landlock ABI 2 (no truncate rights).
+    let options = |mode| ShellOptions {
+        allowed_executables: vec!["true".into()],
+        isolation: IsolationOptions {
+            mode,
+            pretend_landlock_abi: Some(2),
+            ..IsolationOptions::default()
+        },
+        ..ShellOptions::default()
+    };
+    let refused = ShellTool::new(options(IsolationMode::Required)).expect("builds");
+    let why = refused
+        .refusal()
+        .expect("required is refused on ABI 2")
+        .to_owned();
+    assert!(
+        why.contains("Landlock ABI 2") && why.contains("ABI 3"),
+        "{why}"
+    );
+    assert_eq!(refused.applied_policy()["refused"], json!(why));
+    let r = run(&refused, &["true"]);
+    assert!(!r.is_success(), "required ran on a pretended ABI 2");
+    assert!(
+        reason(&r).contains("cannot be confined as required"),
+        "{}",
+        reason(&r)
+    );
+    // best_effort runs, and records what it applied.
+    let t = ShellTool::new(options(IsolationMode::BestEffort)).expect("best_effort builds");
+    let p = t.applied_policy();
+    assert_eq!(p["mode"], "best_effort");
+    assert_eq!(p["landlock_abi"], 2);
+    assert_eq!(p["filesystem"]["truncate_handled"], false);
+    assert_eq!(p["network"]["landlock_tcp_denied"], false);
+    assert!(run(&t, &["true"]).is_success());
+    // none records that nothing is confined.
+    let t = ShellTool::new(options(IsolationMode::None)).expect("none builds");
+    assert_eq!(t.applied_policy()["filesystem"], Value::Null);
+    assert_eq!(t.applied_policy()["network"]["allowed"], true);
+}
+
+#[test]
+fn the_started_event_records_the_policy_applied() -> TestResult {
+    use correx::{
+        AutoApprove, DispatchingToolExecutor, EventStore, SandboxedToolExecutor, SqliteEventStore,
+        Tier, ToolExecutor, ToolRegistry,
+    };
+    use std::sync::Arc;
+    let dir = TempDir::new("confined-event");
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work)?;
+    let store = Arc::new(SqliteEventStore::open(dir.join("events.db"))?);
+    let shell = tool(&["true"], &[&work], |_| {});
+    let expected = shell.applied_policy().clone();
+    let tools = vec![Arc::new(shell) as Arc<dyn Tool>];
+    let exec = SandboxedToolExecutor::new(
+        Arc::new(DispatchingToolExecutor::new(ToolRegistry::build(
+            tools.clone(),
+        )?)),
+        ToolRegistry::build(tools)?,
+        Arc::new(AutoApprove::up_to(Tier::T3)),
+        store.clone() as Arc<dyn EventStore>,
+        dir.join("sandbox"),
+    )?;
+    let r = exec.execute(&req(json!({"argv": ["true"]})));
+    assert!(r.is_success(), "{}", reason(&r));
+    let stream = correx::session_stream("confined");
+    let events = store.read_stream(&stream, 0, 100)?;
+    let started = events
+        .iter()
+        .find(|e| e.type_id == "tool.execution_started")
+        .ok_or("no started event")?;
+    let recorded = &started.payload["isolation"];
+    assert_eq!(recorded, &expected);
+    assert_eq!(recorded["mode"], "required");
+    assert!(recorded["landlock_abi"].as_u64().unwrap_or(0) >= 3);
+    assert_eq!(recorded["network"]["seccomp_af_unix_only"], true);
+    assert_eq!(
+        recorded["filesystem"]["read_write"][0],
+        std::fs::canonicalize(&work)?.display().to_string()
+    );
+    Ok(())
+}
+
+#[test]
+fn a_replaced_allowed_executable_is_refused() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("confined-pin");
+    let script = dir.join("build.sh");
+    std::fs::write(&script, "#!/bin/sh\necho original\n")?;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    let s = script.display().to_string();
+    let t = tool(&[&s], &[dir.path()], |_| {});
+    let r = run(&t, &[&s]);
+    assert_eq!(stdout(&r), Some("original\n"), "{}", reason(&r));
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&script, "#!/bin/sh\necho replaced-and-run\n")?;
+    let r = run(&t, &[&s]);
+    assert!(!r.is_success(), "a rewritten executable ran");
+    assert!(reason(&r).contains("changed since"), "{}", reason(&r));
+    Ok(())
+}
+
+#[test]
+fn bad_settings_are_refused_at_construction() {
+    let build = |f: &dyn Fn(&mut ShellOptions)| {
+        let mut o = ShellOptions {
+            allowed_executables: vec!["true".into()],
+            ..ShellOptions::default()
+        };
+        f(&mut o);
+        ShellTool::new(o).map(|_| ()).map_err(|e| e.to_string())
+    };
+    assert!(build(&|o| o.timeout = Duration::MAX).is_err_and(|e| e.contains("timeout_ms")));
+    let env = |k: &str, v: &str| {
+        let (k, v) = (k.to_owned(), v.to_owned());
+        build(&move |o| {
+            o.env.insert(k.clone(), v.clone());
+        })
+    };
+    assert!(env("LANG", "C\0UTF-8").is_err_and(|e| e.contains("NUL")));
+    for name in ["LD_PRELOAD", "LD_LIBRARY_PATH", "BASH_ENV", "ENV"] {
+        assert!(env(name, "/x").is_err(), "{name} was accepted");
+    }
+    for name in [
+        "GITHUB_PAT",
+        "AWS_CREDENTIALS",
+        "DB_PASSWD",
+        "SESSION_COOKIE",
+        "MY_PRIVATE",
+        "DATABASE_URL",
+    ] {
+        assert!(
+            env(name, "x").is_err_and(|e| e.contains("secret")),
+            "{name} was accepted"
+        );
+    }
+    assert!(env("UPSTREAM", "https://me:hunter2@example.test/repo").is_err());
+    assert!(env("UPSTREAM", "https://example.test/a@b").is_ok());
+    assert!(env("LANG", "C.UTF-8").is_ok());
+}
+
+/// A host that ignores SIGCHLD (so the kernel reaps its children at once) still gets exit codes.
+#[test]
+fn a_host_ignoring_sigchld_still_gets_exit_statuses() -> TestResult {
+    let out = child_test("confined::sigchld_child").output()?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.contains("sigchld ok"),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "helper: run by a_host_ignoring_sigchld_still_gets_exit_statuses"]
+fn sigchld_child() {
+    if !is_child() {
+        return;
+    }
+    // SAFETY: setting a signal disposition to SIG_IGN, as such a host would.
+    unsafe {
+        libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+    }
+    let work = TempDir::new("confined-sigchld");
+    let t = tool(&["sh", "true"], &[work.path()], |_| {});
+    assert!(run(&t, &["true"]).is_success());
+    let r = run(&t, &["sh", "-c", "exit 3"]);
+    assert!(reason(&r).contains("exited with code 3"), "{}", reason(&r));
+    println!("sigchld ok");
+}
+
+#[test]
+fn file_tools_refuse_to_rewrite_an_allowed_executable() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("confined-protect");
+    let script = dir.join("build.sh");
+    std::fs::write(&script, "#!/bin/sh\necho build\n")?;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::hard_link(&script, dir.join("alias.sh"))?;
+    let config = correx::ToolConfig::from_value(&json!({
+        "shell": {"enabled": true, "allowed_executables": [script], "working_dirs": [dir.path()]},
+        "file_write": {"enabled": true, "allowed_paths": [dir.path()]},
+        "file_edit": {"enabled": true, "allowed_paths": [dir.path()]},
+    }))?;
+    let registry = correx::build_registry(&config)?;
+    let call = |tool: &str, params: Value| {
+        let r = ToolRequest::new(
+            SessionId::from("confined"),
+            tool,
+            params.as_object().cloned().unwrap_or_default(),
+        );
+        registry.resolve(tool).map(|t| t.execute(&r))
+    };
+    for (tool, params) in [
+        (
+            "file_write",
+            json!({"operation": "write", "path": "build.sh", "content": "rm -rf ~"}),
+        ),
+        (
+            "file_write",
+            json!({"operation": "write", "path": "alias.sh", "content": "rm -rf ~"}),
+        ),
+        (
+            "file_write",
+            json!({"operation": "delete", "path": "build.sh"}),
+        ),
+        (
+            "file_edit",
+            json!({"operation": "append", "path": "build.sh", "content": "rm -rf ~"}),
+        ),
+        (
+            "file_edit",
+            json!({"operation": "patch", "patch":
+            "--- build.sh\n+++ build.sh\n@@ -1,2 +1,2 @@\n #!/bin/sh\n-echo build\n+rm -rf ~\n"}),
+        ),
+    ] {
+        let r = call(tool, params.clone()).ok_or("tool missing")?;
+        assert!(
+            reason(&r).contains("allowed to run"),
+            "{tool} {params}: {}",
+            reason(&r)
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&script)?, "#!/bin/sh\necho build\n");
+    // Other files in the same root are written as before.
+    let r = call(
+        "file_write",
+        json!({"operation": "write", "path": "notes.txt", "content": "ok"}),
+    )
+    .ok_or("tool missing")?;
+    assert!(r.is_success(), "{}", reason(&r));
+    Ok(())
+}
