@@ -218,17 +218,6 @@ fn open_path(path: &Path) -> io::Result<Option<OwnedFd>> {
     Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
-/// The child's half: enforce the ruleset on itself. Async-signal-safe; needs
-/// `PR_SET_NO_NEW_PRIVS` first. Returns an errno on failure.
-pub(crate) fn restrict_self_in_child(ruleset: RawFd) -> Result<(), i32> {
-    // SAFETY: landlock_restrict_self takes a descriptor and flags; no memory involved.
-    let r = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) };
-    if r != 0 {
-        return Err(last_errno());
-    }
-    Ok(())
-}
-
 pub(crate) fn last_errno() -> i32 {
     io::Error::last_os_error()
         .raw_os_error()

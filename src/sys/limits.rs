@@ -7,21 +7,6 @@ pub(crate) struct Rlimit {
     pub value: u64,
 }
 
-/// The child's half: apply every limit. Async-signal-safe. Returns an errno on failure.
-pub(crate) fn apply_in_child(limits: &[Rlimit]) -> Result<(), i32> {
-    for l in limits {
-        let r = libc::rlimit {
-            rlim_cur: l.value,
-            rlim_max: l.value,
-        };
-        // SAFETY: setrlimit reads one rlimit struct that lives on this stack frame.
-        if unsafe { libc::setrlimit(l.resource, &r) } != 0 {
-            return Err(super::landlock::last_errno());
-        }
-    }
-    Ok(())
-}
-
 impl Rlimit {
     /// A limit of `value`, lowered to the current hard limit (raising a hard limit needs
     /// privileges a host usually lacks, and a lower hard limit is already stricter).

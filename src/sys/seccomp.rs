@@ -90,22 +90,3 @@ impl Filter {
         }
     }
 }
-
-/// The child's half: install the filter. Async-signal-safe; needs `PR_SET_NO_NEW_PRIVS` first.
-/// Returns an errno on failure.
-pub(crate) fn install_in_child(prog: &sock_fprog) -> Result<(), i32> {
-    // SAFETY: prog points at a live BPF program of `len` instructions owned by the parent's
-    // copy of the filter, which the forked child shares until exec.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_seccomp,
-            libc::SECCOMP_SET_MODE_FILTER,
-            0u32,
-            prog as *const sock_fprog,
-        )
-    };
-    if r != 0 {
-        return Err(super::landlock::last_errno());
-    }
-    Ok(())
-}

@@ -18,7 +18,7 @@
 
 use super::landlock::last_errno;
 use super::limits::Rlimit;
-use super::{close_inherited_on_exec, syscall};
+use super::syscall;
 use std::ffi::{CString, OsStr};
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -33,8 +33,30 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 /// pipe could keep them open that long.
 const DRAIN_DEADLINE: Duration = Duration::from_millis(500);
 
-/// The stack the program's process runs on between clone and exec.
+/// The stacks the supervisor and (until it execs) the program's process run on.
 const CHILD_STACK: usize = 64 * 1024;
+
+/// Kills and reaps the supervisor if the host thread unwinds while it runs: it reads the
+/// host's memory, which must not be freed under it.
+struct Reaper<'a>(&'a OwnedFd);
+
+impl Drop for Reaper<'_> {
+    fn drop(&mut self) {
+        let _ = syscall!(
+            SYS_pidfd_send_signal,
+            self.0.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32
+        );
+        let _ = reap(self.0);
+    }
+}
+
+fn unsafe_zeroed_sigset() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data, valid when zeroed.
+    unsafe { std::mem::zeroed() }
+}
 
 /// How the run's descendants are contained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -272,8 +294,10 @@ struct ChildPlan<'a> {
     containment: Containment,
     confinement: Option<&'a Confinement>,
     seccomp: Option<libc::sock_fprog>,
+    /// The supervisor's stack.
+    supervisor_stack: Vec<u8>,
     /// The program's process runs on this stack until it execs.
-    stack: Vec<u8>,
+    program_stack: Vec<u8>,
 }
 
 /// Runs `spec` to completion (or its timeout) inside a supervisor, and returns its output. When
@@ -345,42 +369,53 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
             .confinement
             .and_then(|c| c.filter.as_ref())
             .map(|f| f.prog()),
-        stack: vec![0u8; CHILD_STACK],
+        supervisor_stack: vec![0u8; CHILD_STACK],
+        program_stack: vec![0u8; CHILD_STACK],
     };
 
     let mut pidfd: RawFd = -1;
-    // SAFETY: clone without CLONE_VM forks this process (no exit signal, so no SIGCHLD and no
-    // auto-reaping); the child runs only `supervisor`, which makes async-signal-safe syscalls
-    // on memory prepared above and never returns.
+    let stack_top = plan.supervisor_stack.as_ptr() as usize + plan.supervisor_stack.len();
+    // No host signal handler may run in the supervisor (on its stack, in our memory): it starts
+    // with every signal blocked.
+    let mut saved: libc::sigset_t = unsafe_zeroed_sigset();
+    let mut all: libc::sigset_t = unsafe_zeroed_sigset();
+    // SAFETY: sigfillset and pthread_sigmask on sets that live on this frame.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
+    }
+    // SAFETY: the supervisor shares our memory on its own 16-byte aligned stack and reads only
+    // `plan`, which stays alive and unchanged until the supervisor is reaped (below, on every
+    // path, and by `Reaper` if this thread unwinds). No exit signal: no SIGCHLD, no auto-reap.
     let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            spec.containment.clone_flags() | libc::CLONE_PIDFD as libc::c_ulong,
-            0usize,
+        libc::clone(
+            supervisor_entry,
+            (stack_top & !15) as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_PIDFD | spec.containment.clone_flags() as libc::c_int,
+            &plan as *const ChildPlan<'_> as *mut libc::c_void,
             &mut pidfd as *mut RawFd,
-            0usize,
-            0usize,
         )
     };
-    if pid == 0 {
-        // SAFETY: we are the freshly cloned child; `plan` is our copy of the parent's memory.
-        unsafe { supervisor(&plan) }
+    let clone_error = io::Error::last_os_error();
+    // SAFETY: restoring the mask saved above.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
     }
     if pid < 0 {
         return Err(io::Error::new(
-            io::Error::last_os_error().kind(),
+            clone_error.kind(),
             format!(
-                "could not start the supervisor ({}): {}",
-                spec.containment.name(),
-                io::Error::last_os_error()
+                "could not start the supervisor ({}): {clone_error}",
+                spec.containment.name()
             ),
         ));
     }
     // SAFETY: CLONE_PIDFD stored a new descriptor that nothing else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    // Declared after `plan`, so dropped (the supervisor killed and reaped) before it.
+    let reaper = Reaper(&pidfd);
     // The children hold their own copies; ours would keep the pipes from ever closing.
     drop((devnull, out_w, err_w, fail_w, stop_r, status_w));
-    drop(plan);
 
     // Blocks until the program has exec'd (the pipe closes) or a child reported a failure.
     let mut report = [0u8; 8];
@@ -388,6 +423,7 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
     if n == report.len() {
         drop(stop_w);
         let _ = reap(&pidfd);
+        std::mem::forget(reaper);
         let stage = u32::from_ne_bytes([report[0], report[1], report[2], report[3]]);
         let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
         let e = io::Error::from_raw_os_error(errno);
@@ -414,6 +450,9 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         wait_or_kill(&pidfd, pid as i32);
     }
     let timed_out = pumped?;
+    // The supervisor is reaped: nothing reads `plan` any more.
+    std::mem::forget(reaper);
+    drop(plan);
     let mut status = [0u8; 8];
     let exit = if read_full(status_r.as_raw_fd(), &mut status) == status.len() {
         let kind = i32::from_ne_bytes([status[0], status[1], status[2], status[3]]);
@@ -640,93 +679,186 @@ fn pump(
 
 // ---- the children ---------------------------------------------------------------------------
 //
-// Everything below runs in a child cloned from a possibly multithreaded host: only
-// async-signal-safe syscalls, no allocation, no locks, no unwinding.
+// The supervisor shares the host's memory (CLONE_VM, on its own stack) and so does the program's
+// process until it execs (CLONE_VM | CLONE_VFORK): no page tables are copied, which would cost
+// more than the rest of a spawn. Sharing memory also means sharing the host thread's
+// thread-local storage, errno included, while that thread keeps running: so the children make
+// raw syscalls that never write errno (`raw::*`), take no locks, allocate nothing, and only
+// read memory the host keeps alive and unchanged until the supervisor has been reaped.
 
-/// Reports `stage` and the current errno to the host and exits.
-unsafe fn fail(plan: &ChildPlan<'_>, stage: Stage, errno: i32) -> ! {
+/// Raw syscalls returning `-errno` on failure, never touching `errno`.
+mod raw {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub unsafe fn syscall(n: libc::c_long, a: [usize; 6]) -> isize {
+        let ret: isize;
+        // SAFETY (for callers): the Linux x86-64 syscall ABI; rcx and r11 are clobbered.
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") n as isize => ret,
+            in("rdi") a[0], in("rsi") a[1], in("rdx") a[2],
+            in("r10") a[3], in("r8") a[4], in("r9") a[5],
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack),
+        );
+        ret
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    pub unsafe fn syscall(n: libc::c_long, a: [usize; 6]) -> isize {
+        let ret: isize;
+        // SAFETY (for callers): the Linux aarch64 syscall ABI.
+        core::arch::asm!(
+            "svc 0",
+            in("x8") n,
+            inlateout("x0") a[0] => ret,
+            in("x1") a[1], in("x2") a[2], in("x3") a[3], in("x4") a[4], in("x5") a[5],
+            options(nostack),
+        );
+        ret
+    }
+
+    macro_rules! call {
+        ($n:ident) => { call!($n,) };
+        ($n:ident, $($a:expr),* $(,)?) => {{
+            let mut args = [0usize; 6];
+            let given = [$($a as usize),*];
+            args[..given.len()].copy_from_slice(&given);
+            // SAFETY: see the callers; each passes the arguments its syscall takes.
+            unsafe { raw::syscall(libc::$n, args) }
+        }};
+    }
+    pub(super) use call;
+}
+use raw::call;
+
+/// The kernel's `struct sigaction` for `rt_sigaction` (not glibc's).
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
+/// Reports `stage` and `errno` to the host and exits.
+fn fail(plan: &ChildPlan<'_>, stage: Stage, errno: i32) -> ! {
     let mut msg = [0u8; 8];
     msg[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
     msg[4..].copy_from_slice(&errno.to_ne_bytes());
-    libc::write(plan.fail_w, msg.as_ptr().cast(), msg.len());
-    libc::_exit(127)
+    call!(SYS_write, plan.fail_w, msg.as_ptr(), msg.len());
+    exit(127)
 }
 
-unsafe fn write_file(path: &std::ffi::CStr, data: &[u8]) -> Result<(), i32> {
-    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-    if fd < 0 {
-        return Err(last_errno());
+fn exit(code: i32) -> ! {
+    loop {
+        call!(SYS_exit_group, code);
     }
-    let n = libc::write(fd, data.as_ptr().cast(), data.len());
-    let e = last_errno();
-    libc::close(fd);
-    if n != data.len() as isize {
-        return Err(e);
+}
+
+fn errno_of(r: isize) -> i32 {
+    (-r) as i32
+}
+
+fn write_file(path: &std::ffi::CStr, data: &[u8]) -> Result<(), i32> {
+    let fd = call!(
+        SYS_openat,
+        libc::AT_FDCWD,
+        path.as_ptr(),
+        libc::O_WRONLY | libc::O_CLOEXEC
+    );
+    if fd < 0 {
+        return Err(errno_of(fd));
+    }
+    let n = call!(SYS_write, fd, data.as_ptr(), data.len());
+    call!(SYS_close, fd);
+    if n < 0 {
+        return Err(errno_of(n));
+    }
+    if n as usize != data.len() {
+        return Err(libc::EIO);
     }
     Ok(())
 }
 
 /// In a new user namespace: map our own uid and gid (`[uid_map, gid_map]` lines) to themselves.
-unsafe fn map_ids(maps: &[CString; 2]) -> Result<(), i32> {
+fn map_ids(maps: &[CString; 2]) -> Result<(), i32> {
     write_file(c"/proc/self/setgroups", b"deny")?;
     write_file(c"/proc/self/uid_map", maps[0].as_bytes())?;
     write_file(c"/proc/self/gid_map", maps[1].as_bytes())
 }
 
-unsafe fn set_signal_mask(all: bool) {
-    let mut set: libc::sigset_t = std::mem::zeroed();
-    if all {
-        libc::sigfillset(&mut set);
-    } else {
-        libc::sigemptyset(&mut set);
-    }
-    libc::syscall(
-        libc::SYS_rt_sigprocmask,
+fn set_signal_mask(all: bool) {
+    let set: u64 = if all { !0 } else { 0 };
+    call!(
+        SYS_rt_sigprocmask,
         libc::SIG_SETMASK,
-        &set as *const libc::sigset_t,
-        std::ptr::null_mut::<libc::sigset_t>(),
-        8usize,
+        &set as *const u64,
+        0usize,
+        8usize
     );
 }
 
-unsafe fn default_action(sig: libc::c_int) {
-    let mut act: libc::sigaction = std::mem::zeroed();
-    act.sa_sigaction = libc::SIG_DFL;
-    libc::sigaction(sig, &act, std::ptr::null_mut());
+fn default_action(sig: libc::c_int) {
+    let act = KernelSigaction {
+        handler: libc::SIG_DFL,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    call!(
+        SYS_rt_sigaction,
+        sig,
+        &act as *const KernelSigaction,
+        0usize,
+        8usize
+    );
+}
+
+extern "C" fn supervisor_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the host's `ChildPlan`, which the host keeps alive and unchanged until
+    // it has reaped us.
+    supervisor(unsafe { &*(arg as *const ChildPlan<'_>) })
 }
 
 /// The supervisor: starts the program, waits for it or for a stop, kills every descendant,
 /// reports the program's status and exits.
-unsafe fn supervisor(plan: &ChildPlan<'_>) -> ! {
-    // No host signal handler may run here, and SIGCHLD must not be ignored (or our own
-    // children would be reaped before we could wait for them).
-    set_signal_mask(true);
+fn supervisor(plan: &ChildPlan<'_>) -> ! {
+    // Signals stay blocked (the host blocked them around the clone): no host handler may run
+    // on this stack. SIGCHLD must not be ignored, or our children would be reaped before we
+    // could wait for them.
     default_action(libc::SIGCHLD);
     // The host holds the only other write end: its death closes the pipe.
-    libc::close(plan.stop_w);
+    call!(SYS_close, plan.stop_w);
     if let Some(maps) = &plan.user_maps {
         if let Err(e) = map_ids(maps) {
             fail(plan, Stage::UserNamespace, e);
         }
     }
-    if plan.containment == Containment::Subreaper
-        && libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong) != 0
-    {
-        fail(plan, Stage::Subreaper, last_errno());
+    if plan.containment == Containment::Subreaper {
+        let r = call!(SYS_prctl, libc::PR_SET_CHILD_SUBREAPER, 1);
+        if r < 0 {
+            fail(plan, Stage::Subreaper, errno_of(r));
+        }
     }
     let mut child_pidfd: RawFd = -1;
-    // vfork-style: the program's process shares our memory (no page-table copy) on its own
-    // stack, and we are suspended until it execs or exits.
-    let stack_top = plan.stack.as_ptr().add(plan.stack.len()) as usize & !15;
-    let pid = libc::clone(
-        program_entry,
-        stack_top as *mut libc::c_void,
-        libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
-        plan as *const ChildPlan<'_> as *mut libc::c_void,
-        &mut child_pidfd as *mut RawFd,
-    );
+    // vfork-style: the program's process runs on its own stack, and we are suspended until it
+    // execs or exits. (glibc's clone writes errno only if it fails, and then we stop.)
+    let stack_top = plan.program_stack.as_ptr() as usize + plan.program_stack.len();
+    // SAFETY: a valid entry point and 16-byte aligned stack top; `plan` outlives the child's
+    // use of it (we are suspended until it execs).
+    let pid = unsafe {
+        libc::clone(
+            program_entry,
+            (stack_top & !15) as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+            plan as *const ChildPlan<'_> as *mut libc::c_void,
+            &mut child_pidfd as *mut RawFd,
+        )
+    };
     if pid < 0 {
-        fail(plan, Stage::Clone, last_errno());
+        fail(plan, Stage::Clone, libc::EAGAIN);
     }
     // The program holds what it needs now. Ours (and any other host descriptor, such as
     // another run's pipes) would keep pipes open past their owners' ends.
@@ -735,29 +867,43 @@ unsafe fn supervisor(plan: &ChildPlan<'_>) -> ! {
     if plan.containment == Containment::Subreaper {
         kill_descendants();
     }
-    libc::write(plan.status_w, status.as_ptr().cast(), status.len());
+    call!(SYS_write, plan.status_w, status.as_ptr(), status.len());
     // As a namespace's init, exiting kills whatever is left in it.
-    libc::_exit(0)
+    exit(0)
 }
 
 /// Closes every descriptor above stderr but `keep`.
-unsafe fn close_all_except(mut keep: [RawFd; 3]) {
+fn close_all_except(mut keep: [RawFd; 3]) {
     keep.sort_unstable();
     let mut from: u32 = 3;
     for fd in keep {
         let fd = fd.max(0) as u32;
         if fd > from {
-            libc::syscall(libc::SYS_close_range, from, fd - 1, 0u32);
+            call!(SYS_close_range, from, fd - 1, 0);
         }
         from = from.max(fd + 1);
     }
-    libc::syscall(libc::SYS_close_range, from, u32::MAX, 0u32);
+    call!(SYS_close_range, from, u32::MAX, 0);
+}
+
+fn zeroed_siginfo() -> libc::siginfo_t {
+    // SAFETY: siginfo_t is plain data, valid when zeroed.
+    unsafe { std::mem::zeroed() }
+}
+
+fn si_pid(info: &libc::siginfo_t) -> libc::pid_t {
+    // SAFETY: reading the pid field of a siginfo the kernel filled for a child event.
+    unsafe { info.si_pid() }
 }
 
 /// Waits until the program exits or the host asks for a stop (or dies), reaping orphans on the
 /// way; returns the program's status as (si_code, si_status) bytes.
-unsafe fn watch(plan: &ChildPlan<'_>, child_pidfd: RawFd, child: libc::pid_t) -> [u8; 8] {
+fn watch(plan: &ChildPlan<'_>, child_pidfd: RawFd, child: libc::pid_t) -> [u8; 8] {
     let mut stopped = false;
+    let tick = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
     loop {
         let mut fds = [
             libc::pollfd {
@@ -771,43 +917,59 @@ unsafe fn watch(plan: &ChildPlan<'_>, child_pidfd: RawFd, child: libc::pid_t) ->
                 revents: 0,
             },
         ];
-        let n = libc::poll(fds.as_mut_ptr(), if stopped { 1 } else { 2 }, 100);
+        let nfds: usize = if stopped { 1 } else { 2 };
+        let n = call!(
+            SYS_ppoll,
+            fds.as_mut_ptr(),
+            nfds,
+            &tick as *const libc::timespec,
+            0usize,
+            8usize
+        );
         if n > 0 && fds[1].revents != 0 && !stopped {
             stopped = true;
-            libc::kill(child, libc::SIGKILL);
+            call!(SYS_kill, child, libc::SIGKILL);
         }
         // Reap orphans (reparented to us), but never the program: its status is read below.
         loop {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            let r = libc::waitid(
+            let mut info = zeroed_siginfo();
+            let r = call!(
+                SYS_waitid,
                 libc::P_ALL,
                 0,
-                &mut info,
+                &mut info as *mut libc::siginfo_t,
                 libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL,
+                0usize
             );
-            let zombie = info.si_pid();
-            if r != 0 || zombie == 0 || zombie == child {
+            let zombie = si_pid(&info);
+            if r < 0 || zombie == 0 || zombie == child {
                 break;
             }
-            libc::waitid(
+            call!(
+                SYS_waitid,
                 libc::P_PID,
-                zombie as libc::id_t,
-                &mut info,
+                zombie,
+                &mut info as *mut libc::siginfo_t,
                 libc::WEXITED | libc::__WALL,
+                0usize
             );
         }
         if n > 0 && fds[0].revents != 0 {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            if libc::waitid(
+            let mut info = zeroed_siginfo();
+            let r = call!(
+                SYS_waitid,
                 libc::P_PIDFD,
-                child_pidfd as libc::id_t,
-                &mut info,
+                child_pidfd,
+                &mut info as *mut libc::siginfo_t,
                 libc::WEXITED,
-            ) == 0
-            {
+                0usize
+            );
+            if r == 0 {
+                // SAFETY: si_status is valid after a successful waitid for a child event.
+                let status = unsafe { info.si_status() };
                 let mut out = [0u8; 8];
                 out[..4].copy_from_slice(&info.si_code.to_ne_bytes());
-                out[4..].copy_from_slice(&info.si_status().to_ne_bytes());
+                out[4..].copy_from_slice(&status.to_ne_bytes());
                 return out;
             }
         }
@@ -816,103 +978,134 @@ unsafe fn watch(plan: &ChildPlan<'_>, child_pidfd: RawFd, child: libc::pid_t) ->
 
 /// Kills every child until none is left; orphans of killed children are reparented to us (a
 /// subreaper) and killed in the next round.
-unsafe fn kill_descendants() {
+fn kill_descendants() {
     let mut buf = [0u8; 4096];
+    let pause = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 1_000_000,
+    };
     loop {
         let mut killed = 0;
-        let fd = libc::open(
+        let fd = call!(
+            SYS_openat,
+            libc::AT_FDCWD,
             c"/proc/thread-self/children".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
+            libc::O_RDONLY | libc::O_CLOEXEC
         );
         if fd >= 0 {
-            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-            libc::close(fd);
+            let n = call!(SYS_read, fd, buf.as_mut_ptr(), buf.len());
+            call!(SYS_close, fd);
             let mut pid: libc::pid_t = 0;
             for &b in &buf[..n.max(0) as usize] {
                 if b.is_ascii_digit() {
                     pid = pid * 10 + libc::pid_t::from(b - b'0');
                 } else if pid > 0 {
-                    libc::kill(pid, libc::SIGKILL);
+                    call!(SYS_kill, pid, libc::SIGKILL);
                     killed += 1;
                     pid = 0;
                 }
             }
             if pid > 0 {
-                libc::kill(pid, libc::SIGKILL);
+                call!(SYS_kill, pid, libc::SIGKILL);
                 killed += 1;
             }
         }
         loop {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            let r = libc::waitid(
+            let mut info = zeroed_siginfo();
+            let r = call!(
+                SYS_waitid,
                 libc::P_ALL,
                 0,
-                &mut info,
+                &mut info as *mut libc::siginfo_t,
                 libc::WEXITED | libc::WNOHANG | libc::__WALL,
+                0usize
             );
-            if r != 0 {
+            if r < 0 {
                 return; // ECHILD: nobody left
             }
-            if info.si_pid() == 0 {
+            if si_pid(&info) == 0 {
                 break;
             }
         }
         if killed == 0 {
-            let pause = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 1_000_000,
-            };
-            libc::nanosleep(&pause, std::ptr::null_mut());
+            call!(SYS_nanosleep, &pause as *const libc::timespec, 0usize);
         }
     }
 }
 
 extern "C" fn program_entry(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `arg` is the supervisor's `ChildPlan`, alive while it is suspended in vfork.
-    unsafe { program(&*(arg as *const ChildPlan<'_>)) }
+    // SAFETY: `arg` is the `ChildPlan` the supervisor holds while it is suspended in vfork.
+    program(unsafe { &*(arg as *const ChildPlan<'_>) })
 }
 
 /// The program's process: stdio, working directory, limits, confinement, exec.
-unsafe fn program(plan: &ChildPlan<'_>) -> ! {
+fn program(plan: &ChildPlan<'_>) -> ! {
     set_signal_mask(false);
     // The host's runtime may ignore SIGPIPE; a program expects the default.
     default_action(libc::SIGPIPE);
-    if libc::dup2(plan.devnull, 0) < 0
-        || libc::dup2(plan.out_w, 1) < 0
-        || libc::dup2(plan.err_w, 2) < 0
-    {
-        fail(plan, Stage::Stdio, last_errno());
+    // Every source descriptor is above stderr, so dup3 never sees equal descriptors.
+    for (from, to) in [(plan.devnull, 0), (plan.out_w, 1), (plan.err_w, 2)] {
+        let r = call!(SYS_dup3, from, to, 0);
+        if r < 0 {
+            fail(plan, Stage::Stdio, errno_of(r));
+        }
     }
-    if plan.cwd >= 0 && libc::fchdir(plan.cwd) != 0 {
-        fail(plan, Stage::Cwd, last_errno());
+    if plan.cwd >= 0 {
+        let r = call!(SYS_fchdir, plan.cwd);
+        if r < 0 {
+            fail(plan, Stage::Cwd, errno_of(r));
+        }
     }
-    libc::setpgid(0, 0);
-    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-        fail(plan, Stage::Fence, last_errno());
+    call!(SYS_setpgid, 0, 0);
+    let r = call!(SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    if r < 0 {
+        fail(plan, Stage::Fence, errno_of(r));
     }
-    close_inherited_on_exec();
+    call!(SYS_close_range, 3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
     if let Some(c) = plan.confinement {
-        if let Err(e) = super::limits::apply_in_child(&c.rlimits) {
-            fail(plan, Stage::Limits, e);
+        for l in &c.rlimits {
+            let v = libc::rlimit {
+                rlim_cur: l.value,
+                rlim_max: l.value,
+            };
+            let r = call!(
+                SYS_prlimit64,
+                0,
+                l.resource,
+                &v as *const libc::rlimit,
+                0usize
+            );
+            if r < 0 {
+                fail(plan, Stage::Limits, errno_of(r));
+            }
         }
-        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) != 0 {
-            fail(plan, Stage::NoNewPrivs, last_errno());
+        let r = call!(SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+        if r < 0 {
+            fail(plan, Stage::NoNewPrivs, errno_of(r));
         }
-        if let Some(r) = &c.ruleset {
-            if let Err(e) = super::landlock::restrict_self_in_child(r.raw()) {
-                fail(plan, Stage::Landlock, e);
+        if let Some(ruleset) = &c.ruleset {
+            let r = call!(SYS_landlock_restrict_self, ruleset.raw(), 0);
+            if r < 0 {
+                fail(plan, Stage::Landlock, errno_of(r));
             }
         }
         if let Some(prog) = &plan.seccomp {
-            if let Err(e) = super::seccomp::install_in_child(prog) {
-                fail(plan, Stage::Seccomp, e);
+            let r = call!(
+                SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0,
+                prog as *const libc::sock_fprog
+            );
+            if r < 0 {
+                fail(plan, Stage::Seccomp, errno_of(r));
             }
         }
     }
-    libc::execve(
+    let r = call!(
+        SYS_execve,
         plan.program.as_ptr(),
         plan.argv.as_ptr(),
-        plan.envp.as_ptr(),
+        plan.envp.as_ptr()
     );
-    fail(plan, Stage::Exec, last_errno())
+    fail(plan, Stage::Exec, errno_of(r))
 }
