@@ -53,7 +53,30 @@ impl PrivateDir {
 
 impl Drop for PrivateDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
+        remove_tree(&self.path);
+    }
+}
+
+/// Removes `path` with everything in it, even subdirectories a child left without write or
+/// search permission for us (it owned them): those are made 0700 first.
+pub(crate) fn remove_tree(path: &Path) {
+    if std::fs::remove_dir_all(path).is_ok() {
+        return;
+    }
+    fn open_up(dir: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    open_up(&e.path());
+                }
+            }
+        }
+    }
+    open_up(path);
+    if let Err(e) = std::fs::remove_dir_all(path) {
+        log::warn!("could not remove {}: {e}", path.display());
     }
 }
 

@@ -214,7 +214,7 @@ fn filesystem() -> TestResult {
     std::fs::write(&secret, "PRIVATE KEY")?;
     let outside = base.join("outside.txt");
     std::fs::write(&outside, "original")?;
-    let t = tool(&["sh", "cat", "ls", "cp"], &[&work], |_| {});
+    let t = tool(&["sh", "cat", "ls", "cp", "true"], &[&work], |_| {});
     let s = |p: &Path| p.display().to_string();
 
     // Writing inside a working dir works.
@@ -242,6 +242,17 @@ fn filesystem() -> TestResult {
     }
     assert_eq!(std::fs::read_to_string(&outside)?, "original");
     assert!(!base.join("planted").exists());
+
+    // A binary written into a working dir cannot be run: write is not execute.
+    let r = run(
+        &t,
+        &[
+            "sh",
+            "-c",
+            "cp /usr/bin/true ./copied && ./copied && echo ran",
+        ],
+    );
+    assert!(reason(&r).contains("Permission denied"), "{}", reason(&r));
 
     // A file planted outside every root cannot be read, listed or copied in.
     let r = run(&t, &["cat", &s(&secret)]);
@@ -276,7 +287,32 @@ fn network() -> TestResult {
     let connect = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected");
     let send = format!("echo hi > /dev/udp/127.0.0.1/{udp_port} && echo sent");
 
-    let denied = tool(&["bash"], &[work.path()], |_| {});
+    let denied = tool(&["bash", "python3"], &[work.path()], |_| {});
+    // A UNIX socket outside the run (a user's D-Bus, a Docker socket) is not reachable either.
+    let sock_path = work.join("daemon.sock");
+    let unix = std::os::unix::net::UnixListener::bind(&sock_path)?;
+    unix.set_nonblocking(true)?;
+    let py = format!(
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({:?})\nprint('connected')",
+        sock_path.display().to_string()
+    );
+    let r = run(&denied, &["python3", "-c", &py]);
+    assert!(
+        !r.is_success(),
+        "a UNIX connect got through: {}",
+        reason(&r)
+    );
+    assert!(unix.accept().is_err(), "the UNIX listener saw a connection");
+    // socketpair still works: a program's own plumbing is not network.
+    let r = run(
+        &denied,
+        &[
+            "python3",
+            "-c",
+            "import socket\na, b = socket.socketpair()\na.send(b'x')\nprint(b.recv(1))",
+        ],
+    );
+    assert_eq!(stdout(&r), Some("b'x'\n"), "{}", reason(&r));
     let r = run(&denied, &["bash", "-c", &connect]);
     assert!(!r.is_success(), "a TCP connect got through: {}", reason(&r));
     let r = run(&denied, &["bash", "-c", &send]);
@@ -409,6 +445,15 @@ fn cwd_and_tmp() -> TestResult {
     let tmp = PathBuf::from(lines[1]);
     assert_eq!(lines[2], "tmp-ok");
     assert!(!tmp.exists(), "the run's temp directory was not removed");
+
+    // A temp directory the run left locked up (a subdirectory without write permission) is
+    // still removed.
+    let r = run(
+        &t,
+        &["sh", "-c", "mkdir -p $TMPDIR/a/b && touch $TMPDIR/a/b/f && chmod 500 $TMPDIR/a $TMPDIR/a/b; echo $TMPDIR"],
+    );
+    let left = PathBuf::from(stdout(&r).ok_or_else(|| reason(&r))?.trim());
+    assert!(!left.exists(), "{} was left behind", left.display());
 
     // Without working dirs the run starts in its private temp directory.
     let bare = tool(&["sh"], &[], |_| {});

@@ -77,7 +77,7 @@ fn fs_all(abi: u32) -> u64 {
 pub(crate) enum Access {
     /// Read files and list directories, and execute.
     ReadExec,
-    /// Everything: read, write, create, remove, rename within the handled rights.
+    /// Everything but execute: read, write, create, remove, rename.
     ReadWrite,
     /// A single device file to read and write (`/dev/null`).
     DeviceReadWrite,
@@ -131,7 +131,8 @@ pub(crate) fn open_rules(abi: u32, rules: &[FsRule]) -> io::Result<OpenedRules> 
         let file_rights = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV;
         let wanted = match rule.access {
             Access::ReadExec => FS_READ_FILE | FS_READ_DIR | FS_EXECUTE,
-            Access::ReadWrite => handled_fs,
+            // No execute: a program may not write a binary and run it past the allowlist.
+            Access::ReadWrite => handled_fs & !FS_EXECUTE,
             Access::DeviceReadWrite => FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE,
         };
         // A rule on a file may grant only rights that apply to files.
@@ -183,7 +184,7 @@ pub(crate) fn build(base: &OpenedRules, extra_rw: &Path, deny_tcp: bool) -> io::
             format!("{} is gone", extra_rw.display()),
         )
     })?;
-    let extra_rule = (extra, handled_fs);
+    let extra_rule = (extra, handled_fs & !FS_EXECUTE);
     for (target, allowed) in base.rules.iter().chain(std::iter::once(&extra_rule)) {
         let beneath = PathBeneathAttr {
             allowed_access: *allowed,

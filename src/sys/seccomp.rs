@@ -1,7 +1,9 @@
-//! A seccomp filter, assembled by hand, that leaves a child no sockets but `AF_UNIX`: `socket`
-//! with any other family fails with `EACCES`, `io_uring_setup` (which can open sockets on its
-//! own) fails with `EPERM`, and a syscall from another ABI (i386 or x32 on x86-64) kills the
-//! process, since its numbers would bypass the checks.
+//! A seccomp filter, assembled by hand, that leaves a child no network: `socket` with any family
+//! but `AF_UNIX` fails with `EACCES`, and so do `connect` and `sendto` with an address (so the
+//! UNIX sockets it may make reach nothing outside the run: only `socketpair` and sockets it
+//! binds itself work); `io_uring_setup` (which can open sockets on its own) fails with `EPERM`;
+//! a syscall from another ABI (i386 or x32 on x86-64) kills the process, since its numbers
+//! would bypass the checks.
 
 use libc::{sock_filter, sock_fprog};
 
@@ -15,6 +17,10 @@ const OFF_NR: u32 = 0;
 const OFF_ARCH: u32 = 4;
 #[cfg(target_endian = "little")]
 const OFF_ARG0_LOW: u32 = 16;
+#[cfg(target_endian = "little")]
+const OFF_ARG4_LOW: u32 = 16 + 4 * 8;
+#[cfg(target_endian = "little")]
+const OFF_ARG4_HIGH: u32 = 16 + 4 * 8 + 4;
 
 const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
 const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
@@ -64,15 +70,26 @@ impl Filter {
                 p.push(jump(JGE_K, 0x4000_0000, 0, 1));
                 p.push(stmt(RET_K, libc::SECCOMP_RET_KILL_PROCESS));
             }
+            // Offsets are to the final ALLOW (i11) and DENY (i12) below.
             p.extend([
-                jump(JEQ_K, libc::SYS_io_uring_setup as u32, 0, 1),
-                stmt(RET_K, eperm),
-                jump(JEQ_K, libc::SYS_socket as u32, 1, 0),
-                stmt(RET_K, allow),
-                stmt(LD_W_ABS, OFF_ARG0_LOW),
-                jump(JEQ_K, libc::AF_UNIX as u32, 0, 1),
-                stmt(RET_K, allow),
-                stmt(RET_K, eacces),
+                /* i0 */ jump(JEQ_K, libc::SYS_io_uring_setup as u32, 0, 1),
+                /* i1 */ stmt(RET_K, eperm),
+                // connect: pathname and abstract UNIX sockets reach daemons outside the run
+                // (a user's D-Bus, a Docker socket); socketpair needs no connect.
+                /* i2 */
+                jump(JEQ_K, libc::SYS_connect as u32, 9, 0),
+                // sendto with a destination address: the same, for datagram sockets.
+                /* i3 */
+                jump(JEQ_K, libc::SYS_sendto as u32, 0, 4),
+                /* i4 */ stmt(LD_W_ABS, OFF_ARG4_LOW),
+                /* i5 */ jump(JEQ_K, 0, 0, 6),
+                /* i6 */ stmt(LD_W_ABS, OFF_ARG4_HIGH),
+                /* i7 */ jump(JEQ_K, 0, 3, 4),
+                /* i8 */ jump(JEQ_K, libc::SYS_socket as u32, 0, 2),
+                /* i9 */ stmt(LD_W_ABS, OFF_ARG0_LOW),
+                /* i10 */ jump(JEQ_K, libc::AF_UNIX as u32, 0, 1),
+                /* i11 */ stmt(RET_K, allow),
+                /* i12 */ stmt(RET_K, eacces),
             ]);
             Some(Filter { program: p })
         }

@@ -53,6 +53,19 @@ impl Drop for Reaper<'_> {
     }
 }
 
+/// The descriptor limit (soft), bounded: what a close-by-close fallback has to cover.
+fn max_fd() -> u32 {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit struct on this frame.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return 1024;
+    }
+    l.rlim_cur.min(1 << 20) as u32
+}
+
 fn unsafe_zeroed_sigset() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data, valid when zeroed.
     unsafe { std::mem::zeroed() }
@@ -112,12 +125,7 @@ pub(crate) fn best_containment() -> Containment {
 /// Whether a child can be cloned into `c`'s namespaces (and, in a user namespace, map its ids:
 /// a host that is not dumpable, such as one that dropped privileges, cannot).
 fn probe(c: Containment) -> bool {
-    // SAFETY: getuid and getgid have no preconditions.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let (Ok(uid_map), Ok(gid_map)) = (
-        CString::new(format!("{uid} {uid} 1\n")),
-        CString::new(format!("{gid} {gid} 1\n")),
-    ) else {
+    let Ok(maps) = id_maps() else {
         return false;
     };
     let mut pidfd: RawFd = -1;
@@ -135,8 +143,8 @@ fn probe(c: Containment) -> bool {
     if pid == 0 {
         // SAFETY: in the cloned child: async-signal-safe writes of prepared strings, then _exit.
         unsafe {
-            let mapped = c != (Containment::PidNamespace { user_ns: true })
-                || map_ids(&[uid_map, gid_map]).is_ok();
+            let mapped =
+                c != (Containment::PidNamespace { user_ns: true }) || map_ids(&maps).is_ok();
             libc::_exit(if mapped { 0 } else { 1 })
         }
     }
@@ -146,6 +154,23 @@ fn probe(c: Containment) -> bool {
     // SAFETY: CLONE_PIDFD stored a new descriptor that nothing else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     reap(&pidfd) == Some(0)
+}
+
+/// The uid and gid map lines that map our effective ids to themselves in a new user namespace
+/// (the kernel requires the writer's effective ids).
+fn id_maps() -> io::Result<[CString; 2]> {
+    // SAFETY: geteuid and getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    Ok([
+        cstring(format!("{uid} {uid} 1\n").as_bytes(), "uid map")?,
+        cstring(format!("{gid} {gid} 1\n").as_bytes(), "gid map")?,
+    ])
+}
+
+/// Whether the subreaper can list its children (`CONFIG_PROC_CHILDREN`, a readable /proc):
+/// without it, it could not find the orphans it must kill.
+pub(crate) fn subreaper_works() -> bool {
+    std::fs::read("/proc/thread-self/children").is_ok()
 }
 
 /// Confinement a child applies to itself before exec.
@@ -294,6 +319,10 @@ struct ChildPlan<'a> {
     containment: Containment,
     confinement: Option<&'a Confinement>,
     seccomp: Option<libc::sock_fprog>,
+    /// The supervisor's pid as the program's process sees it (its parent).
+    supervisor_pid: std::sync::atomic::AtomicI32,
+    /// The highest descriptor to close one by one where `close_range` is missing.
+    max_fd: u32,
     /// The supervisor's stack.
     supervisor_stack: Vec<u8>,
     /// The program's process runs on this stack until it execs.
@@ -340,14 +369,7 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
     let (stop_r, stop_w) = pipe()?;
     let (status_r, status_w) = pipe()?;
     let user_maps = match spec.containment {
-        Containment::PidNamespace { user_ns: true } => {
-            // SAFETY: getuid and getgid have no preconditions.
-            let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-            Some([
-                cstring(format!("{uid} {uid} 1\n").as_bytes(), "uid map")?,
-                cstring(format!("{gid} {gid} 1\n").as_bytes(), "gid map")?,
-            ])
-        }
+        Containment::PidNamespace { user_ns: true } => Some(id_maps()?),
         _ => None,
     };
     let plan = ChildPlan {
@@ -369,6 +391,8 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
             .confinement
             .and_then(|c| c.filter.as_ref())
             .map(|f| f.prog()),
+        supervisor_pid: std::sync::atomic::AtomicI32::new(0),
+        max_fd: max_fd(),
         supervisor_stack: vec![0u8; CHILD_STACK],
         program_stack: vec![0u8; CHILD_STACK],
     };
@@ -417,8 +441,24 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
     // The children hold their own copies; ours would keep the pipes from ever closing.
     drop((devnull, out_w, err_w, fail_w, stop_r, status_w));
 
-    // Blocks until the program has exec'd (the pipe closes) or a child reported a failure.
+    // Waits until the program has exec'd (the pipe closes) or a child reported a failure; a
+    // program process that stalls before exec (stopped, or exec on a hung mount) counts
+    // against the run's timeout.
     let mut report = [0u8; 8];
+    if !wait_readable(
+        fail_r.as_raw_fd(),
+        deadline.saturating_duration_since(Instant::now()),
+    ) {
+        drop(stop_w);
+        drop(reaper); // kills and reaps the supervisor
+        return Ok(RunOutput {
+            exit: Exit::Signal(libc::SIGKILL),
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+            timed_out: true,
+            duration: start.elapsed(),
+        });
+    }
     let n = read_full(fail_r.as_raw_fd(), &mut report);
     if n == report.len() {
         drop(stop_w);
@@ -842,6 +882,10 @@ fn supervisor(plan: &ChildPlan<'_>) -> ! {
             fail(plan, Stage::Subreaper, errno_of(r));
         }
     }
+    plan.supervisor_pid.store(
+        call!(SYS_getpid) as i32,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let mut child_pidfd: RawFd = -1;
     // vfork-style: the program's process runs on its own stack, and we are suspended until it
     // execs or exits. (glibc's clone writes errno only if it fails, and then we stop.)
@@ -862,7 +906,7 @@ fn supervisor(plan: &ChildPlan<'_>) -> ! {
     }
     // The program holds what it needs now. Ours (and any other host descriptor, such as
     // another run's pipes) would keep pipes open past their owners' ends.
-    close_all_except([plan.stop_r, plan.status_w, child_pidfd]);
+    close_all_except([plan.stop_r, plan.status_w, child_pidfd], plan.max_fd);
     let status = watch(plan, child_pidfd, pid as libc::pid_t);
     if plan.containment == Containment::Subreaper {
         kill_descendants();
@@ -873,17 +917,35 @@ fn supervisor(plan: &ChildPlan<'_>) -> ! {
 }
 
 /// Closes every descriptor above stderr but `keep`.
-fn close_all_except(mut keep: [RawFd; 3]) {
+fn close_all_except(mut keep: [RawFd; 3], max_fd: u32) {
     keep.sort_unstable();
     let mut from: u32 = 3;
+    let close = |lo: u32, hi: u32| {
+        if call!(SYS_close_range, lo, hi, 0) < 0 {
+            // Before Linux 5.9: one by one, up to the descriptor limit.
+            for fd in lo..=hi.min(max_fd) {
+                call!(SYS_close, fd);
+            }
+        }
+    };
     for fd in keep {
         let fd = fd.max(0) as u32;
         if fd > from {
-            call!(SYS_close_range, from, fd - 1, 0);
+            close(from, fd - 1);
         }
         from = from.max(fd + 1);
     }
-    call!(SYS_close_range, from, u32::MAX, 0);
+    close(from, u32::MAX);
+}
+
+/// Marks every descriptor above stderr close-on-exec.
+fn cloexec_all(max_fd: u32) {
+    if call!(SYS_close_range, 3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) < 0 {
+        // Before Linux 5.11: one by one, up to the descriptor limit.
+        for fd in 3..=max_fd {
+            call!(SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
 }
 
 fn zeroed_siginfo() -> libc::siginfo_t {
@@ -984,30 +1046,42 @@ fn kill_descendants() {
         tv_sec: 0,
         tv_nsec: 1_000_000,
     };
-    loop {
-        let mut killed = 0;
+    // A process that cannot die (uninterruptible sleep) must not keep us here for ever: after
+    // about 10 s the host's deadline has long passed and it kills us.
+    for _ in 0..10_000 {
         let fd = call!(
             SYS_openat,
             libc::AT_FDCWD,
             c"/proc/thread-self/children".as_ptr(),
             libc::O_RDONLY | libc::O_CLOEXEC
         );
-        if fd >= 0 {
+        if fd < 0 {
+            return; // no children list on this kernel: nothing more we can find
+        }
+        {
             let n = call!(SYS_read, fd, buf.as_mut_ptr(), buf.len());
             call!(SYS_close, fd);
+            if n < 0 {
+                return; // no children list on this kernel: nothing more we can find
+            }
+            let n = n.max(0) as usize;
             let mut pid: libc::pid_t = 0;
-            for &b in &buf[..n.max(0) as usize] {
+            for &b in &buf[..n] {
                 if b.is_ascii_digit() {
-                    pid = pid * 10 + libc::pid_t::from(b - b'0');
-                } else if pid > 0 {
-                    call!(SYS_kill, pid, libc::SIGKILL);
-                    killed += 1;
+                    pid = pid
+                        .saturating_mul(10)
+                        .saturating_add(libc::pid_t::from(b - b'0'));
+                } else {
+                    if pid > 0 {
+                        call!(SYS_kill, pid, libc::SIGKILL);
+                    }
                     pid = 0;
                 }
             }
-            if pid > 0 {
+            // A number at the very end of a full buffer may be cut short: it is killed in the
+            // next round, once the ones before it are gone.
+            if pid > 0 && n < buf.len() {
                 call!(SYS_kill, pid, libc::SIGKILL);
-                killed += 1;
             }
         }
         loop {
@@ -1027,9 +1101,7 @@ fn kill_descendants() {
                 break;
             }
         }
-        if killed == 0 {
-            call!(SYS_nanosleep, &pause as *const libc::timespec, 0usize);
-        }
+        call!(SYS_nanosleep, &pause as *const libc::timespec, 0usize);
     }
 }
 
@@ -1040,9 +1112,25 @@ extern "C" fn program_entry(arg: *mut libc::c_void) -> libc::c_int {
 
 /// The program's process: stdio, working directory, limits, confinement, exec.
 fn program(plan: &ChildPlan<'_>) -> ! {
+    // Die with the supervisor, and do not run if it is already gone.
+    let r = call!(SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    if r < 0 {
+        fail(plan, Stage::Fence, errno_of(r));
+    }
+    let supervisor = plan
+        .supervisor_pid
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if call!(SYS_getppid) as i32 != supervisor {
+        fail(plan, Stage::Fence, libc::ESRCH);
+    }
+    // A program starts with default dispositions (the host's handlers are meaningless after
+    // exec, and signals it ignores, such as SIGPIPE, must not stay ignored), then unblocked.
+    for sig in 1..=64 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            default_action(sig);
+        }
+    }
     set_signal_mask(false);
-    // The host's runtime may ignore SIGPIPE; a program expects the default.
-    default_action(libc::SIGPIPE);
     // Every source descriptor is above stderr, so dup3 never sees equal descriptors.
     for (from, to) in [(plan.devnull, 0), (plan.out_w, 1), (plan.err_w, 2)] {
         let r = call!(SYS_dup3, from, to, 0);
@@ -1057,11 +1145,7 @@ fn program(plan: &ChildPlan<'_>) -> ! {
         }
     }
     call!(SYS_setpgid, 0, 0);
-    let r = call!(SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-    if r < 0 {
-        fail(plan, Stage::Fence, errno_of(r));
-    }
-    call!(SYS_close_range, 3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+    cloexec_all(plan.max_fd);
     if let Some(c) = plan.confinement {
         for l in &c.rlimits {
             let v = libc::rlimit {

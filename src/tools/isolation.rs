@@ -142,6 +142,16 @@ pub(crate) fn plan(
     } else {
         spawn::best_containment()
     };
+    let orphans_killed = containment != Containment::Subreaper || spawn::subreaper_works();
+    if mode == IsolationMode::Required && !orphans_killed {
+        return Err(
+            "no PID namespace can be made here and /proc/thread-self/children (Linux \
+                    CONFIG_PROC_CHILDREN) is missing, so processes a run detaches could \
+                    outlive it; allow unprivileged user namespaces, or set \
+                    tools.shell.isolation.mode to \"best_effort\""
+                .into(),
+        );
+    }
     let mut read: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
     for d in executable_dirs.iter().chain(&options.read_paths) {
         if !read.contains(d) {
@@ -202,6 +212,10 @@ pub(crate) fn plan(
             "core_dumps": false,
         }) } else { Value::Null },
         "containment": containment.name(),
+        "orphans_killed": orphans_killed,
+        // Whether the run cannot kill its own supervisor (which would orphan the rest): it
+        // cannot see it from a PID namespace, nor signal it with Landlock's signal scope.
+        "supervisor_protected": containment != Containment::Subreaper || scopes,
     });
     let rules = if landlock_on {
         let mut rules: Vec<FsRule> = read

@@ -98,7 +98,7 @@ struct Refusal {
 impl Drop for ShellTool {
     fn drop(&mut self) {
         if let Some(p) = self.spare.get_mut().take() {
-            let _ = std::fs::remove_dir_all(p);
+            crate::private_dir::remove_tree(&p);
         }
     }
 }
@@ -404,7 +404,7 @@ impl ShellTool {
             if check_private(&p).is_ok() {
                 return Ok(PrivateDir::adopt(p));
             }
-            let _ = std::fs::remove_dir_all(&p);
+            crate::private_dir::remove_tree(&p);
         }
         match std::fs::DirBuilder::new()
             .mode(0o700)
