@@ -48,14 +48,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The shell without kernel confinement (still fenced and contained), and the default one:
     // Landlock, the seccomp filter, limits, a private temp directory.
-    let shell_with = |mode| {
+    let shell_with = |mode: IsolationMode, max_processes: bool| {
+        let mut isolation = IsolationOptions {
+            mode,
+            ..IsolationOptions::default()
+        };
+        if !max_processes {
+            isolation.limits.max_processes = None;
+        }
         ShellTool::new(ShellOptions {
             allowed_executables: vec!["true".into()],
-            isolation: IsolationOptions {
-                mode,
-                force_subreaper: std::env::var_os("SUBREAPER").is_some(),
-                ..IsolationOptions::default()
-            },
+            isolation,
             ..ShellOptions::default()
         })
     };
@@ -66,7 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         assert!(out.status.success());
     };
     let true_req = req("shell", json!({"argv": ["/bin/true"]}));
-    let shell = shell_with(IsolationMode::None)?;
+    let shell = shell_with(IsolationMode::None, true)?;
     let (ours, raw) = compare(
         15,
         40,
@@ -77,7 +80,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("raw_spawn_us: {:.1}", raw.as_secs_f64() * 1e6);
     let shell_ratio = ours.as_secs_f64() / raw.as_secs_f64();
 
-    let confined = shell_with(IsolationMode::Required)?;
+    let confined = shell_with(IsolationMode::Required, true)?;
+    println!(
+        "confined_process_bound: {}",
+        confined.applied_policy()["limits"]["process_bound"]
+            .as_str()
+            .unwrap_or("?")
+    );
     let (ours, raw) = compare(
         15,
         40,
@@ -87,6 +96,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("confined_shell_spawn_us: {:.1}", ours.as_secs_f64() * 1e6);
     println!("confined_raw_spawn_us: {:.1}", raw.as_secs_f64() * 1e6);
     let confined_ratio = ours.as_secs_f64() / raw.as_secs_f64();
+    // The same without a process bound: what a per-run pids cgroup (root on cgroup v1, where
+    // joining one is a migration) costs shows as the difference.
+    let unbounded = shell_with(IsolationMode::Required, false)?;
+    let (ours, raw) = compare(
+        15,
+        40,
+        || assert!(unbounded.execute(&true_req).is_success()),
+        raw_true,
+    );
+    println!(
+        "confined_without_process_bound_ratio: {:.3}",
+        ours.as_secs_f64() / raw.as_secs_f64()
+    );
     let n = 2000;
     let t = Instant::now();
     for _ in 0..n {

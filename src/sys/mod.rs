@@ -3,6 +3,7 @@
 //! a supervised, kernel-confined spawn. The few raw syscalls live here, each behind a `// SAFETY:`
 //! line.
 
+pub(crate) mod cgroup;
 pub(crate) mod landlock;
 pub(crate) mod limits;
 pub(crate) mod seccomp;

@@ -195,6 +195,11 @@ pub(crate) struct SpawnSpec<'a> {
     pub cwd: Option<RawFd>,
     pub confinement: Option<&'a Confinement>,
     pub containment: Containment,
+    /// A cgroup's `cgroup.procs` the program's process joins before exec (its process bound).
+    pub cgroup: Option<&'a std::ffi::CStr>,
+    /// A thread inside the tool's cgroup to clone the supervisor from (the process bound
+    /// without a migration per run).
+    pub spawner: Option<&'a super::cgroup::Spawner>,
     pub timeout: Duration,
     /// Most bytes kept of stdout, and separately of stderr; the rest is read and dropped.
     pub output_cap: usize,
@@ -246,6 +251,7 @@ enum Stage {
     Seccomp,
     Exec,
     Fence,
+    Cgroup,
 }
 
 impl Stage {
@@ -262,6 +268,7 @@ impl Stage {
             9 => "installing the seccomp filter",
             10 => "exec",
             11 => "arming its parent-death signal",
+            12 => "joining its cgroup",
             _ => "starting",
         }
     }
@@ -319,6 +326,8 @@ struct ChildPlan<'a> {
     containment: Containment,
     confinement: Option<&'a Confinement>,
     seccomp: Option<libc::sock_fprog>,
+    /// The `cgroup.procs` the program's process joins.
+    cgroup: Option<&'a std::ffi::CStr>,
     /// The supervisor's pid as the program's process sees it (its parent).
     supervisor_pid: std::sync::atomic::AtomicI32,
     /// The highest descriptor to close one by one where `close_range` is missing.
@@ -391,40 +400,24 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
             .confinement
             .and_then(|c| c.filter.as_ref())
             .map(|f| f.prog()),
+        cgroup: spec.cgroup,
         supervisor_pid: std::sync::atomic::AtomicI32::new(0),
         max_fd: max_fd(),
         supervisor_stack: vec![0u8; CHILD_STACK],
         program_stack: vec![0u8; CHILD_STACK],
     };
 
-    let mut pidfd: RawFd = -1;
     let stack_top = plan.supervisor_stack.as_ptr() as usize + plan.supervisor_stack.len();
-    // No host signal handler may run in the supervisor (on its stack, in our memory): it starts
-    // with every signal blocked.
-    let mut saved: libc::sigset_t = unsafe_zeroed_sigset();
-    let mut all: libc::sigset_t = unsafe_zeroed_sigset();
-    // SAFETY: sigfillset and pthread_sigmask on sets that live on this frame.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
-    }
-    // SAFETY: the supervisor shares our memory on its own 16-byte aligned stack and reads only
-    // `plan`, which stays alive and unchanged until the supervisor is reaped (below, on every
-    // path, and by `Reaper` if this thread unwinds). No exit signal: no SIGCHLD, no auto-reap.
-    let pid = unsafe {
-        libc::clone(
-            supervisor_entry,
-            (stack_top & !15) as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_PIDFD | spec.containment.clone_flags() as libc::c_int,
-            &plan as *const ChildPlan<'_> as *mut libc::c_void,
-            &mut pidfd as *mut RawFd,
-        )
+    let plan_addr = &plan as *const ChildPlan<'_> as usize;
+    let flags = libc::CLONE_VM | libc::CLONE_PIDFD | spec.containment.clone_flags() as libc::c_int;
+    let (pid, pidfd, clone_error) = match spec.spawner {
+        // From a thread already inside the tool's cgroup: the supervisor, and all it starts,
+        // are born in it (joining one later is a slow migration).
+        Some(spawner) => spawner
+            .call(move || clone_supervisor(plan_addr, stack_top, flags))
+            .map_err(|e| io::Error::new(e.kind(), format!("the shell's spawner thread: {e}")))?,
+        None => clone_supervisor(plan_addr, stack_top, flags),
     };
-    let clone_error = io::Error::last_os_error();
-    // SAFETY: restoring the mask saved above.
-    unsafe {
-        libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
-    }
     if pid < 0 {
         return Err(io::Error::new(
             clone_error.kind(),
@@ -487,7 +480,7 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
     );
     if pumped.is_err() {
         drop(stop_w.take());
-        wait_or_kill(&pidfd, pid as i32);
+        wait_or_kill(&pidfd, pid);
     }
     let timed_out = pumped?;
     // The supervisor is reaped: nothing reads `plan` any more.
@@ -513,6 +506,42 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         timed_out,
         duration: start.elapsed(),
     })
+}
+
+/// Clones the supervisor (sharing our memory, on its own stack, with every signal blocked so
+/// no host handler runs in it); returns its pid (or -1), its pidfd and the clone's error.
+fn clone_supervisor(
+    plan_addr: usize,
+    stack_top: usize,
+    flags: libc::c_int,
+) -> (i32, RawFd, io::Error) {
+    let mut pidfd: RawFd = -1;
+    let mut saved: libc::sigset_t = unsafe_zeroed_sigset();
+    let mut all: libc::sigset_t = unsafe_zeroed_sigset();
+    // SAFETY: sigfillset and pthread_sigmask on sets that live on this frame.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
+    }
+    // SAFETY: the supervisor shares our memory on its own 16-byte aligned stack and reads only
+    // the plan at `plan_addr`, which the caller keeps alive and unchanged until the supervisor
+    // is reaped (on every path, and by `Reaper` if its thread unwinds). No exit signal: no
+    // SIGCHLD, no auto-reap.
+    let pid = unsafe {
+        libc::clone(
+            supervisor_entry,
+            (stack_top & !15) as *mut libc::c_void,
+            flags,
+            plan_addr as *mut libc::c_void,
+            &mut pidfd as *mut RawFd,
+        )
+    };
+    let error = io::Error::last_os_error();
+    // SAFETY: restoring the mask saved above.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
+    }
+    (pid, pidfd, error)
 }
 
 /// Reads into `buf` until it is full or the pipe closes; returns the bytes read.
@@ -1146,6 +1175,12 @@ fn program(plan: &ChildPlan<'_>) -> ! {
     }
     call!(SYS_setpgid, 0, 0);
     cloexec_all(plan.max_fd);
+    // Before Landlock, which would deny the write.
+    if let Some(procs) = plan.cgroup {
+        if let Err(e) = write_file(procs, b"0") {
+            fail(plan, Stage::Cgroup, e);
+        }
+    }
     if let Some(c) = plan.confinement {
         for l in &c.rlimits {
             let v = libc::rlimit {

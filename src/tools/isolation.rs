@@ -2,6 +2,7 @@
 //! kernel can enforce here (decided once, when the tool is built), and the per-run confinement
 //! (a Landlock ruleset naming the run's private temp directory, the seccomp filter, limits).
 
+use crate::sys::cgroup::{RunCgroup, Spawner, ToolCgroup};
 use crate::sys::landlock::{self, Access, FsRule, OpenedRules};
 use crate::sys::limits::Rlimit;
 use crate::sys::seccomp::{self, Filter};
@@ -47,10 +48,11 @@ pub struct ResourceLimits {
     pub cpu_seconds: Option<u64>,
     /// Open descriptors per process; default 1024.
     pub open_files: Option<u64>,
-    /// Processes the run may have at once (`RLIMIT_NPROC`, counted per user namespace): default
-    /// 256. The kernel enforces it in a user namespace (a non-root host where unprivileged user
-    /// namespaces are allowed); it never applies to root, whose runs are bounded by the
-    /// timeout and the PID namespace instead. The applied policy says which.
+    /// Processes the run may have at once; default 256. Enforced as `RLIMIT_NPROC` inside the
+    /// run's own user namespace (non-root hosts where unprivileged user namespaces are
+    /// allowed), else as `pids.max` of a per-run cgroup where this process may create one
+    /// (root with a cgroup `pids` hierarchy); elsewhere not enforced. The applied policy's
+    /// `process_bound` says which.
     pub max_processes: Option<u64>,
 }
 
@@ -100,6 +102,12 @@ pub(crate) struct Policy {
     /// The static rules (system, executables, read paths, devices, working dirs), opened once.
     rules: Option<OpenedRules>,
     rlimits: Vec<Rlimit>,
+    /// Where each run's `pids` cgroup goes, and its limit.
+    pids_cgroup: Option<(&'static Path, u64)>,
+    /// The tool's cgroup and spawner thread (cgroup v1).
+    tool_cgroup: Option<ToolCgroup>,
+    /// An empty cgroup a finished run left, for the next.
+    spare_cgroup: parking_lot::Mutex<Option<RunCgroup>>,
     pub containment: Containment,
     filter: bool,
     /// The applied policy, as recorded in `tool.execution_started`.
@@ -178,9 +186,40 @@ pub(crate) fn plan(
             add(libc::RLIMIT_NPROC, l.max_processes);
         }
     }
-    let nproc_enforced = confine
-        && l.max_processes.is_some()
-        && containment == (Containment::PidNamespace { user_ns: true });
+    let nproc_in_userns = containment == (Containment::PidNamespace { user_ns: true });
+    // Where RLIMIT_NPROC does not bound the run (root, or no user namespace), a cgroup's
+    // pids.max does, if we may make one.
+    let pids_parent = match l.max_processes {
+        Some(_) if confine && !nproc_in_userns => crate::sys::cgroup::pids_parent(),
+        _ => None,
+    };
+    // v1: one cgroup per tool with a spawner thread in it (no migration per run).
+    let tool_cgroup = match (pids_parent, l.max_processes) {
+        (Some(p), Some(limit)) if p.v1 => match ToolCgroup::new(p.dir, limit) {
+            Ok(cg) => Some(cg),
+            Err(e) => {
+                log::warn!("shell tool: no pids cgroup in {}: {e}", p.dir.display());
+                None
+            }
+        },
+        _ => None,
+    };
+    let pids_cgroup = pids_parent
+        .filter(|p| !p.v1)
+        .map(|p| p.dir)
+        .zip(l.max_processes);
+    let (process_bound, bound_scope) = if !confine || l.max_processes.is_none() {
+        ("none", "none")
+    } else if nproc_in_userns {
+        ("rlimit_nproc_in_user_namespace", "run")
+    } else if tool_cgroup.is_some() {
+        ("cgroup_pids_max", "tool")
+    } else if pids_cgroup.is_some() {
+        ("cgroup_pids_max", "run")
+    } else {
+        ("none", "none")
+    };
+    let nproc_enforced = process_bound != "none";
     let landlock_on = confine && abi >= 1;
     let tcp = landlock_on && !options.network && abi >= landlock::NET_ABI;
     let scopes = landlock_on && abi >= landlock::SCOPE_ABI;
@@ -209,6 +248,9 @@ pub(crate) fn plan(
             "open_files": l.open_files,
             "max_processes": l.max_processes,
             "max_processes_enforced": nproc_enforced,
+            "process_bound": process_bound,
+            // "tool": concurrent runs of this tool share the bound (a run alone has all of it).
+            "process_bound_scope": bound_scope,
             "core_dumps": false,
         }) } else { Value::Null },
         "containment": containment.name(),
@@ -245,6 +287,9 @@ pub(crate) fn plan(
         network: options.network,
         rules,
         rlimits,
+        pids_cgroup,
+        tool_cgroup,
+        spare_cgroup: parking_lot::Mutex::new(None),
         containment,
         filter,
         recorded,
@@ -252,6 +297,39 @@ pub(crate) fn plan(
 }
 
 impl Policy {
+    /// A fresh `pids` cgroup for one run, where that is how its processes are bounded.
+    pub fn run_cgroup(&self) -> Result<Option<RunCgroup>, String> {
+        let Some((parent, limit)) = self.pids_cgroup else {
+            return Ok(None);
+        };
+        if let Some(cg) = self.spare_cgroup.lock().take() {
+            if cg.is_empty() {
+                return Ok(Some(cg));
+            }
+        }
+        RunCgroup::new(parent, limit).map(Some).map_err(|e| {
+            format!(
+                "creating the run's pids cgroup in {}: {e}",
+                parent.display()
+            )
+        })
+    }
+
+    /// The thread to clone a run's supervisor from, when the tool has a cgroup of its own.
+    pub fn spawner(&self) -> Option<&Spawner> {
+        self.tool_cgroup.as_ref().and_then(ToolCgroup::spawner)
+    }
+
+    /// After a run: keeps its cgroup for the next run when no process is left in it.
+    pub fn recycle_cgroup(&self, cg: RunCgroup) {
+        if cg.is_empty() {
+            let mut spare = self.spare_cgroup.lock();
+            if spare.is_none() {
+                *spare = Some(cg);
+            }
+        }
+    }
+
     /// The confinement for one run whose private temp directory is `tmp`; `None` in mode
     /// `none`.
     pub fn confinement(&self, tmp: &Path) -> Result<Option<Confinement>, String> {

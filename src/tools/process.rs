@@ -55,6 +55,8 @@ pub(crate) fn run(spec: &RunSpec<'_>) -> io::Result<RunOutput> {
         cwd: cwd.as_ref().map(|f| f.as_raw_fd()),
         confinement: None,
         containment: spawn::best_containment(),
+        cgroup: None,
+        spawner: None,
         timeout: spec.timeout,
         output_cap: spec.output_cap,
     })

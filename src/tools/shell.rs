@@ -475,6 +475,9 @@ impl ShellTool {
         let confinement = policy
             .confinement(tmp.path())
             .map_err(|e| ToolResult::failure(id, e, true))?;
+        let cgroup = policy
+            .run_cgroup()
+            .map_err(|e| ToolResult::failure(id, e, true))?;
         let mut env = Vec::with_capacity(self.env.len() + 2);
         env.push(("PATH".to_owned(), FIXED_PATH.to_owned()));
         env.push(("TMPDIR".to_owned(), tmp.path().display().to_string()));
@@ -489,6 +492,8 @@ impl ShellTool {
             cwd: Some(cwd.as_raw_fd()),
             confinement: confinement.as_ref(),
             containment: policy.containment,
+            cgroup: cgroup.as_ref().map(|c| c.procs()),
+            spawner: policy.spawner(),
             timeout: self.timeout,
             output_cap: self.output_cap,
         })
@@ -500,6 +505,9 @@ impl ShellTool {
             )
         })?;
         drop(cwd);
+        if let Some(cg) = cgroup {
+            policy.recycle_cgroup(cg);
+        }
         self.recycle(tmp);
         let mut metadata = BTreeMap::new();
         match out.exit {
