@@ -987,6 +987,21 @@ fn si_pid(info: &libc::siginfo_t) -> libc::pid_t {
     unsafe { info.si_pid() }
 }
 
+/// A non-blocking `waitid` for any exited child (reaping it unless `extra` has `WNOWAIT`):
+/// the raw result (`-ECHILD` when there are no children) and the child's pid (0: none yet).
+fn wait_any(extra: libc::c_int) -> (isize, libc::pid_t) {
+    let mut info = zeroed_siginfo();
+    let r = call!(
+        SYS_waitid,
+        libc::P_ALL,
+        0,
+        &mut info as *mut libc::siginfo_t,
+        libc::WEXITED | libc::WNOHANG | libc::__WALL | extra,
+        0usize
+    );
+    (r, si_pid(&info))
+}
+
 /// Waits until the program exits or the host asks for a stop (or dies), reaping orphans on the
 /// way; returns the program's status as (si_code, si_status) bytes.
 fn watch(plan: &ChildPlan<'_>, child_pidfd: RawFd, child: libc::pid_t) -> [u8; 8] {
@@ -1023,19 +1038,11 @@ fn watch(plan: &ChildPlan<'_>, child_pidfd: RawFd, child: libc::pid_t) -> [u8; 8
         }
         // Reap orphans (reparented to us), but never the program: its status is read below.
         loop {
-            let mut info = zeroed_siginfo();
-            let r = call!(
-                SYS_waitid,
-                libc::P_ALL,
-                0,
-                &mut info as *mut libc::siginfo_t,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL,
-                0usize
-            );
-            let zombie = si_pid(&info);
+            let (r, zombie) = wait_any(libc::WNOWAIT);
             if r < 0 || zombie == 0 || zombie == child {
                 break;
             }
+            let mut info = zeroed_siginfo();
             call!(
                 SYS_waitid,
                 libc::P_PID,
@@ -1114,19 +1121,11 @@ fn kill_descendants() {
             }
         }
         loop {
-            let mut info = zeroed_siginfo();
-            let r = call!(
-                SYS_waitid,
-                libc::P_ALL,
-                0,
-                &mut info as *mut libc::siginfo_t,
-                libc::WEXITED | libc::WNOHANG | libc::__WALL,
-                0usize
-            );
+            let (r, reaped) = wait_any(0);
             if r < 0 {
                 return; // ECHILD: nobody left
             }
-            if si_pid(&info) == 0 {
+            if reaped == 0 {
                 break;
             }
         }
