@@ -737,3 +737,40 @@ fn file_tools_refuse_to_rewrite_an_allowed_executable() -> TestResult {
     assert!(r.is_success(), "{}", reason(&r));
     Ok(())
 }
+
+/// The supervisor sleeps while its program runs: a 1 s `sleep` costs the run's processes next
+/// to no CPU time (a busy-waiting supervisor would spend about a second).
+#[test]
+fn a_waiting_run_costs_no_cpu() -> TestResult {
+    let out = child_test("confined::cpu_child").output()?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("cpu ok"), "{text}");
+    Ok(())
+}
+
+#[test]
+#[ignore = "helper: run by a_waiting_run_costs_no_cpu"]
+fn cpu_child() {
+    if !is_child() {
+        return;
+    }
+    let cpu = || {
+        // SAFETY: getrusage writes one rusage struct on this frame.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
+        let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+        t(u.ru_utime) + t(u.ru_stime)
+    };
+    let work = TempDir::new("confined-cpu");
+    let t = tool(&["sleep"], &[work.path()], |_| {});
+    let before = cpu();
+    let r = run(&t, &["sleep", "1"]);
+    assert!(r.is_success(), "{}", reason(&r));
+    let spent = cpu() - before;
+    assert!(
+        spent < 0.2,
+        "the run's processes used {spent:.3} s of CPU for a 1 s sleep"
+    );
+    println!("cpu ok ({spent:.3} s)");
+}

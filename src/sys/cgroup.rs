@@ -164,13 +164,17 @@ impl Spawner {
         let thread = std::thread::Builder::new()
             .name("correx-shell-spawner".into())
             .spawn(move || {
-                // SAFETY: blocking every signal on this thread only; gettid has no preconditions.
-                let tid = unsafe {
-                    let mut all: libc::sigset_t = std::mem::zeroed();
-                    libc::sigfillset(&mut all);
-                    libc::pthread_sigmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
-                    libc::gettid()
-                };
+                // Every signal, glibc's internal ones too, on this thread only.
+                let all: u64 = !0;
+                let _ = crate::sys::syscall!(
+                    SYS_rt_sigprocmask,
+                    libc::SIG_SETMASK,
+                    &all as *const u64,
+                    std::ptr::null_mut::<u64>(),
+                    8usize
+                );
+                // SAFETY: gettid has no preconditions.
+                let tid = unsafe { libc::gettid() };
                 let joined = std::fs::write(&tasks, tid.to_string());
                 let ok = joined.is_ok();
                 let _ = ready_tx.send(joined);

@@ -99,11 +99,22 @@ impl Filter {
         }
     }
 
+    /// A copy of the instructions, for a plan that must own them.
+    pub fn instructions(&self) -> Vec<sock_filter> {
+        self.program.clone()
+    }
+
     /// A `sock_fprog` pointing into this filter; valid while the filter lives.
+    #[allow(dead_code)]
     pub fn prog(&self) -> sock_fprog {
-        sock_fprog {
-            len: self.program.len() as u16,
-            filter: self.program.as_ptr() as *mut sock_filter,
-        }
+        prog_of(&self.program)
+    }
+}
+
+/// A `sock_fprog` pointing into `program`; valid while it lives, unmoved.
+pub(crate) fn prog_of(program: &[sock_filter]) -> sock_fprog {
+    sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_ptr() as *mut sock_filter,
     }
 }

@@ -36,20 +36,48 @@ const DRAIN_DEADLINE: Duration = Duration::from_millis(500);
 /// The stacks the supervisor and (until it execs) the program's process run on.
 const CHILD_STACK: usize = 64 * 1024;
 
-/// Kills and reaps the supervisor if the host thread unwinds while it runs: it reads the
-/// host's memory, which must not be freed under it.
-struct Reaper<'a>(&'a OwnedFd);
+/// The supervisor and the plan it reads. Dropped without [`Supervised::reap`] (an early
+/// return, or this thread unwinding), it kills and reaps the supervisor. The plan is freed
+/// only after the reap, and leaked when the supervisor had to be killed in subreaper mode: its
+/// program's process, which shares our memory until it execs, may still be reading it for the
+/// moment its parent-death signal takes.
+struct Supervised {
+    pidfd: OwnedFd,
+    plan: Option<Box<ChildPlan>>,
+    killed: bool,
+}
 
-impl Drop for Reaper<'_> {
+impl Supervised {
+    /// Waits for the supervisor to exit and reaps it, then releases the plan.
+    fn reap(&mut self) {
+        let _ = reap(&self.pidfd);
+        self.release();
+    }
+
+    fn release(&mut self) {
+        if let Some(plan) = self.plan.take() {
+            if self.killed && plan.containment == Containment::Subreaper {
+                Box::leak(plan);
+            }
+        }
+    }
+}
+
+impl Drop for Supervised {
     fn drop(&mut self) {
+        if self.plan.is_none() {
+            return;
+        }
         let _ = syscall!(
             SYS_pidfd_send_signal,
-            self.0.as_raw_fd(),
+            self.pidfd.as_raw_fd(),
             libc::SIGKILL,
             std::ptr::null::<libc::siginfo_t>(),
             0u32
         );
-        let _ = reap(self.0);
+        self.killed = true;
+        let _ = reap(&self.pidfd);
+        self.release();
     }
 }
 
@@ -64,11 +92,6 @@ fn max_fd() -> u32 {
         return 1024;
     }
     l.rlim_cur.min(1 << 20) as u32
-}
-
-fn unsafe_zeroed_sigset() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data, valid when zeroed.
-    unsafe { std::mem::zeroed() }
 }
 
 /// How the run's descendants are contained.
@@ -310,24 +333,36 @@ fn cstring(bytes: &[u8], what: &str) -> io::Result<CString> {
 }
 
 /// Everything the two children read, prepared before the first clone: they allocate nothing.
-struct ChildPlan<'a> {
+/// Owned: when a supervisor had to be killed in subreaper mode, its program's process may
+/// still be reading the plan for a moment (it shares our memory until exec), so the plan is
+/// then leaked rather than freed under it.
+struct ChildPlan {
     program: CString,
     argv: Vec<*const libc::c_char>,
     envp: Vec<*const libc::c_char>,
+    /// What `argv` and `envp` point into.
+    _strings: Vec<CString>,
     devnull: RawFd,
     out_w: RawFd,
     err_w: RawFd,
     fail_w: RawFd,
     stop_r: RawFd,
-    stop_w: RawFd,
     status_w: RawFd,
     cwd: RawFd,
     user_maps: Option<[CString; 2]>,
     containment: Containment,
-    confinement: Option<&'a Confinement>,
+    /// Whether to confine (no_new_privs, then the rest).
+    confined: bool,
+    rlimits: Vec<Rlimit>,
+    /// A Landlock ruleset descriptor, or -1.
+    ruleset: RawFd,
+    /// The seccomp filter's instructions, and a `sock_fprog` pointing into them.
+    _filter: Vec<libc::sock_filter>,
     seccomp: Option<libc::sock_fprog>,
     /// The `cgroup.procs` the program's process joins.
-    cgroup: Option<&'a std::ffi::CStr>,
+    cgroup: Option<CString>,
+    /// Descriptors the supervisor keeps until the program has exec'd (besides the pipes).
+    keep: [RawFd; 2],
     /// The supervisor's pid as the program's process sees it (its parent).
     supervisor_pid: std::sync::atomic::AtomicI32,
     /// The highest descriptor to close one by one where `close_range` is missing.
@@ -366,6 +401,11 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
             .chain(std::iter::once(std::ptr::null()))
             .collect::<Vec<_>>()
     };
+    let filter = spec
+        .confinement
+        .and_then(|c| c.filter.as_ref())
+        .map(|f| f.instructions())
+        .unwrap_or_default();
     let devnull = high(OwnedFd::from(
         std::fs::OpenOptions::new()
             .read(true)
@@ -381,34 +421,45 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         Containment::PidNamespace { user_ns: true } => Some(id_maps()?),
         _ => None,
     };
-    let plan = ChildPlan {
+    let ruleset = spec
+        .confinement
+        .and_then(|c| c.ruleset.as_ref())
+        .map_or(-1, |r| r.raw());
+    let mut plan = Box::new(ChildPlan {
         argv: with_null(&argv_c),
         envp: with_null(&env_c),
+        _strings: argv_c.into_iter().chain(env_c).collect(),
         program,
         devnull: devnull.as_raw_fd(),
         out_w: out_w.as_raw_fd(),
         err_w: err_w.as_raw_fd(),
         fail_w: fail_w.as_raw_fd(),
         stop_r: stop_r.as_raw_fd(),
-        stop_w: stop_w.as_raw_fd(),
         status_w: status_w.as_raw_fd(),
         cwd: spec.cwd.unwrap_or(-1),
         user_maps,
         containment: spec.containment,
-        confinement: spec.confinement,
-        seccomp: spec
+        confined: spec.confinement.is_some(),
+        rlimits: spec
             .confinement
-            .and_then(|c| c.filter.as_ref())
-            .map(|f| f.prog()),
-        cgroup: spec.cgroup,
+            .map(|c| c.rlimits.clone())
+            .unwrap_or_default(),
+        ruleset,
+        seccomp: None,
+        _filter: filter,
+        cgroup: spec.cgroup.map(std::ffi::CStr::to_owned),
+        keep: [spec.cwd.unwrap_or(-1), ruleset],
         supervisor_pid: std::sync::atomic::AtomicI32::new(0),
         max_fd: max_fd(),
         supervisor_stack: vec![0u8; CHILD_STACK],
         program_stack: vec![0u8; CHILD_STACK],
-    };
+    });
+    if !plan._filter.is_empty() {
+        plan.seccomp = Some(super::seccomp::prog_of(&plan._filter));
+    }
 
     let stack_top = plan.supervisor_stack.as_ptr() as usize + plan.supervisor_stack.len();
-    let plan_addr = &plan as *const ChildPlan<'_> as usize;
+    let plan_addr = &*plan as *const ChildPlan as usize;
     let flags = libc::CLONE_VM | libc::CLONE_PIDFD | spec.containment.clone_flags() as libc::c_int;
     let (pid, pidfd, clone_error) = match spec.spawner {
         // From a thread already inside the tool's cgroup: the supervisor, and all it starts,
@@ -429,8 +480,13 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
     }
     // SAFETY: CLONE_PIDFD stored a new descriptor that nothing else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    // Declared after `plan`, so dropped (the supervisor killed and reaped) before it.
-    let reaper = Reaper(&pidfd);
+    // Owns the plan from here: it is freed only once the supervisor is reaped (and leaked if
+    // the supervisor had to be killed while its program could still be reading it).
+    let mut guard = Supervised {
+        pidfd,
+        plan: Some(plan),
+        killed: false,
+    };
     // The children hold their own copies; ours would keep the pipes from ever closing.
     drop((devnull, out_w, err_w, fail_w, stop_r, status_w));
 
@@ -443,7 +499,7 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         deadline.saturating_duration_since(Instant::now()),
     ) {
         drop(stop_w);
-        drop(reaper); // kills and reaps the supervisor
+        drop(guard); // kills and reaps the supervisor
         return Ok(RunOutput {
             exit: Exit::Signal(libc::SIGKILL),
             stdout: Captured::default(),
@@ -455,8 +511,7 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
     let n = read_full(fail_r.as_raw_fd(), &mut report);
     if n == report.len() {
         drop(stop_w);
-        let _ = reap(&pidfd);
-        std::mem::forget(reaper);
+        guard.reap();
         let stage = u32::from_ne_bytes([report[0], report[1], report[2], report[3]]);
         let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
         let e = io::Error::from_raw_os_error(errno);
@@ -471,23 +526,28 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
     let mut err = Captured::default();
     let mut stop_w = Some(stop_w);
     let pumped = pump(
-        &pidfd,
+        &guard.pidfd,
         [Some(out_r), Some(err_r)],
         [&mut out, &mut err],
         spec.output_cap,
         deadline,
         &mut stop_w,
     );
-    if pumped.is_err() {
-        drop(stop_w.take());
-        wait_or_kill(&pidfd, pid);
-    }
-    let timed_out = pumped?;
-    // The supervisor is reaped: nothing reads `plan` any more.
-    std::mem::forget(reaper);
-    drop(plan);
+    let timed_out = match pumped {
+        Ok((timed_out, killed)) => {
+            guard.killed = killed;
+            timed_out
+        }
+        Err(e) => {
+            drop(stop_w.take());
+            guard.killed = !wait_readable(guard.pidfd.as_raw_fd(), STOP_GRACE);
+            return Err(e); // the guard kills (if needed) and reaps
+        }
+    };
+    guard.reap();
+    // The supervisor is gone, and wrote its report (if it could) before it exited.
     let mut status = [0u8; 8];
-    let exit = if read_full(status_r.as_raw_fd(), &mut status) == status.len() {
+    let exit = if read_now(status_r.as_raw_fd(), &mut status) == status.len() {
         let kind = i32::from_ne_bytes([status[0], status[1], status[2], status[3]]);
         let value = i32::from_ne_bytes([status[4], status[5], status[6], status[7]]);
         if kind == libc::CLD_EXITED {
@@ -516,13 +576,16 @@ fn clone_supervisor(
     flags: libc::c_int,
 ) -> (i32, RawFd, io::Error) {
     let mut pidfd: RawFd = -1;
-    let mut saved: libc::sigset_t = unsafe_zeroed_sigset();
-    let mut all: libc::sigset_t = unsafe_zeroed_sigset();
-    // SAFETY: sigfillset and pthread_sigmask on sets that live on this frame.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
-    }
+    // Every signal, glibc's internal ones too (pthread_sigmask would leave those out).
+    let all: u64 = !0;
+    let mut saved: u64 = 0;
+    let _ = syscall!(
+        SYS_rt_sigprocmask,
+        libc::SIG_SETMASK,
+        &all as *const u64,
+        &mut saved as *mut u64,
+        8usize
+    );
     // SAFETY: the supervisor shares our memory on its own 16-byte aligned stack and reads only
     // the plan at `plan_addr`, which the caller keeps alive and unchanged until the supervisor
     // is reaped (on every path, and by `Reaper` if its thread unwinds). No exit signal: no
@@ -537,11 +600,24 @@ fn clone_supervisor(
         )
     };
     let error = io::Error::last_os_error();
-    // SAFETY: restoring the mask saved above.
-    unsafe {
-        libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
-    }
+    let _ = syscall!(
+        SYS_rt_sigprocmask,
+        libc::SIG_SETMASK,
+        &saved as *const u64,
+        std::ptr::null_mut::<u64>(),
+        8usize
+    );
     (pid, pidfd, error)
+}
+
+/// Reads what is already in a pipe into `buf`, without waiting; returns the bytes read.
+fn read_now(fd: RawFd, buf: &mut [u8]) -> usize {
+    if !wait_readable(fd, Duration::ZERO) {
+        return 0;
+    }
+    // SAFETY: reading into a live buffer of buf.len() bytes.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    n.max(0) as usize
 }
 
 /// Reads into `buf` until it is full or the pipe closes; returns the bytes read.
@@ -582,18 +658,6 @@ fn reap(pidfd: &OwnedFd) -> Option<i32> {
             return None;
         }
     }
-}
-
-/// After a stop: gives the supervisor [`STOP_GRACE`] to kill the run and exit, then kills it.
-fn wait_or_kill(pidfd: &OwnedFd, pid: i32) {
-    if !wait_readable(pidfd.as_raw_fd(), STOP_GRACE) {
-        log::error!("the shell supervisor did not stop in time; killing it");
-        // SAFETY: signalling our own unreaped child (its pid cannot be reused before we reap).
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-        }
-    }
-    let _ = reap(pidfd);
 }
 
 fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
@@ -651,12 +715,13 @@ fn pump(
     cap: usize,
     deadline: Instant,
     stop_w: &mut Option<OwnedFd>,
-) -> io::Result<bool> {
+) -> io::Result<(bool, bool)> {
     let [out_sink, err_sink] = sinks;
     let mut exited = false;
     let mut timed_out = false;
     let mut drain_until: Option<Instant> = None;
     let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
     loop {
         if exited {
             if pipes.iter().all(Option::is_none) {
@@ -682,6 +747,7 @@ fn pump(
                 0u32
             );
             kill_at = None;
+            killed = true;
         }
         let wake_at = match (exited, drain_until, kill_at) {
             (true, Some(d), _) => d,
@@ -743,7 +809,7 @@ fn pump(
             }
         }
     }
-    Ok(timed_out)
+    Ok((timed_out, killed))
 }
 
 // ---- the children ---------------------------------------------------------------------------
@@ -812,7 +878,7 @@ struct KernelSigaction {
 }
 
 /// Reports `stage` and `errno` to the host and exits.
-fn fail(plan: &ChildPlan<'_>, stage: Stage, errno: i32) -> ! {
+fn fail(plan: &ChildPlan, stage: Stage, errno: i32) -> ! {
     let mut msg = [0u8; 8];
     msg[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
     msg[4..].copy_from_slice(&errno.to_ne_bytes());
@@ -888,18 +954,32 @@ fn default_action(sig: libc::c_int) {
 extern "C" fn supervisor_entry(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the host's `ChildPlan`, which the host keeps alive and unchanged until
     // it has reaped us.
-    supervisor(unsafe { &*(arg as *const ChildPlan<'_>) })
+    supervisor(unsafe { &*(arg as *const ChildPlan) })
 }
 
 /// The supervisor: starts the program, waits for it or for a stop, kills every descendant,
 /// reports the program's status and exits.
-fn supervisor(plan: &ChildPlan<'_>) -> ! {
+fn supervisor(plan: &ChildPlan) -> ! {
     // Signals stay blocked (the host blocked them around the clone): no host handler may run
     // on this stack. SIGCHLD must not be ignored, or our children would be reaped before we
     // could wait for them.
     default_action(libc::SIGCHLD);
-    // The host holds the only other write end: its death closes the pipe.
-    call!(SYS_close, plan.stop_w);
+    // Only what this run needs: not the stop pipe's write end (the host holds the only other
+    // one, so its death closes the pipe), nor any other host descriptor, such as another run's
+    // pipes, which would keep those open past their owners' ends.
+    close_all_except(
+        [
+            plan.devnull,
+            plan.out_w,
+            plan.err_w,
+            plan.fail_w,
+            plan.stop_r,
+            plan.status_w,
+            plan.keep[0],
+            plan.keep[1],
+        ],
+        plan.max_fd,
+    );
     if let Some(maps) = &plan.user_maps {
         if let Err(e) = map_ids(maps) {
             fail(plan, Stage::UserNamespace, e);
@@ -926,12 +1006,15 @@ fn supervisor(plan: &ChildPlan<'_>) -> ! {
             program_entry,
             (stack_top & !15) as *mut libc::c_void,
             libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
-            plan as *const ChildPlan<'_> as *mut libc::c_void,
+            plan as *const ChildPlan as *mut libc::c_void,
             &mut child_pidfd as *mut RawFd,
         )
     };
     if pid < 0 {
-        fail(plan, Stage::Clone, libc::EAGAIN);
+        // glibc stored the reason in errno (the host thread's, which we share): read it back.
+        // SAFETY: __errno_location returns this thread's errno slot.
+        let errno = unsafe { *libc::__errno_location() };
+        fail(plan, Stage::Clone, errno);
     }
     // The program holds what it needs now. Ours (and any other host descriptor, such as
     // another run's pipes) would keep pipes open past their owners' ends.
@@ -946,7 +1029,7 @@ fn supervisor(plan: &ChildPlan<'_>) -> ! {
 }
 
 /// Closes every descriptor above stderr but `keep`.
-fn close_all_except(mut keep: [RawFd; 3], max_fd: u32) {
+fn close_all_except<const N: usize>(mut keep: [RawFd; N], max_fd: u32) {
     keep.sort_unstable();
     let mut from: u32 = 3;
     let close = |lo: u32, hi: u32| {
@@ -1004,13 +1087,14 @@ fn wait_any(extra: libc::c_int) -> (isize, libc::pid_t) {
 
 /// Waits until the program exits or the host asks for a stop (or dies), reaping orphans on the
 /// way; returns the program's status as (si_code, si_status) bytes.
-fn watch(plan: &ChildPlan<'_>, child_pidfd: RawFd, child: libc::pid_t) -> [u8; 8] {
+fn watch(plan: &ChildPlan, child_pidfd: RawFd, child: libc::pid_t) -> [u8; 8] {
     let mut stopped = false;
-    let tick = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 100_000_000,
-    };
     loop {
+        // ppoll writes the time left back: a fresh tick every round.
+        let mut tick = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
+        };
         let mut fds = [
             libc::pollfd {
                 fd: child_pidfd,
@@ -1028,7 +1112,7 @@ fn watch(plan: &ChildPlan<'_>, child_pidfd: RawFd, child: libc::pid_t) -> [u8; 8
             SYS_ppoll,
             fds.as_mut_ptr(),
             nfds,
-            &tick as *const libc::timespec,
+            &mut tick as *mut libc::timespec,
             0usize,
             8usize
         );
@@ -1135,11 +1219,11 @@ fn kill_descendants() {
 
 extern "C" fn program_entry(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `ChildPlan` the supervisor holds while it is suspended in vfork.
-    program(unsafe { &*(arg as *const ChildPlan<'_>) })
+    program(unsafe { &*(arg as *const ChildPlan) })
 }
 
 /// The program's process: stdio, working directory, limits, confinement, exec.
-fn program(plan: &ChildPlan<'_>) -> ! {
+fn program(plan: &ChildPlan) -> ! {
     // Die with the supervisor, and do not run if it is already gone.
     let r = call!(SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL);
     if r < 0 {
@@ -1175,13 +1259,13 @@ fn program(plan: &ChildPlan<'_>) -> ! {
     call!(SYS_setpgid, 0, 0);
     cloexec_all(plan.max_fd);
     // Before Landlock, which would deny the write.
-    if let Some(procs) = plan.cgroup {
+    if let Some(procs) = &plan.cgroup {
         if let Err(e) = write_file(procs, b"0") {
             fail(plan, Stage::Cgroup, e);
         }
     }
-    if let Some(c) = plan.confinement {
-        for l in &c.rlimits {
+    if plan.confined {
+        for l in &plan.rlimits {
             let v = libc::rlimit {
                 rlim_cur: l.value,
                 rlim_max: l.value,
@@ -1201,8 +1285,8 @@ fn program(plan: &ChildPlan<'_>) -> ! {
         if r < 0 {
             fail(plan, Stage::NoNewPrivs, errno_of(r));
         }
-        if let Some(ruleset) = &c.ruleset {
-            let r = call!(SYS_landlock_restrict_self, ruleset.raw(), 0);
+        if plan.ruleset >= 0 {
+            let r = call!(SYS_landlock_restrict_self, plan.ruleset, 0);
             if r < 0 {
                 fail(plan, Stage::Landlock, errno_of(r));
             }

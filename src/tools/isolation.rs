@@ -151,6 +151,16 @@ pub(crate) fn plan(
         spawn::best_containment()
     };
     let orphans_killed = containment != Containment::Subreaper || spawn::subreaper_works();
+    let scoped = confine && abi >= landlock::SCOPE_ABI;
+    if mode == IsolationMode::Required && containment == Containment::Subreaper && !scoped {
+        return Err(format!(
+            "no PID namespace can be made here, and without Landlock's signal scope (ABI {}, \
+             Linux 6.12; this kernel offers ABI {abi}) a run could kill its supervisor and \
+             leave its processes behind; allow unprivileged user namespaces, or set \
+             tools.shell.isolation.mode to \"best_effort\"",
+            landlock::SCOPE_ABI
+        ));
+    }
     if mode == IsolationMode::Required && !orphans_killed {
         return Err(
             "no PID namespace can be made here and /proc/thread-self/children (Linux \
