@@ -4,6 +4,7 @@
 //! line.
 
 pub(crate) mod cgroup;
+mod child;
 pub(crate) mod landlock;
 pub(crate) mod limits;
 pub(crate) mod seccomp;

@@ -1,0 +1,584 @@
+//! The two children of a supervised spawn: the supervisor and the program's process.
+//!
+//! The supervisor shares the host's memory (CLONE_VM, on its own stack) and so does the
+//! program's process until it execs (CLONE_VM | CLONE_VFORK): no page tables are copied, which
+//! would cost more than the rest of a spawn. Sharing memory also means sharing the host
+//! thread's thread-local storage, errno included, while that thread keeps running: so the
+//! children make raw syscalls that never write errno (`raw::*`), take no locks, allocate
+//! nothing, and only read memory the host keeps alive and unchanged until the supervisor has
+//! been reaped.
+
+use super::limits::Rlimit;
+use super::spawn::Containment;
+use std::ffi::CString;
+use std::os::fd::RawFd;
+
+/// Where a child failed before its program ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum Stage {
+    UserNamespace = 1,
+    Subreaper,
+    Clone,
+    Stdio,
+    Cwd,
+    Limits,
+    NoNewPrivs,
+    Landlock,
+    Seccomp,
+    Exec,
+    Fence,
+    Cgroup,
+}
+
+impl Stage {
+    pub(crate) fn describe(n: u32) -> &'static str {
+        match n {
+            1 => "mapping its user namespace",
+            2 => "becoming a subreaper",
+            3 => "cloning the program's process",
+            4 => "redirecting stdin, stdout and stderr",
+            5 => "entering its working directory",
+            6 => "setting resource limits",
+            7 => "setting no_new_privs",
+            8 => "enforcing the Landlock ruleset",
+            9 => "installing the seccomp filter",
+            10 => "exec",
+            11 => "arming its parent-death signal",
+            12 => "joining its cgroup",
+            _ => "starting",
+        }
+    }
+}
+
+/// Everything the two children read, prepared before the first clone: they allocate nothing.
+/// Owned: when a supervisor had to be killed in subreaper mode, its program's process may
+/// still be reading the plan for a moment (it shares our memory until exec), so the plan is
+/// then leaked rather than freed under it.
+pub(crate) struct ChildPlan {
+    pub(crate) program: CString,
+    pub(crate) argv: Vec<*const libc::c_char>,
+    pub(crate) envp: Vec<*const libc::c_char>,
+    /// What `argv` and `envp` point into.
+    pub(crate) _strings: Vec<CString>,
+    pub(crate) devnull: RawFd,
+    pub(crate) out_w: RawFd,
+    pub(crate) err_w: RawFd,
+    pub(crate) fail_w: RawFd,
+    pub(crate) stop_r: RawFd,
+    pub(crate) status_w: RawFd,
+    pub(crate) cwd: RawFd,
+    pub(crate) user_maps: Option<[CString; 2]>,
+    pub(crate) containment: Containment,
+    /// Whether to confine (no_new_privs, then the rest).
+    pub(crate) confined: bool,
+    pub(crate) rlimits: Vec<Rlimit>,
+    /// A Landlock ruleset descriptor, or -1.
+    pub(crate) ruleset: RawFd,
+    /// The seccomp filter's instructions, and a `sock_fprog` pointing into them.
+    pub(crate) _filter: Vec<libc::sock_filter>,
+    pub(crate) seccomp: Option<libc::sock_fprog>,
+    /// The `cgroup.procs` the program's process joins.
+    pub(crate) cgroup: Option<CString>,
+    /// Descriptors the supervisor keeps until the program has exec'd (besides the pipes).
+    pub(crate) keep: [RawFd; 2],
+    /// The supervisor's pid as the program's process sees it (its parent).
+    pub(crate) supervisor_pid: std::sync::atomic::AtomicI32,
+    /// The highest descriptor to close one by one where `close_range` is missing.
+    pub(crate) max_fd: u32,
+    /// The supervisor's stack.
+    pub(crate) supervisor_stack: Vec<u8>,
+    /// The program's process runs on this stack until it execs.
+    pub(crate) program_stack: Vec<u8>,
+}
+
+/// Raw syscalls returning `-errno` on failure, never touching `errno`.
+mod raw {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub unsafe fn syscall(n: libc::c_long, a: [usize; 6]) -> isize {
+        let ret: isize;
+        // SAFETY (for callers): the Linux x86-64 syscall ABI; rcx and r11 are clobbered.
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") n as isize => ret,
+            in("rdi") a[0], in("rsi") a[1], in("rdx") a[2],
+            in("r10") a[3], in("r8") a[4], in("r9") a[5],
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack),
+        );
+        ret
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    pub unsafe fn syscall(n: libc::c_long, a: [usize; 6]) -> isize {
+        let ret: isize;
+        // SAFETY (for callers): the Linux aarch64 syscall ABI.
+        core::arch::asm!(
+            "svc 0",
+            in("x8") n,
+            inlateout("x0") a[0] => ret,
+            in("x1") a[1], in("x2") a[2], in("x3") a[3], in("x4") a[4], in("x5") a[5],
+            options(nostack),
+        );
+        ret
+    }
+
+    macro_rules! call {
+        ($n:ident) => { call!($n,) };
+        ($n:ident, $($a:expr),* $(,)?) => {{
+            let mut args = [0usize; 6];
+            let given = [$($a as usize),*];
+            args[..given.len()].copy_from_slice(&given);
+            // SAFETY: see the callers; each passes the arguments its syscall takes.
+            unsafe { raw::syscall(libc::$n, args) }
+        }};
+    }
+    pub(super) use call;
+}
+use raw::call;
+
+/// The kernel's `struct sigaction` for `rt_sigaction` (not glibc's).
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
+/// Reports `stage` and `errno` to the host and exits.
+fn fail(plan: &ChildPlan, stage: Stage, errno: i32) -> ! {
+    let mut msg = [0u8; 8];
+    msg[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
+    msg[4..].copy_from_slice(&errno.to_ne_bytes());
+    call!(SYS_write, plan.fail_w, msg.as_ptr(), msg.len());
+    exit(127)
+}
+
+fn exit(code: i32) -> ! {
+    loop {
+        call!(SYS_exit_group, code);
+    }
+}
+
+fn errno_of(r: isize) -> i32 {
+    (-r) as i32
+}
+
+fn write_file(path: &std::ffi::CStr, data: &[u8]) -> Result<(), i32> {
+    let fd = call!(
+        SYS_openat,
+        libc::AT_FDCWD,
+        path.as_ptr(),
+        libc::O_WRONLY | libc::O_CLOEXEC
+    );
+    if fd < 0 {
+        return Err(errno_of(fd));
+    }
+    let n = call!(SYS_write, fd, data.as_ptr(), data.len());
+    call!(SYS_close, fd);
+    if n < 0 {
+        return Err(errno_of(n));
+    }
+    if n as usize != data.len() {
+        return Err(libc::EIO);
+    }
+    Ok(())
+}
+
+/// In a new user namespace: map our own uid and gid (`[uid_map, gid_map]` lines) to themselves.
+pub(crate) fn map_ids(maps: &[CString; 2]) -> Result<(), i32> {
+    write_file(c"/proc/self/setgroups", b"deny")?;
+    write_file(c"/proc/self/uid_map", maps[0].as_bytes())?;
+    write_file(c"/proc/self/gid_map", maps[1].as_bytes())
+}
+
+fn set_signal_mask(all: bool) {
+    let set: u64 = if all { !0 } else { 0 };
+    call!(
+        SYS_rt_sigprocmask,
+        libc::SIG_SETMASK,
+        &set as *const u64,
+        0usize,
+        8usize
+    );
+}
+
+fn default_action(sig: libc::c_int) {
+    let act = KernelSigaction {
+        handler: libc::SIG_DFL,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    call!(
+        SYS_rt_sigaction,
+        sig,
+        &act as *const KernelSigaction,
+        0usize,
+        8usize
+    );
+}
+
+pub(crate) extern "C" fn supervisor_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the host's `ChildPlan`, which the host keeps alive and unchanged until
+    // it has reaped us.
+    supervisor(unsafe { &*(arg as *const ChildPlan) })
+}
+
+/// The supervisor: starts the program, waits for it or for a stop, kills every descendant,
+/// reports the program's status and exits.
+fn supervisor(plan: &ChildPlan) -> ! {
+    // Signals stay blocked (the host blocked them around the clone): no host handler may run
+    // on this stack. SIGCHLD must not be ignored, or our children would be reaped before we
+    // could wait for them.
+    default_action(libc::SIGCHLD);
+    // Only what this run needs: not the stop pipe's write end (the host holds the only other
+    // one, so its death closes the pipe), nor any other host descriptor, such as another run's
+    // pipes, which would keep those open past their owners' ends.
+    close_all_except(
+        [
+            plan.devnull,
+            plan.out_w,
+            plan.err_w,
+            plan.fail_w,
+            plan.stop_r,
+            plan.status_w,
+            plan.keep[0],
+            plan.keep[1],
+        ],
+        plan.max_fd,
+    );
+    if let Some(maps) = &plan.user_maps {
+        if let Err(e) = map_ids(maps) {
+            fail(plan, Stage::UserNamespace, e);
+        }
+    }
+    if plan.containment == Containment::Subreaper {
+        let r = call!(SYS_prctl, libc::PR_SET_CHILD_SUBREAPER, 1);
+        if r < 0 {
+            fail(plan, Stage::Subreaper, errno_of(r));
+        }
+    }
+    plan.supervisor_pid.store(
+        call!(SYS_getpid) as i32,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    let mut child_pidfd: RawFd = -1;
+    // vfork-style: the program's process runs on its own stack, and we are suspended until it
+    // execs or exits. (glibc's clone writes errno only if it fails, and then we stop.)
+    let stack_top = plan.program_stack.as_ptr() as usize + plan.program_stack.len();
+    // SAFETY: a valid entry point and 16-byte aligned stack top; `plan` outlives the child's
+    // use of it (we are suspended until it execs).
+    let pid = unsafe {
+        libc::clone(
+            program_entry,
+            (stack_top & !15) as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+            plan as *const ChildPlan as *mut libc::c_void,
+            &mut child_pidfd as *mut RawFd,
+        )
+    };
+    if pid < 0 {
+        // glibc stored the reason in errno (the host thread's, which we share): read it back.
+        // SAFETY: __errno_location returns this thread's errno slot.
+        let errno = unsafe { *libc::__errno_location() };
+        fail(plan, Stage::Clone, errno);
+    }
+    // The program holds what it needs now. Ours (and any other host descriptor, such as
+    // another run's pipes) would keep pipes open past their owners' ends.
+    close_all_except([plan.stop_r, plan.status_w, child_pidfd], plan.max_fd);
+    let status = watch(plan, child_pidfd, pid as libc::pid_t);
+    if plan.containment == Containment::Subreaper {
+        kill_descendants();
+    }
+    call!(SYS_write, plan.status_w, status.as_ptr(), status.len());
+    // As a namespace's init, exiting kills whatever is left in it.
+    exit(0)
+}
+
+/// Closes every descriptor above stderr but `keep`.
+fn close_all_except<const N: usize>(mut keep: [RawFd; N], max_fd: u32) {
+    keep.sort_unstable();
+    let mut from: u32 = 3;
+    let close = |lo: u32, hi: u32| {
+        if call!(SYS_close_range, lo, hi, 0) < 0 {
+            // Before Linux 5.9: one by one, up to the descriptor limit.
+            for fd in lo..=hi.min(max_fd) {
+                call!(SYS_close, fd);
+            }
+        }
+    };
+    for fd in keep {
+        let fd = fd.max(0) as u32;
+        if fd > from {
+            close(from, fd - 1);
+        }
+        from = from.max(fd + 1);
+    }
+    close(from, u32::MAX);
+}
+
+/// Marks every descriptor above stderr close-on-exec.
+fn cloexec_all(max_fd: u32) {
+    if call!(SYS_close_range, 3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) < 0 {
+        // Before Linux 5.11: one by one, up to the descriptor limit.
+        for fd in 3..=max_fd {
+            call!(SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+}
+
+fn zeroed_siginfo() -> libc::siginfo_t {
+    // SAFETY: siginfo_t is plain data, valid when zeroed.
+    unsafe { std::mem::zeroed() }
+}
+
+fn si_pid(info: &libc::siginfo_t) -> libc::pid_t {
+    // SAFETY: reading the pid field of a siginfo the kernel filled for a child event.
+    unsafe { info.si_pid() }
+}
+
+/// A non-blocking `waitid` for any exited child (reaping it unless `extra` has `WNOWAIT`):
+/// the raw result (`-ECHILD` when there are no children) and the child's pid (0: none yet).
+fn wait_any(extra: libc::c_int) -> (isize, libc::pid_t) {
+    let mut info = zeroed_siginfo();
+    let r = call!(
+        SYS_waitid,
+        libc::P_ALL,
+        0,
+        &mut info as *mut libc::siginfo_t,
+        libc::WEXITED | libc::WNOHANG | libc::__WALL | extra,
+        0usize
+    );
+    (r, si_pid(&info))
+}
+
+/// Waits until the program exits or the host asks for a stop (or dies), reaping orphans on the
+/// way; returns the program's status as (si_code, si_status) bytes.
+fn watch(plan: &ChildPlan, child_pidfd: RawFd, child: libc::pid_t) -> [u8; 8] {
+    let mut stopped = false;
+    loop {
+        // ppoll writes the time left back: a fresh tick every round.
+        let mut tick = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
+        };
+        let mut fds = [
+            libc::pollfd {
+                fd: child_pidfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: plan.stop_r,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let nfds: usize = if stopped { 1 } else { 2 };
+        let n = call!(
+            SYS_ppoll,
+            fds.as_mut_ptr(),
+            nfds,
+            &mut tick as *mut libc::timespec,
+            0usize,
+            8usize
+        );
+        if n > 0 && fds[1].revents != 0 && !stopped {
+            stopped = true;
+            call!(SYS_kill, child, libc::SIGKILL);
+        }
+        // Reap orphans (reparented to us), but never the program: its status is read below.
+        loop {
+            let (r, zombie) = wait_any(libc::WNOWAIT);
+            if r < 0 || zombie == 0 || zombie == child {
+                break;
+            }
+            let mut info = zeroed_siginfo();
+            call!(
+                SYS_waitid,
+                libc::P_PID,
+                zombie,
+                &mut info as *mut libc::siginfo_t,
+                libc::WEXITED | libc::__WALL,
+                0usize
+            );
+        }
+        if n > 0 && fds[0].revents != 0 {
+            let mut info = zeroed_siginfo();
+            let r = call!(
+                SYS_waitid,
+                libc::P_PIDFD,
+                child_pidfd,
+                &mut info as *mut libc::siginfo_t,
+                libc::WEXITED,
+                0usize
+            );
+            if r == 0 {
+                // SAFETY: si_status is valid after a successful waitid for a child event.
+                let status = unsafe { info.si_status() };
+                let mut out = [0u8; 8];
+                out[..4].copy_from_slice(&info.si_code.to_ne_bytes());
+                out[4..].copy_from_slice(&status.to_ne_bytes());
+                return out;
+            }
+        }
+    }
+}
+
+/// Kills every child until none is left; orphans of killed children are reparented to us (a
+/// subreaper) and killed in the next round.
+fn kill_descendants() {
+    let mut buf = [0u8; 4096];
+    let pause = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 1_000_000,
+    };
+    // A process that cannot die (uninterruptible sleep) must not keep us here for ever: after
+    // about 10 s the host's deadline has long passed and it kills us.
+    for _ in 0..10_000 {
+        let fd = call!(
+            SYS_openat,
+            libc::AT_FDCWD,
+            c"/proc/thread-self/children".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC
+        );
+        if fd < 0 {
+            return; // no children list on this kernel: nothing more we can find
+        }
+        {
+            let n = call!(SYS_read, fd, buf.as_mut_ptr(), buf.len());
+            call!(SYS_close, fd);
+            if n < 0 {
+                return; // no children list on this kernel: nothing more we can find
+            }
+            let n = n.max(0) as usize;
+            let mut pid: libc::pid_t = 0;
+            for &b in &buf[..n] {
+                if b.is_ascii_digit() {
+                    pid = pid
+                        .saturating_mul(10)
+                        .saturating_add(libc::pid_t::from(b - b'0'));
+                } else {
+                    if pid > 0 {
+                        call!(SYS_kill, pid, libc::SIGKILL);
+                    }
+                    pid = 0;
+                }
+            }
+            // A number at the very end of a full buffer may be cut short: it is killed in the
+            // next round, once the ones before it are gone.
+            if pid > 0 && n < buf.len() {
+                call!(SYS_kill, pid, libc::SIGKILL);
+            }
+        }
+        loop {
+            let (r, reaped) = wait_any(0);
+            if r < 0 {
+                return; // ECHILD: nobody left
+            }
+            if reaped == 0 {
+                break;
+            }
+        }
+        call!(SYS_nanosleep, &pause as *const libc::timespec, 0usize);
+    }
+}
+
+extern "C" fn program_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `ChildPlan` the supervisor holds while it is suspended in vfork.
+    program(unsafe { &*(arg as *const ChildPlan) })
+}
+
+/// The program's process: stdio, working directory, limits, confinement, exec.
+fn program(plan: &ChildPlan) -> ! {
+    // Die with the supervisor, and do not run if it is already gone.
+    let r = call!(SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    if r < 0 {
+        fail(plan, Stage::Fence, errno_of(r));
+    }
+    let supervisor = plan
+        .supervisor_pid
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if call!(SYS_getppid) as i32 != supervisor {
+        fail(plan, Stage::Fence, libc::ESRCH);
+    }
+    // A program starts with default dispositions (the host's handlers are meaningless after
+    // exec, and signals it ignores, such as SIGPIPE, must not stay ignored), then unblocked.
+    for sig in 1..=64 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            default_action(sig);
+        }
+    }
+    set_signal_mask(false);
+    // Every source descriptor is above stderr, so dup3 never sees equal descriptors.
+    for (from, to) in [(plan.devnull, 0), (plan.out_w, 1), (plan.err_w, 2)] {
+        let r = call!(SYS_dup3, from, to, 0);
+        if r < 0 {
+            fail(plan, Stage::Stdio, errno_of(r));
+        }
+    }
+    if plan.cwd >= 0 {
+        let r = call!(SYS_fchdir, plan.cwd);
+        if r < 0 {
+            fail(plan, Stage::Cwd, errno_of(r));
+        }
+    }
+    call!(SYS_setpgid, 0, 0);
+    cloexec_all(plan.max_fd);
+    // Before Landlock, which would deny the write.
+    if let Some(procs) = &plan.cgroup {
+        if let Err(e) = write_file(procs, b"0") {
+            fail(plan, Stage::Cgroup, e);
+        }
+    }
+    if plan.confined {
+        for l in &plan.rlimits {
+            let v = libc::rlimit {
+                rlim_cur: l.value,
+                rlim_max: l.value,
+            };
+            let r = call!(
+                SYS_prlimit64,
+                0,
+                l.resource,
+                &v as *const libc::rlimit,
+                0usize
+            );
+            if r < 0 {
+                fail(plan, Stage::Limits, errno_of(r));
+            }
+        }
+        let r = call!(SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+        if r < 0 {
+            fail(plan, Stage::NoNewPrivs, errno_of(r));
+        }
+        if plan.ruleset >= 0 {
+            let r = call!(SYS_landlock_restrict_self, plan.ruleset, 0);
+            if r < 0 {
+                fail(plan, Stage::Landlock, errno_of(r));
+            }
+        }
+        if let Some(prog) = &plan.seccomp {
+            let r = call!(
+                SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0,
+                prog as *const libc::sock_fprog
+            );
+            if r < 0 {
+                fail(plan, Stage::Seccomp, errno_of(r));
+            }
+        }
+    }
+    let r = call!(
+        SYS_execve,
+        plan.program.as_ptr(),
+        plan.argv.as_ptr(),
+        plan.envp.as_ptr()
+    );
+    fail(plan, Stage::Exec, errno_of(r))
+}
