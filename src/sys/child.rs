@@ -87,9 +87,88 @@ pub(crate) struct ChildPlan {
     /// The highest descriptor to close one by one where `close_range` is missing.
     pub(crate) max_fd: u32,
     /// The supervisor's stack.
-    pub(crate) supervisor_stack: Vec<u8>,
+    pub(crate) supervisor_stack: Stack,
     /// The program's process runs on this stack until it execs.
-    pub(crate) program_stack: Vec<u8>,
+    pub(crate) program_stack: Stack,
+}
+
+/// A child's stack: its own mapping with an inaccessible guard page below it, so an overflow
+/// faults instead of writing over the host's heap. Dropped stacks go back to a small pool:
+/// unmapping memory another process touched costs a TLB shootdown on every CPU.
+#[derive(Debug)]
+pub(crate) struct Stack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; nothing else aliases it.
+unsafe impl Send for Stack {}
+
+impl Stack {
+    /// A stack of `size` bytes (a multiple of the page size) plus one guard page, from the
+    /// pool when it has one of that size.
+    pub(crate) fn new(size: usize) -> std::io::Result<Stack> {
+        let mut pool = STACKS.lock();
+        if let Some(i) = pool.iter().position(|s| s.len == size + 4096) {
+            return Ok(pool.swap_remove(i));
+        }
+        drop(pool);
+        Self::map(size)
+    }
+
+    fn map(size: usize) -> std::io::Result<Stack> {
+        let page = 4096;
+        let len = size + page;
+        // SAFETY: an anonymous private mapping; the result is checked.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stack = Stack { base, len };
+        // SAFETY: the lowest page of the mapping made above.
+        if unsafe { libc::mprotect(base, page, libc::PROT_NONE) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+
+    /// The (16-byte aligned) top of the stack, where a child starts.
+    pub(crate) fn top(&self) -> usize {
+        (self.base as usize + self.len) & !15
+    }
+}
+
+/// Stacks kept for later runs; a handful covers the runs one host makes at once.
+static STACKS: parking_lot::Mutex<Vec<Stack>> = parking_lot::Mutex::new(Vec::new());
+const POOLED: usize = 8;
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let mut pool = STACKS.lock();
+        if pool.len() < POOLED && !self.base.is_null() {
+            pool.push(Stack {
+                base: std::mem::replace(&mut self.base, std::ptr::null_mut()),
+                len: self.len,
+            });
+            return;
+        }
+        drop(pool);
+        if !self.base.is_null() {
+            // SAFETY: unmapping the mapping this value owns, once.
+            unsafe {
+                libc::munmap(self.base, self.len);
+            }
+        }
+    }
 }
 
 /// Raw syscalls returning `-errno` on failure, never touching `errno`.
@@ -269,13 +348,13 @@ fn supervisor(plan: &ChildPlan) -> ! {
     let mut child_pidfd: RawFd = -1;
     // vfork-style: the program's process runs on its own stack, and we are suspended until it
     // execs or exits. (glibc's clone writes errno only if it fails, and then we stop.)
-    let stack_top = plan.program_stack.as_ptr() as usize + plan.program_stack.len();
+    let stack_top = plan.program_stack.top();
     // SAFETY: a valid entry point and 16-byte aligned stack top; `plan` outlives the child's
     // use of it (we are suspended until it execs).
     let pid = unsafe {
         libc::clone(
             program_entry,
-            (stack_top & !15) as *mut libc::c_void,
+            stack_top as *mut libc::c_void,
             libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
             plan as *const ChildPlan as *mut libc::c_void,
             &mut child_pidfd as *mut RawFd,

@@ -16,7 +16,7 @@
 //! The supervisor is cloned with no exit signal, so a host that ignores SIGCHLD (which makes
 //! the kernel reap ordinary children before anyone can wait for them) still gets exit statuses.
 
-use super::child::{map_ids, supervisor_entry, ChildPlan, Stage};
+use super::child::{map_ids, supervisor_entry, ChildPlan, Stack, Stage};
 use super::landlock::last_errno;
 use super::limits::Rlimit;
 use super::syscall;
@@ -373,14 +373,14 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         keep: [spec.cwd.unwrap_or(-1), ruleset],
         supervisor_pid: std::sync::atomic::AtomicI32::new(0),
         max_fd: max_fd(),
-        supervisor_stack: vec![0u8; CHILD_STACK],
-        program_stack: vec![0u8; CHILD_STACK],
+        supervisor_stack: Stack::new(CHILD_STACK)?,
+        program_stack: Stack::new(CHILD_STACK)?,
     });
     if !plan._filter.is_empty() {
         plan.seccomp = Some(super::seccomp::prog_of(&plan._filter));
     }
 
-    let stack_top = plan.supervisor_stack.as_ptr() as usize + plan.supervisor_stack.len();
+    let stack_top = plan.supervisor_stack.top();
     let plan_addr = &*plan as *const ChildPlan as usize;
     let flags = libc::CLONE_VM | libc::CLONE_PIDFD | spec.containment.clone_flags() as libc::c_int;
     let (pid, pidfd, clone_error) = match spec.spawner {
