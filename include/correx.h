@@ -232,100 +232,6 @@ void correx_error_free(struct correx_error *error);
 void correx_string_free(char *s);
 
 /**
- * Sets (or, with a NULL callback, clears) the process-wide log callback. Records at or below
- * `max_level` (1 error, 2 warn, 3 info, 4 debug, 5 trace) are passed to it.
- *
- * # Parameters
- * - `callback`: called with `user_data`, the level and a message that lives only during the
- *   call; may be called from any thread, concurrently.
- * - `user_data`: passed back untouched; correx never frees it.
- * - `max_level`: the most verbose level delivered; out-of-range values are clamped.
- *
- * # Returns
- * `CORREX_OK`, or `CORREX_E_INVALID_ARGUMENT` when another logger (from a Rust host) owns the
- * `log` facade.
- *
- * # Blocking and threads
- * Never blocks for long; callable from any thread. The callback may run while correx holds
- * internal locks: it must return promptly and must not call any correx function.
- *
- * # Safety
- * `callback` is NULL or a function safe to call from any thread with `user_data`.
- */
-int32_t correx_set_log_callback(correx_log_callback callback, void *user_data, int32_t max_level);
-
-/**
- * Creates a runtime from a config JSON object.
- *
- * # Parameters
- * - `config_json`: `{"v": 1, "event_log": "/path/events.db", "durability": "full"|"normal",
- *   "sandbox_root": "/path", "tools": {"shell": {...}, "file_read": {...}, "file_write": {...},
- *   "file_edit": {...}}, "models": {"server_bin", "port", "health_timeout_ms", "log_dir",
- *   "read_timeout_ms"}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
- *   everything. See the README for every field.
- * - `out`: receives the new runtime.
- * - `err`: optional; receives an error on failure.
- *
- * # Returns
- * `CORREX_OK`; `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT` (bad UTF-8), `CORREX_E_CONFIG` (the
- * message names the field), `CORREX_E_EVENT_STORE`, `CORREX_E_TOOL_SETUP`.
- *
- * # Memory and lifetimes
- * On success `*out` owns a runtime the caller frees with `correx_runtime_free`. On error
- * `*out` is left untouched.
- *
- * # Blocking and threads
- * Blocks while it opens the event log and recovers interrupted tool runs. Any thread.
- *
- * # Safety
- * `config_json` is NULL or NUL-terminated; `out` and `err` are NULL or valid for a write.
- */
-int32_t correx_runtime_new(const char *config_json,
-                           struct correx_runtime **out,
-                           struct correx_error **err);
-
-/**
- * Frees a runtime: unloads its model (stopping llama-server) and closes the event log.
- * NULL is a no-op; freeing twice is undefined behaviour. Works on an unusable runtime too.
- *
- * # Blocking and threads
- * Blocks while the server stops (at most a couple of seconds). Call it once, after every
- * other call on this runtime has returned.
- *
- * # Safety
- * `rt` is NULL or a runtime from `correx_runtime_new` not yet freed.
- */
-void correx_runtime_free(struct correx_runtime *rt);
-
-/**
- * Registers the approval callback (replacing, and releasing, any earlier one). With a NULL
- * `callback` every T2/T3 tool is denied, which is also the state of a new runtime.
- *
- * # Parameters
- * - `callback`: see `correx_approve_fn`.
- * - `user_data`: passed back to `callback`.
- * - `free_user_data`: optional; called once with `user_data` when the callback is replaced or
- *   the runtime freed (after any call in progress returned). When this call fails it is not
- *   called: the caller still owns `user_data`. Do not register the same `user_data` with a
- *   destructor twice.
- *
- * # Returns
- * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
- *
- * # Blocking and threads
- * Never blocks for long. Any thread; the callback and user_data must be usable from every
- * thread that calls `correx_tool_execute`.
- *
- * # Safety
- * `rt` is NULL or live; the callback is safe to call with `user_data` from any thread.
- */
-int32_t correx_runtime_set_approver(const struct correx_runtime *rt,
-                                    correx_approve_fn callback,
-                                    void *user_data,
-                                    correx_free_fn free_user_data,
-                                    struct correx_error **err);
-
-/**
  * Creates a cancellation flag.
  *
  * # Returns
@@ -365,6 +271,117 @@ void correx_cancel_reset(const struct correx_cancel *cancel);
  * `cancel` is NULL or a flag from `correx_cancel_new` not yet freed.
  */
 void correx_cancel_free(struct correx_cancel *cancel);
+
+/**
+ * Appends events to a stream atomically.
+ *
+ * # Parameters
+ * - `stream`: the stream's name (not empty).
+ * - `expected_kind`: `CORREX_EXPECT_ANY`, `CORREX_EXPECT_NO_STREAM` or `CORREX_EXPECT_EXACT`.
+ * - `expected_version`: the version `CORREX_EXPECT_EXACT` expects; ignored otherwise.
+ * - `events_json`: `{"v": 1, "events": [{"type_id": "note.added", "schema_version": 1,
+ *   "payload": {...}, "event_id": "optional", "correlation_id": null, "causation_id": null}]}`.
+ *   An `event_id` appended before is stored once (the retry returns the first positions).
+ * - `out_json`: optional; receives `{"v": 1, "first_position", "last_position",
+ *   "stream_version"}`.
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_CONFLICT` (expected
+ * version), `CORREX_E_EVENT_STORE`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` (when given) is the caller's, freed with `correx_string_free`.
+ *
+ * # Blocking and threads
+ * Blocks until the events are on disk (one flush, shared with concurrent appends). Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_events_append(const struct correx_runtime *rt,
+                             const char *stream,
+                             int32_t expected_kind,
+                             uint64_t expected_version,
+                             const char *events_json,
+                             char **out_json,
+                             struct correx_error **err);
+
+/**
+ * Reads up to `max` events of `stream` from version `from_version` (inclusive; versions start
+ * at 1): `{"v": 1, "events": [{"position", "event_id", "stream_id", "stream_version",
+ * "type_id", "schema_version", "timestamp_ms", "timestamp", "correlation_id", "causation_id",
+ * "payload", "summary"}]}`, where `timestamp` is RFC 3339 UTC and `summary` one line for people. At most 1000 events per call; page by asking again from the last version + 1.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Blocks for one short read. Any thread, concurrently with appends.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_events_read_stream(const struct correx_runtime *rt,
+                                  const char *stream,
+                                  uint64_t from_version,
+                                  uint32_t max,
+                                  char **out_json,
+                                  struct correx_error **err);
+
+/**
+ * Reads up to `max` events of the whole log from global position `from_position` (inclusive;
+ * positions start at 1), in position order, in the shape of `correx_events_read_stream`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Blocks for one short read. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_events_read_all(const struct correx_runtime *rt,
+                               uint64_t from_position,
+                               uint32_t max,
+                               char **out_json,
+                               struct correx_error **err);
+
+/**
+ * The last global position in the log (0 when empty).
+ *
+ * # Blocking and threads
+ * Blocks for one short read. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_events_last_position(const struct correx_runtime *rt,
+                                    uint64_t *out_position,
+                                    struct correx_error **err);
+
+/**
+ * Sets (or, with a NULL callback, clears) the process-wide log callback. Records at or below
+ * `max_level` (1 error, 2 warn, 3 info, 4 debug, 5 trace) are passed to it.
+ *
+ * # Parameters
+ * - `callback`: called with `user_data`, the level and a message that lives only during the
+ *   call; may be called from any thread, concurrently.
+ * - `user_data`: passed back untouched; correx never frees it.
+ * - `max_level`: the most verbose level delivered; out-of-range values are clamped.
+ *
+ * # Returns
+ * `CORREX_OK`, or `CORREX_E_INVALID_ARGUMENT` when another logger (from a Rust host) owns the
+ * `log` facade.
+ *
+ * # Blocking and threads
+ * Never blocks for long; callable from any thread. The callback may run while correx holds
+ * internal locks: it must return promptly and must not call any correx function.
+ *
+ * # Safety
+ * `callback` is NULL or a function safe to call from any thread with `user_data`.
+ */
+int32_t correx_set_log_callback(correx_log_callback callback, void *user_data, int32_t max_level);
 
 /**
  * Loads a model (a no-op when it is loaded), replacing any other; appends `model.loaded`.
@@ -517,6 +534,86 @@ int32_t correx_count_tokens(const struct correx_runtime *rt,
                             struct correx_error **err);
 
 /**
+ * Creates a runtime from a config JSON object.
+ *
+ * # Parameters
+ * - `config_json`: `{"v": 1, "event_log": "/path/events.db", "durability": "full"|"normal",
+ *   "sandbox_root": "/path", "tools": {"shell": {...}, "file_read": {...}, "file_write": {...},
+ *   "file_edit": {...}}, "models": {"server_bin", "port", "health_timeout_ms", "log_dir",
+ *   "read_timeout_ms"}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
+ *   everything. See the README for every field.
+ * - `out`: receives the new runtime.
+ * - `err`: optional; receives an error on failure.
+ *
+ * # Returns
+ * `CORREX_OK`; `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT` (bad UTF-8), `CORREX_E_CONFIG` (the
+ * message names the field), `CORREX_E_EVENT_STORE`, `CORREX_E_TOOL_SETUP`.
+ *
+ * # Memory and lifetimes
+ * On success `*out` owns a runtime the caller frees with `correx_runtime_free`. On error
+ * `*out` is left untouched.
+ *
+ * # Blocking and threads
+ * Blocks while it opens the event log and recovers interrupted tool runs. Any thread.
+ *
+ * # Safety
+ * `config_json` is NULL or NUL-terminated; `out` and `err` are NULL or valid for a write.
+ */
+int32_t correx_runtime_new(const char *config_json,
+                           struct correx_runtime **out,
+                           struct correx_error **err);
+
+/**
+ * Frees a runtime: unloads its model (stopping llama-server) and closes the event log.
+ * NULL is a no-op; freeing twice is undefined behaviour. Works on an unusable runtime too.
+ *
+ * # Blocking and threads
+ * Blocks while the server stops (at most a couple of seconds). Call it once, after every
+ * other call on this runtime has returned.
+ *
+ * # Safety
+ * `rt` is NULL or a runtime from `correx_runtime_new` not yet freed.
+ */
+void correx_runtime_free(struct correx_runtime *rt);
+
+/**
+ * Registers the approval callback (replacing, and releasing, any earlier one). With a NULL
+ * `callback` every T2/T3 tool is denied, which is also the state of a new runtime.
+ *
+ * # Parameters
+ * - `callback`: see `correx_approve_fn`.
+ * - `user_data`: passed back to `callback`.
+ * - `free_user_data`: optional; called once with `user_data` when the callback is replaced or
+ *   the runtime freed (after any call in progress returned). When this call fails it is not
+ *   called: the caller still owns `user_data`. Do not register the same `user_data` with a
+ *   destructor twice.
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
+ *
+ * # Blocking and threads
+ * Never blocks for long. Any thread; the callback and user_data must be usable from every
+ * thread that calls `correx_tool_execute`.
+ *
+ * # Safety
+ * `rt` is NULL or live; the callback is safe to call with `user_data` from any thread.
+ */
+int32_t correx_runtime_set_approver(const struct correx_runtime *rt,
+                                    correx_approve_fn callback,
+                                    void *user_data,
+                                    correx_free_fn free_user_data,
+                                    struct correx_error **err);
+
+/**
+ * For testing the panic guard: panics inside correx. Returns `CORREX_E_PANIC` and leaves the
+ * runtime unusable (every later call returns `CORREX_E_UNUSABLE`; freeing still works).
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_debug_panic(const struct correx_runtime *rt, struct correx_error **err);
+
+/**
  * Runs a tool through the sandbox: T2 and T3 tools ask the approval callback first; every path
  * the tool touches is backed up and restored if it fails; started / completed / failed /
  * rejected events go to the stream `session-{session_id}`.
@@ -545,103 +642,6 @@ int32_t correx_tool_execute(const struct correx_runtime *rt,
                             const char *request_json,
                             char **out_json,
                             struct correx_error **err);
-
-/**
- * Appends events to a stream atomically.
- *
- * # Parameters
- * - `stream`: the stream's name (not empty).
- * - `expected_kind`: `CORREX_EXPECT_ANY`, `CORREX_EXPECT_NO_STREAM` or `CORREX_EXPECT_EXACT`.
- * - `expected_version`: the version `CORREX_EXPECT_EXACT` expects; ignored otherwise.
- * - `events_json`: `{"v": 1, "events": [{"type_id": "note.added", "schema_version": 1,
- *   "payload": {...}, "event_id": "optional", "correlation_id": null, "causation_id": null}]}`.
- *   An `event_id` appended before is stored once (the retry returns the first positions).
- * - `out_json`: optional; receives `{"v": 1, "first_position", "last_position",
- *   "stream_version"}`.
- *
- * # Returns
- * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_CONFLICT` (expected
- * version), `CORREX_E_EVENT_STORE`, `CORREX_E_UNUSABLE`.
- *
- * # Memory and lifetimes
- * `*out_json` (when given) is the caller's, freed with `correx_string_free`.
- *
- * # Blocking and threads
- * Blocks until the events are on disk (one flush, shared with concurrent appends). Any thread.
- *
- * # Safety
- * Pointers are NULL or valid as documented.
- */
-int32_t correx_events_append(const struct correx_runtime *rt,
-                             const char *stream,
-                             int32_t expected_kind,
-                             uint64_t expected_version,
-                             const char *events_json,
-                             char **out_json,
-                             struct correx_error **err);
-
-/**
- * Reads up to `max` events of `stream` from version `from_version` (inclusive; versions start
- * at 1): `{"v": 1, "events": [{"position", "event_id", "stream_id", "stream_version",
- * "type_id", "schema_version", "timestamp_ms", "timestamp", "correlation_id", "causation_id",
- * "payload", "summary"}]}`, where `timestamp` is RFC 3339 UTC and `summary` one line for people. At most 1000 events per call; page by asking again from the last version + 1.
- *
- * # Memory and lifetimes
- * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
- *
- * # Blocking and threads
- * Blocks for one short read. Any thread, concurrently with appends.
- *
- * # Safety
- * Pointers are NULL or valid as documented.
- */
-int32_t correx_events_read_stream(const struct correx_runtime *rt,
-                                  const char *stream,
-                                  uint64_t from_version,
-                                  uint32_t max,
-                                  char **out_json,
-                                  struct correx_error **err);
-
-/**
- * Reads up to `max` events of the whole log from global position `from_position` (inclusive;
- * positions start at 1), in position order, in the shape of `correx_events_read_stream`.
- *
- * # Memory and lifetimes
- * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
- *
- * # Blocking and threads
- * Blocks for one short read. Any thread.
- *
- * # Safety
- * Pointers are NULL or valid as documented.
- */
-int32_t correx_events_read_all(const struct correx_runtime *rt,
-                               uint64_t from_position,
-                               uint32_t max,
-                               char **out_json,
-                               struct correx_error **err);
-
-/**
- * The last global position in the log (0 when empty).
- *
- * # Blocking and threads
- * Blocks for one short read. Any thread.
- *
- * # Safety
- * Pointers are NULL or valid as documented.
- */
-int32_t correx_events_last_position(const struct correx_runtime *rt,
-                                    uint64_t *out_position,
-                                    struct correx_error **err);
-
-/**
- * For testing the panic guard: panics inside correx. Returns `CORREX_E_PANIC` and leaves the
- * runtime unusable (every later call returns `CORREX_E_UNUSABLE`; freeing still works).
- *
- * # Safety
- * Pointers are NULL or valid as documented.
- */
-int32_t correx_debug_panic(const struct correx_runtime *rt, struct correx_error **err);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,5 +1,7 @@
-//! The C ABI. Every export has one shape: a panic guard around the body, pointer and string
-//! conversions that turn bad input into a status, then a call into safe Rust.
+//! The C ABI, one module per C type or concern: `runtime` (the handle, the approver, the guard
+//! around every call on it), `cancel`, `models` (models and inference), `tools`, `events`.
+//! Every export has one shape: a panic guard around the body, pointer and string conversions
+//! that turn bad input into a status, then a call into safe Rust.
 //!
 //! Conventions (see `include/correx.h`):
 //! - Every call returns an `int32_t` status, `CORREX_OK` (0) on success, and takes an optional
@@ -15,12 +17,20 @@
 
 #![allow(non_camel_case_types)]
 
+mod cancel;
 mod convert;
+mod events;
 mod log_bridge;
+mod models;
 mod runtime;
+mod tools;
 
+pub use cancel::*;
+pub use events::*;
 pub use log_bridge::{correx_log_callback, correx_set_log_callback};
+pub use models::*;
 pub use runtime::*;
+pub use tools::*;
 
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -1,0 +1,88 @@
+//! Running a tool through the sandbox.
+
+use super::convert::{out_arg, parse_v1, str_arg, write_json};
+use super::runtime::{correx_runtime, with_runtime};
+use super::{correx_error, FfiResult};
+use crate::approvals::ApprovalContext;
+use crate::ids::{SessionId, ToolInvocationId};
+use crate::tools::ToolRequest;
+use serde_json::{json, Value};
+use std::ffi::c_char;
+
+pub(super) fn tool_request_json(r: &ToolRequest) -> Value {
+    json!({
+        "v": 1,
+        "invocation_id": r.invocation_id,
+        "session_id": r.session_id,
+        "tool_name": r.tool_name,
+        "parameters": r.parameters,
+    })
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolRequestIn {
+    session_id: String,
+    tool_name: String,
+    #[serde(default)]
+    invocation_id: Option<String>,
+    #[serde(default)]
+    parameters: serde_json::Map<String, Value>,
+}
+
+/// Runs a tool through the sandbox: T2 and T3 tools ask the approval callback first; every path
+/// the tool touches is backed up and restored if it fails; started / completed / failed /
+/// rejected events go to the stream `session-{session_id}`.
+///
+/// # Parameters
+/// - `request_json`: `{"v": 1, "session_id": "s1", "tool_name": "file_write",
+///   "invocation_id": "optional, generated when absent", "parameters": {...}}`.
+/// - `out_json`: receives `{"v": 1, "status": "success", "invocation_id", "output", "metadata"}`
+///   or `{"v": 1, "status": "failure", "invocation_id", "reason", "recoverable"}`. A tool that
+///   fails (or is denied, or unknown) is still `CORREX_OK`: the result says so.
+///
+/// # Returns
+/// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_UNUSABLE`.
+///
+/// # Memory and lifetimes
+/// `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+///
+/// # Blocking and threads
+/// Blocks while the approver decides and the tool runs (a shell command up to its timeout).
+/// Any thread; tools on different files run in parallel, on one file one after another.
+///
+/// # Safety
+/// Pointers are NULL or valid as documented.
+#[no_mangle]
+pub unsafe extern "C" fn correx_tool_execute(
+    rt: *const correx_runtime,
+    request_json: *const c_char,
+    out_json: *mut *mut c_char,
+    err: *mut *mut correx_error,
+) -> i32 {
+    let body = |r: &correx_runtime| -> FfiResult {
+        let out = out_arg(out_json, "out_json")?;
+        // SAFETY: forwarded.
+        let text = unsafe { str_arg(request_json, "request_json") }?;
+        let input: ToolRequestIn = parse_v1(text, "request_json")?;
+        let request = ToolRequest {
+            invocation_id: input
+                .invocation_id
+                .map(ToolInvocationId::from_string)
+                .unwrap_or_else(ToolInvocationId::random),
+            session_id: SessionId::from_string(input.session_id),
+            tool_name: input.tool_name,
+            parameters: input.parameters,
+        };
+        let result = r
+            .runtime
+            .executor()
+            .execute_in(&request, &ApprovalContext::new(request.session_id.clone()));
+        let v = serde_json::to_value(&result).unwrap_or(Value::Null);
+        // SAFETY: out checked; writable per the caller.
+        unsafe { write_json(out, v) };
+        Ok(())
+    };
+    // SAFETY: rt and err are NULL or valid, per this function's contract.
+    unsafe { with_runtime(rt, err, body) }
+}
