@@ -186,6 +186,53 @@ fn t0_and_t1_tools_run_without_asking() -> TestResult {
 }
 
 #[test]
+fn an_invalid_request_fails_at_once_and_never_reaches_the_approver() -> TestResult {
+    let rig = Rig::new()?;
+    let write = Arc::new(FileWriteTool::new(&[rig.tmp.path().to_path_buf()])?);
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = asked.clone();
+    let approvals = CallbackApprover::new(move |_, _| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    });
+    let ex = rig.executor(vec![write], Arc::new(approvals))?;
+    // No "content": the tool's own validation says so, and no person is asked about it.
+    let r = ex.execute(&req(
+        "file_write",
+        json!({"operation": "write", "path": "a.txt"}),
+    ));
+    match &r {
+        ToolResult::Failure {
+            reason,
+            recoverable,
+            ..
+        } => {
+            assert!(
+                reason.starts_with("invalid request:") && reason.contains("content"),
+                "{reason}"
+            );
+            assert!(!recoverable);
+        }
+        other => panic!("an invalid request ran: {other:?}"),
+    }
+    assert_eq!(asked.load(Ordering::SeqCst), 0, "the approver was asked");
+    assert!(!rig.tmp.join("a.txt").exists());
+    let events = rig.events()?;
+    assert_eq!(types(&events), vec!["tool.execution_rejected"]);
+    assert!(events[0].payload["reason"]
+        .as_str()
+        .is_some_and(|r| r.starts_with("invalid request:")));
+    // A valid request is asked about and runs.
+    let r = ex.execute(&req(
+        "file_write",
+        json!({"operation": "write", "path": "a.txt", "content": "x"}),
+    ));
+    assert!(r.is_success(), "{r:?}");
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+    Ok(())
+}
+
+#[test]
 fn an_unknown_tool_fails_unrecoverably() -> TestResult {
     let rig = Rig::new()?;
     let ex = rig.executor(vec![], Arc::new(AutoApprove::up_to(Tier::T3)))?;

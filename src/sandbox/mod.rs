@@ -16,7 +16,7 @@ mod backup;
 use crate::approvals::{ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalRequest};
 use crate::events::{append_domain, DomainEvent, EventStore, EventStoreError};
 use crate::private_dir::PrivateDir;
-use crate::tools::{Tool, ToolExecutor, ToolRegistry, ToolRequest, ToolResult};
+use crate::tools::{Tool, ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult};
 use backup::Manifest;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -273,6 +273,26 @@ impl SandboxedToolExecutor {
             request.invocation_id.to_string(),
             request.tool_name.clone(),
         );
+        // Records the rejection and returns the failure the caller gets.
+        let reject = |reason: String, shown: String| {
+            let recorded = record(DomainEvent::ToolExecutionRejected {
+                session_id: base.0.clone(),
+                invocation_id: base.1.clone(),
+                tool_name: base.2.clone(),
+                tier: tool.tier().as_i32(),
+                reason,
+            });
+            let note = match recorded {
+                Ok(_) => String::new(),
+                Err(e) => format!(" (and the rejection could not be recorded: {e})"),
+            };
+            ToolResult::failure(id, format!("{shown}{note}"), false)
+        };
+        // A malformed request fails at once, before any approver (a person) is asked about it.
+        if let ValidationResult::Invalid { reason } = tool.validate_request(request) {
+            let reason = format!("invalid request: {reason}");
+            return reject(reason.clone(), reason);
+        }
         if tool.tier().needs_approval() {
             let ask = ApprovalRequest {
                 tool_name: request.tool_name.clone(),
@@ -280,18 +300,8 @@ impl SandboxedToolExecutor {
                 request: request.clone(),
             };
             if let ApprovalDecision::Denied { reason } = self.approvals.evaluate(&ask, context) {
-                let recorded = record(DomainEvent::ToolExecutionRejected {
-                    session_id: base.0,
-                    invocation_id: base.1,
-                    tool_name: base.2,
-                    tier: tool.tier().as_i32(),
-                    reason: reason.clone(),
-                });
-                let note = match recorded {
-                    Ok(_) => String::new(),
-                    Err(e) => format!(" (and the rejection could not be recorded: {e})"),
-                };
-                return ToolResult::failure(id, format!("not approved: {reason}{note}"), false);
+                let shown = format!("not approved: {reason}");
+                return reject(reason, shown);
             }
         }
         if let Err(e) = record(DomainEvent::ToolExecutionStarted {
