@@ -69,16 +69,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         assert!(out.status.success());
     };
     let true_req = req("shell", json!({"argv": ["/bin/true"]}));
+    // /bin/true through `tool` against a raw spawn, alternating: (ours, raw) per call.
+    let against_raw = |tool: &ShellTool| {
+        compare(
+            15,
+            40,
+            || assert!(tool.execute(&true_req).is_success()),
+            raw_true,
+        )
+    };
+    let ratio = |(ours, raw): (Duration, Duration)| ours.as_secs_f64() / raw.as_secs_f64();
     let shell = shell_with(IsolationMode::None, true)?;
-    let (ours, raw) = compare(
-        15,
-        40,
-        || assert!(shell.execute(&true_req).is_success()),
-        raw_true,
-    );
+    let (ours, raw) = against_raw(&shell);
     println!("shell_spawn_us: {:.1}", ours.as_secs_f64() * 1e6);
     println!("raw_spawn_us: {:.1}", raw.as_secs_f64() * 1e6);
-    let shell_ratio = ours.as_secs_f64() / raw.as_secs_f64();
+    let shell_ratio = ratio((ours, raw));
 
     let confined = shell_with(IsolationMode::Required, true)?;
     println!(
@@ -87,27 +92,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .as_str()
             .unwrap_or("?")
     );
-    let (ours, raw) = compare(
-        15,
-        40,
-        || assert!(confined.execute(&true_req).is_success()),
-        raw_true,
-    );
+    let (ours, raw) = against_raw(&confined);
     println!("confined_shell_spawn_us: {:.1}", ours.as_secs_f64() * 1e6);
     println!("confined_raw_spawn_us: {:.1}", raw.as_secs_f64() * 1e6);
-    let confined_ratio = ours.as_secs_f64() / raw.as_secs_f64();
+    let confined_ratio = ratio((ours, raw));
     // The same without a process bound: what a per-run pids cgroup (root on cgroup v1, where
     // joining one is a migration) costs shows as the difference.
     let unbounded = shell_with(IsolationMode::Required, false)?;
-    let (ours, raw) = compare(
-        15,
-        40,
-        || assert!(unbounded.execute(&true_req).is_success()),
-        raw_true,
-    );
     println!(
         "confined_without_process_bound_ratio: {:.3}",
-        ours.as_secs_f64() / raw.as_secs_f64()
+        ratio(against_raw(&unbounded))
     );
     let n = 2000;
     let t = Instant::now();

@@ -224,8 +224,10 @@ impl Drop for Spawner {
 /// `pids.max` bounds the tool's runs together (a run alone gets all of it).
 #[derive(Debug)]
 pub(crate) struct ToolCgroup {
-    spawner: Option<Spawner>,
-    dir: Option<RunCgroup>,
+    // Fields drop in order: the thread leaves the cgroup by exiting, then the (empty) cgroup
+    // can go.
+    spawner: Spawner,
+    _dir: RunCgroup,
 }
 
 impl ToolCgroup {
@@ -233,22 +235,11 @@ impl ToolCgroup {
     pub fn new(parent: &Path, limit: u64) -> io::Result<ToolCgroup> {
         let dir = RunCgroup::new(parent, limit.saturating_add(1))?;
         let spawner = Spawner::start(&dir.dir)?;
-        Ok(ToolCgroup {
-            spawner: Some(spawner),
-            dir: Some(dir),
-        })
+        Ok(ToolCgroup { spawner, _dir: dir })
     }
 
     /// The thread to clone supervisors from.
-    pub fn spawner(&self) -> Option<&Spawner> {
-        self.spawner.as_ref()
-    }
-}
-
-impl Drop for ToolCgroup {
-    fn drop(&mut self) {
-        // The thread leaves the cgroup by exiting; then the (empty) cgroup can go.
-        drop(self.spawner.take());
-        drop(self.dir.take());
+    pub fn spawner(&self) -> &Spawner {
+        &self.spawner
     }
 }

@@ -172,6 +172,16 @@ pub(crate) fn resolve_both(name: &str) -> Option<(PathBuf, PathBuf)> {
     is_exec(&canonical).then_some((candidate, canonical))
 }
 
+/// A close-on-exec descriptor for the directory `dir`, for a child to start in.
+pub(crate) fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .map(OwnedFd::from)
+}
+
 /// The effective uid of this process.
 pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions.

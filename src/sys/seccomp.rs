@@ -103,12 +103,6 @@ impl Filter {
     pub fn instructions(&self) -> Vec<sock_filter> {
         self.program.clone()
     }
-
-    /// A `sock_fprog` pointing into this filter; valid while the filter lives.
-    #[allow(dead_code)]
-    pub fn prog(&self) -> sock_fprog {
-        prog_of(&self.program)
-    }
 }
 
 /// A `sock_fprog` pointing into `program`; valid while it lives, unmoved.

@@ -114,7 +114,7 @@ pub(crate) struct Policy {
     pub recorded: Value,
 }
 
-/// Why the policy cannot be enforced in `required` mode.
+/// The policy the kernel here can enforce for `options`, or (in `required` mode) why it cannot.
 pub(crate) fn plan(
     options: &IsolationOptions,
     working_dirs: &[PathBuf],
@@ -151,8 +151,11 @@ pub(crate) fn plan(
         spawn::best_containment()
     };
     let orphans_killed = containment != Containment::Subreaper || spawn::subreaper_works();
-    let scoped = confine && abi >= landlock::SCOPE_ABI;
-    if mode == IsolationMode::Required && containment == Containment::Subreaper && !scoped {
+    let landlock_on = confine && abi >= 1;
+    let tcp = landlock_on && !options.network && abi >= landlock::NET_ABI;
+    let scopes = landlock_on && abi >= landlock::SCOPE_ABI;
+    let nproc_in_userns = containment == (Containment::PidNamespace { user_ns: true });
+    if mode == IsolationMode::Required && containment == Containment::Subreaper && !scopes {
         return Err(format!(
             "no PID namespace can be made here, and without Landlock's signal scope (ABI {}, \
              Linux 6.12; this kernel offers ABI {abi}) a run could kill its supervisor and \
@@ -192,11 +195,10 @@ pub(crate) fn plan(
         add(libc::RLIMIT_NOFILE, l.open_files);
         // Counted per user and user namespace: only inside our own user namespace does it
         // bound this run rather than every process the user has.
-        if containment == (Containment::PidNamespace { user_ns: true }) {
+        if nproc_in_userns {
             add(libc::RLIMIT_NPROC, l.max_processes);
         }
     }
-    let nproc_in_userns = containment == (Containment::PidNamespace { user_ns: true });
     // Where RLIMIT_NPROC does not bound the run (root, or no user namespace), a cgroup's
     // pids.max does, if we may make one.
     let pids_parent = match l.max_processes {
@@ -230,9 +232,6 @@ pub(crate) fn plan(
         ("none", "none")
     };
     let nproc_enforced = process_bound != "none";
-    let landlock_on = confine && abi >= 1;
-    let tcp = landlock_on && !options.network && abi >= landlock::NET_ABI;
-    let scopes = landlock_on && abi >= landlock::SCOPE_ABI;
     let recorded = json!({
         "mode": mode.as_str(),
         "landlock_abi": abi,
@@ -327,7 +326,7 @@ impl Policy {
 
     /// The thread to clone a run's supervisor from, when the tool has a cgroup of its own.
     pub fn spawner(&self) -> Option<&Spawner> {
-        self.tool_cgroup.as_ref().and_then(ToolCgroup::spawner)
+        self.tool_cgroup.as_ref().map(ToolCgroup::spawner)
     }
 
     /// After a run: keeps its cgroup for the next run when no process is left in it.

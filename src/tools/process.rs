@@ -32,16 +32,7 @@ pub(crate) struct RunSpec<'a> {
 /// # Errors
 /// The spawn's `io::Error` (binary missing, not executable, bad working directory).
 pub(crate) fn run(spec: &RunSpec<'_>) -> io::Result<RunOutput> {
-    let cwd = spec
-        .cwd
-        .map(|d| {
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECTORY)
-                .open(d)
-        })
-        .transpose()?;
+    let cwd = spec.cwd.map(crate::sys::open_dir).transpose()?;
     let arg0: &OsStr = spec.arg0.map_or(spec.program.as_os_str(), OsStr::new);
     let argv: Vec<&OsStr> = std::iter::once(arg0)
         .chain(spec.args.iter().map(OsStr::new))

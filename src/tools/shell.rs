@@ -179,15 +179,9 @@ fn holds_url_credentials(value: &str) -> bool {
     })
 }
 
-/// Variables that change how the dynamic loader or a shell starts: a program the allowlist
-/// admits would run other code.
-const LOADER_VARS: &[&str] = &[
-    "LD_PRELOAD",
-    "LD_LIBRARY_PATH",
-    "LD_AUDIT",
-    "BASH_ENV",
-    "ENV",
-];
+/// Shell start-up variables; with every `LD_*` (the dynamic loader's), they make a program the
+/// allowlist admits run other code first.
+const SHELL_START_VARS: &[&str] = &["BASH_ENV", "ENV"];
 
 fn check_env(options: &ShellOptions) -> Result<(), ToolError> {
     for (name, value) in &options.env {
@@ -215,7 +209,7 @@ fn check_env(options: &ShellOptions) -> Result<(), ToolError> {
         if (looks_secret(name) || holds_url_credentials(value)) && !forced {
             return Err(ToolError::SecretEnvVar { name: name.clone() });
         }
-        if (LOADER_VARS.contains(&name.as_str()) || name.starts_with("LD_")) && !forced {
+        if (name.starts_with("LD_") || SHELL_START_VARS.contains(&name.as_str())) && !forced {
             return Err(ToolError::InvalidSetting {
                 field: "env",
                 reason: format!(
@@ -392,7 +386,7 @@ impl ShellTool {
                 .map_err(|e| ToolResult::failure(id, format!("cwd: {e}"), e.recoverable()));
         }
         let dir = self.working_roots.first().map_or(tmp, PathBuf::as_path);
-        open_dir(dir)
+        crate::sys::open_dir(dir)
             .map_err(|e| ToolResult::failure(id, format!("opening {}: {e}", dir.display()), true))
     }
 
@@ -598,13 +592,4 @@ impl Tool for ShellTool {
             Ok(r) | Err(r) => r,
         }
     }
-}
-
-fn open_dir(dir: &Path) -> std::io::Result<OwnedFd> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
-        .open(dir)
-        .map(OwnedFd::from)
 }
