@@ -1,9 +1,10 @@
-//! `cargo bench --bench inference`: correx's `infer()` against a bare keep-alive HTTP client
-//! posting the identical body to the same real llama-server, alternating the two.
+//! `cargo bench --bench inference`: correx's `infer()` and `infer_stream()` against a bare
+//! keep-alive HTTP client posting the identical body to the same real llama-server,
+//! alternating the two; and how fast a cancel frees the server's slot.
 
 use correx::{
-    chat_body, ContextPack, GenerationConfig, HttpOptions, InferenceProvider, InferenceRequest,
-    LlamaCppInferenceProvider, LlamaInstall,
+    chat_body, stream_body, CancelToken, ContextPack, GenerationConfig, HttpOptions,
+    InferenceProvider, InferenceRequest, LlamaCppInferenceProvider, LlamaInstall, StreamControl,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -56,6 +57,74 @@ impl BareClient {
         self.reader.read_exact(&mut buf)?;
         Ok(String::from_utf8_lossy(&buf).into_owned())
     }
+
+    /// POSTs a streaming body and reads the chunked event stream to its end, calling
+    /// `on_event` with each `data:` payload.
+    fn post_sse(
+        &mut self,
+        path: &str,
+        body: &str,
+        mut on_event: impl FnMut(&str),
+    ) -> std::io::Result<()> {
+        write!(
+            self.reader.get_mut(),
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
+        loop {
+            let mut line = String::new();
+            self.reader.read_line(&mut line)?;
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+        }
+        let mut pending = Vec::new();
+        loop {
+            let mut size = String::new();
+            self.reader.read_line(&mut size)?;
+            let n = usize::from_str_radix(size.trim(), 16).map_err(std::io::Error::other)?;
+            if n == 0 {
+                let mut end = String::new();
+                self.reader.read_line(&mut end)?;
+                return Ok(());
+            }
+            let start = pending.len();
+            pending.resize(start + n, 0);
+            self.reader.read_exact(&mut pending[start..])?;
+            let mut crlf = [0; 2];
+            self.reader.read_exact(&mut crlf)?;
+            while let Some(i) = pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=i).collect();
+                let line = String::from_utf8_lossy(&line);
+                if let Some(data) = line.trim_end().strip_prefix("data: ") {
+                    on_event(data);
+                }
+            }
+        }
+    }
+}
+
+/// Whether any slot of the server is decoding, over a kept-alive connection.
+fn busy(client: &mut BareClient) -> std::io::Result<bool> {
+    let mut line = String::new();
+    write!(
+        client.reader.get_mut(),
+        "GET /slots HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    )?;
+    let mut len = 0;
+    loop {
+        line.clear();
+        client.reader.read_line(&mut line)?;
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+    }
+    let mut buf = vec![0; len];
+    client.reader.read_exact(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf).contains("\"is_processing\":true"))
 }
 
 fn p50(mut v: Vec<Duration>) -> Duration {
@@ -168,9 +237,142 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<_, correx::InferenceError>>()?;
     speeds.sort_by(f64::total_cmp);
     println!("generation_tokens_per_s: {:.1}", speeds[speeds.len() / 2]);
+    // The same answer not streamed, by the bare client: what infer() would do without
+    // streaming internally.
+    let long_plain = chat_body("gemma", &long).to_string();
+    let mut plain: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            let answer = BareClient::connect(port)?.post("/v1/chat/completions", &long_plain)?;
+            let v: serde_json::Value =
+                serde_json::from_str(&answer).map_err(std::io::Error::other)?;
+            let n = v["usage"]["completion_tokens"].as_f64().unwrap_or(0.0);
+            Ok(n / t.elapsed().as_secs_f64())
+        })
+        .collect::<std::io::Result<_>>()?;
+    plain.sort_by(f64::total_cmp);
+    println!("raw_post_tokens_per_s: {:.1}", plain[plain.len() / 2]);
     println!(
         "infer_overhead_ratio: {:.4}",
         ours.as_secs_f64() / raw.as_secs_f64()
     );
+
+    // Streaming: time to the first piece, and the whole answer, against a bare SSE client on a
+    // kept-alive connection, alternating.
+    let stream_req = InferenceRequest {
+        config: GenerationConfig {
+            max_tokens: 32,
+            ..long.config.clone()
+        },
+        ..long.clone()
+    };
+    let sse_body = stream_body("gemma", &stream_req).to_string();
+    let none = CancelToken::new();
+    // llama-server closes the connection after a streamed answer, so the bare client connects
+    // for each one, as curl does.
+    provider.infer_stream(&stream_req, &none, &mut |_| StreamControl::Continue)?;
+    BareClient::connect(port)?.post_sse("/v1/chat/completions", &sse_body, |_| {})?;
+    let (mut ttft_ours, mut ttft_raw, mut whole_ours, mut whole_raw) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..PAIRS {
+        let t = Instant::now();
+        let mut first = None;
+        provider.infer_stream(&stream_req, &none, &mut |_| {
+            first.get_or_insert_with(|| t.elapsed());
+            StreamControl::Continue
+        })?;
+        whole_ours.push(t.elapsed());
+        ttft_ours.push(first.ok_or("no piece streamed")?);
+        let t = Instant::now();
+        let mut first = None;
+        BareClient::connect(port)?.post_sse("/v1/chat/completions", &sse_body, |data| {
+            if data.contains("\"content\":\"") {
+                first.get_or_insert_with(|| t.elapsed());
+            }
+        })?;
+        whole_raw.push(t.elapsed());
+        ttft_raw.push(first.ok_or("no piece streamed (bare)")?);
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (ttft_ours, ttft_raw) = (p50(ttft_ours), p50(ttft_raw));
+    let (whole_ours, whole_raw) = (p50(whole_ours), p50(whole_raw));
+    println!("ttft_p50_ms: {:.2}", ms(ttft_ours));
+    println!("raw_sse_ttft_p50_ms: {:.2}", ms(ttft_raw));
+    println!(
+        "ttft_ratio_vs_raw_sse: {:.4}",
+        ttft_ours.as_secs_f64() / ttft_raw.as_secs_f64()
+    );
+    println!(
+        "stream_overhead_ratio: {:.4}",
+        whole_ours.as_secs_f64() / whole_raw.as_secs_f64()
+    );
+
+    // A long answer's speed, streamed through correx and through the bare client.
+    let long_stream = stream_body("gemma", &long).to_string();
+    let (mut through_ours, mut through_raw) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let t = Instant::now();
+        let r = provider.infer_stream(&long, &none, &mut |_| StreamControl::Continue)?;
+        through_ours.push(f64::from(r.usage.completion_tokens) / t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let mut tokens = 0.0;
+        BareClient::connect(port)?.post_sse("/v1/chat/completions", &long_stream, |data| {
+            if let Some(i) = data.find("\"completion_tokens\":") {
+                let rest = &data[i + 20..];
+                let end = rest
+                    .find(|c: char| !c.is_ascii_digit())
+                    .unwrap_or(rest.len());
+                tokens = rest[..end].parse().unwrap_or(0.0);
+            }
+        })?;
+        through_raw.push(tokens / t.elapsed().as_secs_f64());
+    }
+    through_ours.sort_by(f64::total_cmp);
+    through_raw.sort_by(f64::total_cmp);
+    println!("stream_tokens_per_s: {:.1}", through_ours[1]);
+    println!("raw_sse_tokens_per_s: {:.1}", through_raw[1]);
+
+    // From the cancel call to the server's slot idle, 20 cancels mid-answer.
+    let story = InferenceRequest {
+        config: GenerationConfig {
+            max_tokens: 2000,
+            ..long.config.clone()
+        },
+        ..long.clone()
+    };
+    let mut lags = Vec::new();
+    for _ in 0..20 {
+        let mut probe = BareClient::connect(port)?;
+        let token = CancelToken::new();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn({
+            let (p, token, story) = (provider.clone(), token.clone(), story.clone());
+            move || {
+                let mut n = 0;
+                p.infer_stream(&story, &token, &mut |_| {
+                    n += 1;
+                    if n == 10 {
+                        let _ = tx.send(());
+                    }
+                    StreamControl::Continue
+                })
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(60))?;
+        let t = Instant::now();
+        token.cancel();
+        while busy(&mut probe)? {
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err("a cancelled slot kept decoding for 10 s".into());
+            }
+        }
+        lags.push(t.elapsed());
+        if !matches!(worker.join(), Ok(Err(correx::InferenceError::Cancelled))) {
+            return Err("a cancelled stream did not end as cancelled".into());
+        }
+    }
+    lags.sort();
+    println!("cancel_to_idle_ms_p50: {:.1}", ms(lags[lags.len() / 2]));
+    println!("cancel_to_idle_ms_max: {:.1}", ms(lags[lags.len() - 1]));
     Ok(())
 }

@@ -56,28 +56,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .load_with_cancel(&model, &correx::CancelToken::new())?;
 
     println!("Asking: What is the capital of France?");
-    let shot = |source, text: &str| ContextEntry {
-        source,
-        content: text.into(),
-    };
-    let answer = provider.infer(&InferenceRequest {
-        context: ContextPack {
-            entries: vec![
-                shot(SourceType::User, "What is the capital of Italy?"),
-                shot(SourceType::Model, "Rome."),
-                shot(SourceType::User, "What is the capital of Germany?"),
-                shot(SourceType::Model, "Berlin."),
-                shot(SourceType::User, "What is the capital of France?"),
-            ],
-            ..ContextPack::default()
+    let shot = ContextEntry::new;
+    print!("  answer (streamed):");
+    let answer = provider.infer_stream(
+        &InferenceRequest {
+            context: ContextPack {
+                entries: vec![
+                    shot(SourceType::User, "What is the capital of Italy?"),
+                    shot(SourceType::Model, "Rome."),
+                    shot(SourceType::User, "What is the capital of Germany?"),
+                    shot(SourceType::Model, "Berlin."),
+                    shot(SourceType::User, "What is the capital of France?"),
+                ],
+                ..ContextPack::default()
+            },
+            config: GenerationConfig {
+                temperature: 0.0,
+                max_tokens: 2,
+                seed: Some(7),
+                ..GenerationConfig::default()
+            },
         },
-        config: GenerationConfig {
-            temperature: 0.0,
-            max_tokens: 2,
-            seed: Some(7),
-            ..GenerationConfig::default()
+        &correx::CancelToken::new(),
+        &mut |chunk| {
+            print!("{}", chunk.text);
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            correx::StreamControl::Continue
         },
-    })?;
+    )?;
+    println!();
     println!("  answer: {}", answer.text.trim());
     println!(
         "  usage: {} prompt + {} completion tokens ({} ms)",

@@ -98,6 +98,21 @@
 #define CORREX_DENY 0
 
 /**
+ * `correx_infer_stream`'s chunk callback: the piece is answer text.
+ */
+#define CORREX_CHUNK_TEXT 0
+
+/**
+ * `correx_infer_stream`'s chunk callback: the piece is the model's reasoning.
+ */
+#define CORREX_CHUNK_REASONING 1
+
+/**
+ * A chunk callback's answer that lets the generation go on. Any other value stops it.
+ */
+#define CORREX_CONTINUE 0
+
+/**
  * `correx_events_append`: append whatever the stream holds.
  */
 #define CORREX_EXPECT_ANY 0
@@ -120,7 +135,7 @@
 /**
  * The ABI's minor version: bumped when calls are added.
  */
-#define CORREX_ABI_VERSION_MINOR 1
+#define CORREX_ABI_VERSION_MINOR 2
 
 /**
  * The ABI's patch version: bumped for fixes that change no signature.
@@ -155,6 +170,18 @@ typedef struct correx_runtime correx_runtime;
  * It may be called from any thread, including correx's own background threads.
  */
 typedef void (*correx_log_callback)(void *user_data, int32_t level, const char *message);
+
+/**
+ * Receives each piece of a streamed answer.
+ *
+ * `kind` is `CORREX_CHUNK_TEXT` or `CORREX_CHUNK_REASONING`; `text` is `len` bytes of UTF-8
+ * (a token or a few), NUL-terminated, living only during the call. Return `CORREX_CONTINUE`
+ * to go on; any other value stops the generation (the call then returns
+ * `CORREX_E_CANCELLED`). It runs on the thread that called `correx_infer_stream`, before that
+ * call returns, with no correx lock held: it may call correx (`correx_cancel_trigger`, events,
+ * other models) but must not free the runtime, and must not unwind (throw or `longjmp`) out.
+ */
+typedef int32_t (*correx_chunk_fn)(void *user_data, int32_t kind, const char *text, size_t len);
 
 /**
  * An approval callback: asked for every T2 and T3 tool before it runs.
@@ -466,16 +493,28 @@ int32_t correx_model_health(const struct correx_runtime *rt,
  * # Parameters
  * - `model_id`: a model passed to `correx_model_load` before.
  * - `request_json`: `{"v": 1, "context": {"system": "...", "task": "...", "entries":
- *   [{"source": "model"|"user"|"tool", "content": "..."}]}, "config": {"temperature": 0.7,
- *   "top_p": 0.95, "max_tokens": 512, "stop": [], "seed": 42}}`.
- * - `cancel`: optional; triggering it makes the call return `CORREX_E_CANCELLED` within about
- *   10 ms.
- * - `out_json`: receives `{"v": 1, "text": "...", "usage": {"prompt_tokens", "completion_tokens",
- *   "total_tokens"}, "finish_reason": "stop"|"length"|..., "latency_ms": 120, "model": "gemma"}`.
+ *   [{"source": "model"|"user"|"tool", "content": "...", "tool_calls": [...], "tool_call_id":
+ *   "..."}]}, "config": {...}}`. Every `config` field is optional: `temperature` (0.7), `top_p`
+ *   (0.95), `max_tokens` (512), `stop` ([]), `seed`, `top_k`, `min_p`, `typical_p`,
+ *   `repeat_penalty`, `repeat_last_n`, `presence_penalty`, `frequency_penalty`, `mirostat`,
+ *   `mirostat_tau`, `mirostat_eta` (unset: the server's default), `response_format`
+ *   (`{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {"schema": {...}}}`),
+ *   `grammar` (GBNF), `tools` (`[{"name", "description", "parameters": {JSON schema}}]`, for a
+ *   server started with `--jinja`), `tool_choice` (`"auto"`, `"none"`, `"required"` or
+ *   `{"function": "name"}`).
+ * - `cancel`: optional; triggering it closes the connection: the call returns
+ *   `CORREX_E_CANCELLED` at once and the server stops generating.
+ * - `out_json`: receives `{"v": 1, "text": "...", "usage": {"prompt_tokens",
+ *   "completion_tokens", "total_tokens"}, "finish_reason": "stop"|"length"|"tool_calls"|...,
+ *   "latency_ms": 120, "model": "gemma", "tool_calls": [{"id", "name", "arguments": {...}}],
+ *   "timings": {llama-server's timings} or null, "reasoning": "..." (only when the model
+ *   reasoned)}`.
  *
  * # Returns
  * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_UNKNOWN_MODEL`,
- * `CORREX_E_INFERENCE`, `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
+ * `CORREX_E_INFERENCE` (the message says which: unreachable, timed out, an HTTP error, a stream
+ * that broke off or ended without its final event, a malformed event), `CORREX_E_CANCELLED`,
+ * `CORREX_E_UNUSABLE`.
  *
  * # Memory and lifetimes
  * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
@@ -493,6 +532,39 @@ int32_t correx_infer(const struct correx_runtime *rt,
                      const struct correx_cancel *cancel,
                      char **out_json,
                      struct correx_error **err);
+
+/**
+ * As `correx_infer`, handing each piece of the answer to `on_chunk` as it arrives.
+ *
+ * # Parameters
+ * As `correx_infer`, plus:
+ * - `on_chunk`: called for each piece (see `correx_chunk_fn`); NULL streams without a
+ *   callback (as `correx_infer`).
+ * - `user_data`: passed to `on_chunk` untouched; correx never frees it.
+ *
+ * # Returns
+ * As `correx_infer`; `CORREX_E_CANCELLED` also when `on_chunk` asked to stop.
+ *
+ * # Memory and lifetimes
+ * `*out_json` (the whole answer, as `correx_infer`'s) is the caller's, freed with
+ * `correx_string_free`; untouched on error. A chunk's text lives only during its callback.
+ *
+ * # Blocking and threads
+ * Blocks for the whole generation; `on_chunk` runs on the calling thread. Any thread;
+ * inferences may run concurrently.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented; `on_chunk` is safe to call with `user_data` on
+ * this thread.
+ */
+int32_t correx_infer_stream(const struct correx_runtime *rt,
+                            const char *model_id,
+                            const char *request_json,
+                            const struct correx_cancel *cancel,
+                            correx_chunk_fn on_chunk,
+                            void *user_data,
+                            char **out_json,
+                            struct correx_error **err);
 
 /**
  * Tokenizes `text` with the loaded model's tokenizer: `{"v": 1, "tokens": [1, 2, ...]}`.

@@ -33,11 +33,13 @@ pub use events::{
 };
 pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
 pub use inference::{
-    capabilities_for, chat_body, CapabilityScore, ContextEntry, ContextPack, DefaultModelManager,
-    FinishReason, GenerationConfig, HttpOptions, InferenceError, InferenceProvider,
-    InferenceRequest, InferenceResponse, LlamaCppInferenceProvider, LlamaCppTokenizer,
-    ManagedInferenceProvider, ManagerOptions, ModelCapability, ModelDescriptor, ModelLoadError,
-    ModelManager, ProviderHealth, ResidencyMode, SourceType, TokenUsage, Tokenizer, MODEL_STREAM,
+    capabilities_for, chat_body, stream_body, CapabilityScore, ChunkKind, ContextEntry,
+    ContextPack, DefaultModelManager, FinishReason, GenerationConfig, HttpOptions, InferenceError,
+    InferenceProvider, InferenceRequest, InferenceResponse, JsonSchemaFormat,
+    LlamaCppInferenceProvider, LlamaCppTokenizer, ManagedInferenceProvider, ManagerOptions,
+    ModelCapability, ModelDescriptor, ModelLoadError, ModelManager, ProviderHealth, ResidencyMode,
+    ResponseFormat, SourceType, StreamChunk, StreamControl, TokenUsage, Tokenizer, ToolCall,
+    ToolChoice, ToolSpec, MODEL_STREAM,
 };
 pub use install::LlamaInstall;
 pub use runtime::{

@@ -140,8 +140,12 @@ fn stub_captures_the_exact_request_body() -> TestResult {
     );
     let sent: serde_json::Value =
         serde_json::from_str(&stub.requests.recv_timeout(Duration::from_secs(5))?)?;
-    assert_eq!(sent, chat_body("m", &req));
-    assert_eq!(sent["stream"], false);
+    assert_eq!(sent, correx::stream_body("m", &req));
+    assert_eq!(
+        sent["stream"], true,
+        "every call streams, so a cancel can stop the server"
+    );
+    assert_eq!(chat_body("m", &req)["stream"], false);
     assert_eq!(sent["seed"], 7);
     Ok(())
 }
@@ -202,9 +206,8 @@ fn stub_context_error_is_not_retryable() -> TestResult {
 #[test]
 fn stub_slow_server_gives_a_timeout() -> TestResult {
     let stub = StubServer::start(vec![Canned {
-        status: 200,
-        body: "{}".into(),
         delay: Duration::from_secs(3),
+        ..canned(200, "{}")
     }]);
     let opts = HttpOptions {
         read_timeout: Duration::from_millis(300),

@@ -523,3 +523,58 @@ fn the_server_inherits_no_host_descriptor_and_no_host_environment() -> TestResul
     assert!(!String::from_utf8_lossy(&environ).contains("hunter2"));
     Ok(())
 }
+
+#[test]
+fn a_managed_stream_records_its_answer_and_a_cancelled_one_still_applies_residency() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let d = descriptor(&s.install, "eph", ResidencyMode::Ephemeral);
+    let provider = s.manager.load(&d)?;
+    let mut streamed = String::new();
+    let r = provider.infer_stream(&ask(6), &correx::CancelToken::new(), &mut |c| {
+        streamed.push_str(c.text);
+        correx::StreamControl::Continue
+    })?;
+    assert_eq!(
+        (streamed.as_str(), r.model.as_str()),
+        (r.text.as_str(), "eph")
+    );
+    // A cancel from another thread while the answer streams, on the calling thread's call.
+    let token = correx::CancelToken::new();
+    let canceller = token.clone();
+    let mut pieces = 0;
+    let cancelled = provider.infer_stream(&ask(2000), &token, &mut |_| {
+        pieces += 1;
+        if pieces == 3 {
+            let c = canceller.clone();
+            std::thread::spawn(move || c.cancel());
+        }
+        correx::StreamControl::Continue
+    });
+    assert!(
+        matches!(cancelled, Err(correx::InferenceError::Cancelled)),
+        "{cancelled:?}"
+    );
+    assert!(pieces < 200, "the generation stopped: {pieces} pieces");
+    assert_eq!(
+        s.manager.current_model(),
+        None,
+        "the cancelled inference ended its flight"
+    );
+    let events = model_events(&s.store)?;
+    assert_eq!(
+        kinds(&events),
+        [
+            "loaded:eph",
+            "inference.completed",
+            "unloaded:ephemeral",
+            "loaded:eph",
+            "unloaded:ephemeral"
+        ],
+        "a cancelled answer is not recorded as completed"
+    );
+    assert_eq!(events[1].payload["usage"], serde_json::to_value(r.usage)?);
+    Ok(())
+}

@@ -13,6 +13,8 @@ pub struct Canned {
     pub body: String,
     /// Wait this long before answering (to trigger client timeouts).
     pub delay: Duration,
+    /// The Content-Type sent.
+    pub content_type: &'static str,
 }
 
 /// A stub answering each connection's first request with the next canned answer and sending
@@ -54,8 +56,9 @@ impl StubServer {
                 let mut stream = reader.into_inner();
                 let _ = write!(
                     stream,
-                    "HTTP/1.1 {} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+                    "HTTP/1.1 {} X\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
                     answer.status,
+                    answer.content_type,
                     answer.body.len(),
                     answer.body
                 );
@@ -74,5 +77,14 @@ pub fn canned(status: u16, body: &str) -> Canned {
         status,
         body: body.to_owned(),
         delay: Duration::ZERO,
+        content_type: "application/json",
+    }
+}
+
+/// A 200 event stream with this body, as a streaming server frames it.
+pub fn sse(body: &str) -> Canned {
+    Canned {
+        content_type: "text/event-stream",
+        ..canned(200, body)
     }
 }

@@ -1,5 +1,6 @@
 //! The integration tests, built as one binary.
 
+mod streaming;
 mod stub;
 mod tools_util;
 mod util;

@@ -88,21 +88,19 @@ pub struct TestServer {
 
 impl TestServer {
     pub fn start(install: &LlamaInstall) -> TestServer {
+        Self::start_with(install, &["--no-jinja", "--chat-template", "gemma"])
+    }
+
+    /// A server with these arguments after the model, port, context and threads.
+    pub fn start_with(install: &LlamaInstall, args: &[&str]) -> TestServer {
         use std::os::unix::process::CommandExt;
         let port = free_port();
         let mut cmd = Command::new(&install.server);
         cmd.args(["--model"])
             .arg(&install.model)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args([
-                "--ctx-size",
-                "2048",
-                "--threads",
-                "2",
-                "--no-jinja",
-                "--chat-template",
-                "gemma",
-            ])
+            .args(["--ctx-size", "2048", "--threads", "2"])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -134,6 +132,10 @@ impl TestServer {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         panic!("test llama-server did not become healthy");
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn stop(&mut self) {

@@ -1,5 +1,5 @@
-/* The correx main job, from C: open the event log, load the Gemma model, ask it a question,
- * run a file_write (T2) that the approval callback approves and a shell call that it denies,
+/* The correx main job, from C: open the event log, load the Gemma model, ask it a question
+ * (the answer printed as it streams; a long one stopped after five pieces), run a file_write (T2) that the approval callback approves and a shell call that it denies,
  * then print the event log as a timeline.
  *
  * Needs llama-server and the model: `make run-demo` installs them first. */
@@ -23,6 +23,28 @@ static int32_t approve(void *user_data, const char *tool, int32_t tier, const ch
 }
 
 /* Copies `in` into `out` as the inside of a JSON string. */
+/* Streaming: prints each piece of the answer as it arrives and keeps the whole text. */
+struct streamed {
+    char text[256];
+    size_t len;
+    int pieces;
+    int stop_after; /* 0: never stop */
+};
+
+static int32_t on_chunk(void *user_data, int32_t kind, const char *text, size_t len) {
+    struct streamed *s = user_data;
+    if (kind != CORREX_CHUNK_TEXT) return CORREX_CONTINUE;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    if (s->len + len < sizeof s->text) {
+        memcpy(s->text + s->len, text, len);
+        s->len += len;
+        s->text[s->len] = 0;
+    }
+    s->pieces++;
+    return s->stop_after && s->pieces >= s->stop_after ? 1 : CORREX_CONTINUE;
+}
+
 static void json_escape(const char *in, char *out, size_t n) {
     size_t o = 0;
     for (; *in && o + 7 < n; in++) {
@@ -82,6 +104,7 @@ int main(void) {
     char *answer = NULL;
     char text[200] = "", finish[32] = "";
     const char *usage;
+    struct streamed streamed = {0};
     int asked = 0;
 
     if (!mkdtemp(dir)) {
@@ -109,7 +132,8 @@ int main(void) {
     printf("\nAsking: What is the capital of France?\n");
     /* Gemma 3 270M is a small base model: a few examples of the answer's shape (the L2
      * history) and a short budget get a one-word answer out of it. */
-    MUST("infer", correx_infer(rt, "gemma-3-270m",
+    printf("  streamed: ");
+    MUST("infer", correx_infer_stream(rt, "gemma-3-270m",
                                "{\"v\": 1, \"context\": {\"entries\": ["
                                "{\"source\": \"user\", \"content\": \"What is the capital of Italy?\"},"
                                "{\"source\": \"model\", \"content\": \"Rome.\"},"
@@ -117,8 +141,13 @@ int main(void) {
                                "{\"source\": \"model\", \"content\": \"Berlin.\"},"
                                "{\"source\": \"user\", \"content\": \"What is the capital of France?\"}]},"
                                " \"config\": {\"temperature\": 0, \"max_tokens\": 2, \"seed\": 7}}",
-                               NULL, &answer, &err));
+                               NULL, on_chunk, &streamed, &answer, &err));
+    printf("\n");
     mj_str(mj_get(answer, "text"), text, sizeof text);
+    if (strcmp(text, streamed.text) != 0) {
+        fprintf(stderr, "the streamed pieces (%s) differ from the answer (%s)\n", streamed.text, text);
+        return 1;
+    }
     mj_str(mj_get(answer, "finish_reason"), finish, sizeof finish);
     usage = mj_get(answer, "usage");
     printf("  answer: %s\n", text);
@@ -126,6 +155,20 @@ int main(void) {
            mj_int(mj_get(usage, "prompt_tokens"), -1), mj_int(mj_get(usage, "completion_tokens"), -1),
            mj_int(mj_get(usage, "total_tokens"), -1), finish, mj_int(mj_get(answer, "latency_ms"), -1));
     correx_string_free(answer);
+
+    printf("\nA long answer, stopped by the callback after 5 pieces:\n  ");
+    struct streamed story = {.stop_after = 5};
+    correx_error *err = NULL;
+    int32_t stopped = correx_infer_stream(
+        rt, "gemma-3-270m",
+        "{\"v\": 1, \"context\": {\"task\": \"Write a long story about the sea.\"},"
+        " \"config\": {\"temperature\": 0, \"max_tokens\": 2000, \"seed\": 7}}",
+        NULL, on_chunk, &story, &answer, &err);
+    printf("\n  -> %s after %d pieces (its connection closed, so llama-server stops decoding)\n",
+           stopped == CORREX_E_CANCELLED ? "CORREX_E_CANCELLED" : "unexpected", story.pieces);
+    if (stopped != CORREX_E_CANCELLED || story.pieces != 5) return 1;
+    correx_error_free(err);
+    err = NULL;
 
     json_escape(text, escaped, sizeof escaped);
     printf("\nfile_write %s/answer.txt (T2):\n", dir);

@@ -119,6 +119,9 @@ int main(void) {
     EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_tool_execute(rt, "{\"v\":1,\"tool_name\":\"x\"}", &out, &err));
     EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_infer(rt, "m", "[1,2]", NULL, &out, &err));
     EXPECT_CODE(CORREX_E_UNKNOWN_MODEL, correx_infer(rt, "never-loaded", "{\"v\":1}", NULL, &out, &err));
+    EXPECT_CODE(CORREX_E_NULL, correx_infer_stream(rt, "m", "{\"v\":1}", NULL, NULL, NULL, NULL, &err));
+    EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_infer_stream(rt, "m", "{\"v\":1,\"config\":{\"tool_choice\":\"sometimes\"}}", NULL, NULL, NULL, &out, &err));
+    EXPECT_CODE(CORREX_E_UNKNOWN_MODEL, correx_infer_stream(rt, "never-loaded", "{\"v\":1}", NULL, NULL, NULL, &out, &err));
     EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_model_load(rt, "{\"v\":1,\"model_id\":\"m\",\"residency\":\"sometimes\",\"model_path\":\"/x\"}", NULL, &err));
     EXPECT_CODE(CORREX_E_MODEL, correx_model_load(rt, "{\"v\":1,\"model_id\":\"m\",\"residency\":\"persistent\",\"model_path\":\"/nonexistent.gguf\"}", NULL, &err));
 

@@ -1,7 +1,8 @@
 // The correx demo from Java through Panama (java.lang.foreign, JDK 22+):
 //   java --enable-native-access=ALL-UNNAMED -Dcorrex.lib=target/release/libcorrex.so examples/jvm/Demo.java
-// Opens the event log, loads Gemma, asks a question, runs a file_write the approver approves and
-// a shell call it denies, then prints the event log.
+// Opens the event log, loads Gemma, asks a question (the answer printed piece by piece as it
+// streams), runs a file_write the approver approves and a shell call it denies, then prints the
+// event log.
 
 import java.lang.foreign.*;
 import java.lang.invoke.*;
@@ -19,7 +20,7 @@ public class Demo {
     static final ValueLayout.OfInt I32 = ValueLayout.JAVA_INT;
     static final AddressLayout PTR = ValueLayout.ADDRESS;
 
-    static MethodHandle runtimeNew, runtimeFree, setApprover, modelLoad, modelUnload, infer,
+    static MethodHandle runtimeNew, runtimeFree, setApprover, modelLoad, modelUnload, inferStream,
             toolExecute, readAll, stringFree, errorMessage, errorFree;
 
     /** Throws with correx's message when a call failed; frees the error. */
@@ -56,6 +57,21 @@ public class Demo {
         return yes ? 1 : 0;
     }
 
+    static final StringBuilder streamed = new StringBuilder();
+    static int pieces = 0;
+
+    /** The chunk callback: prints each piece of the answer as it arrives; 0 = go on. */
+    static int onChunk(MemorySegment userData, int kind, MemorySegment text, long len) {
+        if (kind != 0) return 0; // CORREX_CHUNK_TEXT
+        byte[] bytes = text.reinterpret(len).toArray(ValueLayout.JAVA_BYTE);
+        String piece = new String(bytes, java.nio.charset.StandardCharsets.UTF_8);
+        System.out.print(piece);
+        System.out.flush();
+        streamed.append(piece);
+        pieces++;
+        return 0;
+    }
+
     public static void main(String[] args) throws Throwable {
         String libPath = System.getProperty("correx.lib", "target/release/libcorrex.so");
         try (Arena arena = Arena.ofConfined()) {
@@ -65,7 +81,7 @@ public class Demo {
             setApprover = fn("correx_runtime_set_approver", FunctionDescriptor.of(I32, PTR, PTR, PTR, PTR, PTR));
             modelLoad = fn("correx_model_load", FunctionDescriptor.of(I32, PTR, PTR, PTR, PTR));
             modelUnload = fn("correx_model_unload", FunctionDescriptor.of(I32, PTR, PTR, PTR));
-            infer = fn("correx_infer", FunctionDescriptor.of(I32, PTR, PTR, PTR, PTR, PTR, PTR));
+            inferStream = fn("correx_infer_stream", FunctionDescriptor.of(I32, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR));
             toolExecute = fn("correx_tool_execute", FunctionDescriptor.of(I32, PTR, PTR, PTR, PTR));
             readAll = fn("correx_events_read_all", FunctionDescriptor.of(I32, PTR, ValueLayout.JAVA_LONG, I32, PTR, PTR));
             stringFree = fn("correx_string_free", FunctionDescriptor.ofVoid(PTR));
@@ -99,9 +115,17 @@ public class Demo {
                         + "{\"source\": \"user\", \"content\": \"What is the capital of France?\"}]},"
                         + " \"config\": {\"temperature\": 0, \"max_tokens\": 2, \"seed\": 7}}";
                 MemorySegment out = arena.allocate(PTR);
-                check("infer", (int) infer.invokeExact(rt, arena.allocateFrom("gemma-3-270m"), arena.allocateFrom(request), MemorySegment.NULL, out, err), err);
+                MethodHandle chunkTarget = MethodHandles.lookup().findStatic(Demo.class, "onChunk",
+                        MethodType.methodType(int.class, MemorySegment.class, int.class, MemorySegment.class, long.class));
+                MemorySegment chunkStub = LINKER.upcallStub(chunkTarget, FunctionDescriptor.of(I32, PTR, I32, PTR, ValueLayout.JAVA_LONG), arena);
+                System.out.print("  streamed: ");
+                check("infer", (int) inferStream.invokeExact(rt, arena.allocateFrom("gemma-3-270m"), arena.allocateFrom(request),
+                        MemorySegment.NULL, chunkStub, MemorySegment.NULL, out, err), err);
+                System.out.println();
                 String answer = take(out);
-                System.out.println("  answer: " + field(answer, "text").trim());
+                if (pieces < 1 || !streamed.toString().equals(field(answer, "text")))
+                    throw new IllegalStateException("the streamed pieces (" + streamed + ") differ from the answer: " + answer);
+                System.out.println("  answer: " + field(answer, "text").trim() + " (" + pieces + " pieces)");
                 System.out.println("  usage: " + field(answer, "prompt_tokens") + " prompt + " + field(answer, "completion_tokens") + " completion tokens");
 
                 String[] tools = {

@@ -68,6 +68,13 @@ pub const CORREX_APPROVE: i32 = 1;
 /// An approval callback's answer that denies.
 pub const CORREX_DENY: i32 = 0;
 
+/// `correx_infer_stream`'s chunk callback: the piece is answer text.
+pub const CORREX_CHUNK_TEXT: i32 = 0;
+/// `correx_infer_stream`'s chunk callback: the piece is the model's reasoning.
+pub const CORREX_CHUNK_REASONING: i32 = 1;
+/// A chunk callback's answer that lets the generation go on. Any other value stops it.
+pub const CORREX_CONTINUE: i32 = 0;
+
 /// `correx_events_append`: append whatever the stream holds.
 pub const CORREX_EXPECT_ANY: i32 = 0;
 /// `correx_events_append`: the stream must not exist yet.
@@ -78,7 +85,7 @@ pub const CORREX_EXPECT_EXACT: i32 = 2;
 /// The ABI's major version: bumped on incompatible changes.
 pub const CORREX_ABI_VERSION_MAJOR: i32 = 0;
 /// The ABI's minor version: bumped when calls are added.
-pub const CORREX_ABI_VERSION_MINOR: i32 = 1;
+pub const CORREX_ABI_VERSION_MINOR: i32 = 2;
 /// The ABI's patch version: bumped for fixes that change no signature.
 pub const CORREX_ABI_VERSION_PATCH: i32 = 0;
 /// The ABI version as one number: `MAJOR << 16 | MINOR << 8 | PATCH`; compare it with

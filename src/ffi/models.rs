@@ -4,15 +4,17 @@ use super::cancel::{correx_cancel, token};
 use super::convert::{json_v1, out_arg, parse_v1, str_arg, write_json};
 use super::runtime::{correx_runtime, with_runtime};
 use super::{
-    correx_error, Failure, FfiResult, CORREX_E_CANCELLED, CORREX_E_INFERENCE,
-    CORREX_E_INVALID_ARGUMENT, CORREX_E_MODEL, CORREX_E_UNKNOWN_MODEL,
+    correx_error, Failure, FfiResult, CORREX_CHUNK_REASONING, CORREX_CHUNK_TEXT, CORREX_CONTINUE,
+    CORREX_E_CANCELLED, CORREX_E_INFERENCE, CORREX_E_INVALID_ARGUMENT, CORREX_E_MODEL,
+    CORREX_E_UNKNOWN_MODEL,
 };
 use crate::inference::{
-    InferenceError, InferenceRequest, ModelDescriptor, ModelLoadError, ModelManager,
-    ProviderHealth, Tokenizer,
+    ChunkKind, InferenceError, InferenceProvider, InferenceRequest, InferenceResponse,
+    ModelDescriptor, ModelLoadError, ModelManager, ProviderHealth, StreamChunk, StreamControl,
+    Tokenizer,
 };
 use serde_json::{json, Value};
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 
 fn model_failure(e: ModelLoadError) -> Failure {
     let code = match &e {
@@ -39,6 +41,9 @@ fn inference_failure(e: InferenceError) -> Failure {
         | InferenceError::Http { .. }
         | InferenceError::ContextExceeded { .. }
         | InferenceError::MalformedBody { .. }
+        | InferenceError::StreamInterrupted { .. }
+        | InferenceError::MalformedEvent { .. }
+        | InferenceError::StreamIncomplete { .. }
         | InferenceError::ModelUnavailable { .. } => CORREX_E_INFERENCE,
     };
     Failure::new(code, e.to_string())
@@ -198,22 +203,63 @@ fn known_model(r: &correx_runtime, id: &str) -> FfiResult<ModelDescriptor> {
     })
 }
 
+/// The response JSON of `correx_infer` and `correx_infer_stream`.
+fn response_json(resp: &InferenceResponse) -> Value {
+    let mut v = json!({
+        "text": resp.text,
+        "usage": resp.usage,
+        "finish_reason": resp.finish_reason.as_str(),
+        "latency_ms": resp.latency_ms,
+        "model": resp.model,
+        "tool_calls": resp.tool_calls,
+        "timings": resp.timings,
+    });
+    if let (Some(r), Some(o)) = (&resp.reasoning, v.as_object_mut()) {
+        o.insert("reasoning".into(), json!(r));
+    }
+    v
+}
+
+/// Receives each piece of a streamed answer.
+///
+/// `kind` is `CORREX_CHUNK_TEXT` or `CORREX_CHUNK_REASONING`; `text` is `len` bytes of UTF-8
+/// (a token or a few), NUL-terminated, living only during the call. Return `CORREX_CONTINUE`
+/// to go on; any other value stops the generation (the call then returns
+/// `CORREX_E_CANCELLED`). It runs on the thread that called `correx_infer_stream`, before that
+/// call returns, with no correx lock held: it may call correx (`correx_cancel_trigger`, events,
+/// other models) but must not free the runtime, and must not unwind (throw or `longjmp`) out.
+pub type correx_chunk_fn = Option<
+    unsafe extern "C" fn(user_data: *mut c_void, kind: i32, text: *const c_char, len: usize) -> i32,
+>;
+
 /// Runs one inference on a model loaded earlier through this runtime (reloading it first if
 /// its residency unloaded it); appends `inference.completed`.
 ///
 /// # Parameters
 /// - `model_id`: a model passed to `correx_model_load` before.
 /// - `request_json`: `{"v": 1, "context": {"system": "...", "task": "...", "entries":
-///   [{"source": "model"|"user"|"tool", "content": "..."}]}, "config": {"temperature": 0.7,
-///   "top_p": 0.95, "max_tokens": 512, "stop": [], "seed": 42}}`.
-/// - `cancel`: optional; triggering it makes the call return `CORREX_E_CANCELLED` within about
-///   10 ms.
-/// - `out_json`: receives `{"v": 1, "text": "...", "usage": {"prompt_tokens", "completion_tokens",
-///   "total_tokens"}, "finish_reason": "stop"|"length"|..., "latency_ms": 120, "model": "gemma"}`.
+///   [{"source": "model"|"user"|"tool", "content": "...", "tool_calls": [...], "tool_call_id":
+///   "..."}]}, "config": {...}}`. Every `config` field is optional: `temperature` (0.7), `top_p`
+///   (0.95), `max_tokens` (512), `stop` ([]), `seed`, `top_k`, `min_p`, `typical_p`,
+///   `repeat_penalty`, `repeat_last_n`, `presence_penalty`, `frequency_penalty`, `mirostat`,
+///   `mirostat_tau`, `mirostat_eta` (unset: the server's default), `response_format`
+///   (`{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {"schema": {...}}}`),
+///   `grammar` (GBNF), `tools` (`[{"name", "description", "parameters": {JSON schema}}]`, for a
+///   server started with `--jinja`), `tool_choice` (`"auto"`, `"none"`, `"required"` or
+///   `{"function": "name"}`).
+/// - `cancel`: optional; triggering it closes the connection: the call returns
+///   `CORREX_E_CANCELLED` at once and the server stops generating.
+/// - `out_json`: receives `{"v": 1, "text": "...", "usage": {"prompt_tokens",
+///   "completion_tokens", "total_tokens"}, "finish_reason": "stop"|"length"|"tool_calls"|...,
+///   "latency_ms": 120, "model": "gemma", "tool_calls": [{"id", "name", "arguments": {...}}],
+///   "timings": {llama-server's timings} or null, "reasoning": "..." (only when the model
+///   reasoned)}`.
 ///
 /// # Returns
 /// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_UNKNOWN_MODEL`,
-/// `CORREX_E_INFERENCE`, `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
+/// `CORREX_E_INFERENCE` (the message says which: unreachable, timed out, an HTTP error, a stream
+/// that broke off or ended without its final event, a malformed event), `CORREX_E_CANCELLED`,
+/// `CORREX_E_UNUSABLE`.
 ///
 /// # Memory and lifetimes
 /// `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
@@ -233,6 +279,55 @@ pub unsafe extern "C" fn correx_infer(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
+    // SAFETY: forwarded under this function's contract; no callback.
+    unsafe {
+        correx_infer_stream(
+            rt,
+            model_id,
+            request_json,
+            cancel,
+            None,
+            std::ptr::null_mut(),
+            out_json,
+            err,
+        )
+    }
+}
+
+/// As `correx_infer`, handing each piece of the answer to `on_chunk` as it arrives.
+///
+/// # Parameters
+/// As `correx_infer`, plus:
+/// - `on_chunk`: called for each piece (see `correx_chunk_fn`); NULL streams without a
+///   callback (as `correx_infer`).
+/// - `user_data`: passed to `on_chunk` untouched; correx never frees it.
+///
+/// # Returns
+/// As `correx_infer`; `CORREX_E_CANCELLED` also when `on_chunk` asked to stop.
+///
+/// # Memory and lifetimes
+/// `*out_json` (the whole answer, as `correx_infer`'s) is the caller's, freed with
+/// `correx_string_free`; untouched on error. A chunk's text lives only during its callback.
+///
+/// # Blocking and threads
+/// Blocks for the whole generation; `on_chunk` runs on the calling thread. Any thread;
+/// inferences may run concurrently.
+///
+/// # Safety
+/// Pointers are NULL or valid as documented; `on_chunk` is safe to call with `user_data` on
+/// this thread.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn correx_infer_stream(
+    rt: *const correx_runtime,
+    model_id: *const c_char,
+    request_json: *const c_char,
+    cancel: *const correx_cancel,
+    on_chunk: correx_chunk_fn,
+    user_data: *mut c_void,
+    out_json: *mut *mut c_char,
+    err: *mut *mut correx_error,
+) -> i32 {
     let body = |r: &correx_runtime| -> FfiResult {
         let out = out_arg(out_json, "out_json")?;
         // SAFETY: forwarded.
@@ -241,21 +336,42 @@ pub unsafe extern "C" fn correx_infer(
         let text = unsafe { str_arg(request_json, "request_json") }?;
         let request: InferenceRequest = parse_v1(text, "request_json")?;
         let d = known_model(r, id)?;
+        let mut piece = Vec::new();
+        let mut forward = |chunk: StreamChunk<'_>| -> StreamControl {
+            let Some(callback) = on_chunk else {
+                return StreamControl::Continue;
+            };
+            piece.clear();
+            piece.extend_from_slice(chunk.text.as_bytes());
+            piece.push(0);
+            let kind = match chunk.kind {
+                ChunkKind::Text => CORREX_CHUNK_TEXT,
+                ChunkKind::Reasoning => CORREX_CHUNK_REASONING,
+            };
+            // SAFETY: the host promised on_chunk is callable with user_data on this thread; the
+            // text is NUL-terminated and outlives the call.
+            let answer = unsafe {
+                callback(
+                    user_data,
+                    kind,
+                    piece.as_ptr().cast::<c_char>(),
+                    chunk.text.len(),
+                )
+            };
+            if answer == CORREX_CONTINUE {
+                StreamControl::Continue
+            } else {
+                StreamControl::Stop
+            }
+        };
         let resp = r
             .runtime
             .models()
             .managed(&d)
-            .infer_with_cancel(&request, &token(cancel))
+            .infer_stream(&request, &token(cancel), &mut forward)
             .map_err(inference_failure)?;
-        let v = json!({
-            "text": resp.text,
-            "usage": resp.usage,
-            "finish_reason": resp.finish_reason.as_str(),
-            "latency_ms": resp.latency_ms,
-            "model": resp.model,
-        });
         // SAFETY: out checked; writable per the caller.
-        unsafe { write_json(out, v) };
+        unsafe { write_json(out, response_json(&resp)) };
         Ok(())
     };
     // SAFETY: rt and err are NULL or valid, per this function's contract.

@@ -1,6 +1,7 @@
 //! The inference contracts: what a model is asked and what it answers.
 
 use super::InferenceError;
+use crate::cancel::CancelToken;
 use crate::ids::ProviderId;
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +24,26 @@ pub struct ContextEntry {
     pub source: SourceType,
     /// The text.
     pub content: String,
+    /// For a `model` entry: the tool calls the model made in that turn (sent as the assistant
+    /// message's `tool_calls`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For a `tool` entry: the id of the call this output answers; with it the entry is sent as
+    /// a `tool` message, without it as `user` text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl ContextEntry {
+    /// An entry with text only.
+    pub fn new(source: SourceType, content: impl Into<String>) -> Self {
+        ContextEntry {
+            source,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
 }
 
 /// The layered context of one request: L0 system, L1 task, L2 history and tool entries.
@@ -46,7 +67,8 @@ impl ContextPack {
     }
 }
 
-/// Sampling settings.
+/// Sampling and output settings. Every `Option` left `None` is not sent, so the server's own
+/// default applies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct GenerationConfig {
@@ -60,6 +82,48 @@ pub struct GenerationConfig {
     pub stop: Vec<String>,
     /// Sampling seed for repeatable output; default none.
     pub seed: Option<u64>,
+    /// Sample from the k most likely tokens only (llama-server's default 40; 0 turns it off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+    /// Drop tokens less likely than this fraction of the most likely one (server default 0.05).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f64>,
+    /// Locally typical sampling mass (server default 1.0: off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub typical_p: Option<f64>,
+    /// Penalty for repeating recent tokens (server default 1.0: off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repeat_penalty: Option<f64>,
+    /// How many recent tokens the repeat penalty looks at (server default 64; -1: the context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repeat_last_n: Option<i32>,
+    /// OpenAI's presence penalty (server default 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    /// OpenAI's frequency penalty (server default 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
+    /// Mirostat sampling: 0 off, 1 or 2 (server default 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirostat: Option<u8>,
+    /// Mirostat's target entropy (server default 5.0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirostat_tau: Option<f64>,
+    /// Mirostat's learning rate (server default 0.1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirostat_eta: Option<f64>,
+    /// Constrains the answer: JSON, or JSON matching a schema.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    /// Constrains the answer to a GBNF grammar; the server refuses it together with `tools`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
+    /// Functions the model may call; needs a server started with `--jinja`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolSpec>,
+    /// Whether and which tool the model must call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
 }
 
 impl Default for GenerationConfig {
@@ -70,8 +134,125 @@ impl Default for GenerationConfig {
             max_tokens: 512,
             stop: Vec::new(),
             seed: None,
+            top_k: None,
+            min_p: None,
+            typical_p: None,
+            repeat_penalty: None,
+            repeat_last_n: None,
+            presence_penalty: None,
+            frequency_penalty: None,
+            mirostat: None,
+            mirostat_tau: None,
+            mirostat_eta: None,
+            response_format: None,
+            grammar: None,
+            tools: Vec::new(),
+            tool_choice: None,
         }
     }
+}
+
+/// A constraint on the answer's form, in OpenAI's wire shape.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    /// Free text (the default).
+    Text,
+    /// Any JSON object, or one matching `schema` when given (llama-server's extension).
+    JsonObject {
+        /// A JSON schema the object must match.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        schema: Option<serde_json::Value>,
+    },
+    /// JSON matching a schema.
+    JsonSchema {
+        /// The schema and its name.
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// The schema of [`ResponseFormat::JsonSchema`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JsonSchemaFormat {
+    /// A name for the schema (OpenAI requires one; llama-server ignores it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The JSON schema.
+    pub schema: serde_json::Value,
+    /// OpenAI's strict flag; llama-server always constrains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// A function the model may call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// The function's name.
+    pub name: String,
+    /// What it does, for the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A JSON schema of its arguments; default: an object with no declared properties.
+    #[serde(default = "empty_object_schema")]
+    pub parameters: serde_json::Value,
+}
+
+fn empty_object_schema() -> serde_json::Value {
+    serde_json::json!({"type": "object", "properties": {}})
+}
+
+/// Whether the model must call a tool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides (the default when tools are given).
+    Auto,
+    /// No tool call.
+    None,
+    /// At least one tool call.
+    Required,
+    /// This function: `{"function": "name"}`.
+    Function(String),
+}
+
+/// A call the model asked for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The server's id of the call, to answer it with a `tool` entry's `tool_call_id`.
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// The arguments: normally a JSON object; a JSON string holding the raw text when the model
+    /// wrote arguments that are not valid JSON.
+    pub arguments: serde_json::Value,
+}
+
+/// Which part of the answer a streamed piece belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkKind {
+    /// The answer's text.
+    Text,
+    /// The model's reasoning, for models that think before answering.
+    Reasoning,
+}
+
+/// One piece of a streamed answer, as it arrives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamChunk<'a> {
+    /// Text or reasoning.
+    pub kind: ChunkKind,
+    /// The new text (a token or a few).
+    pub text: &'a str,
+}
+
+/// What a stream callback wants next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamControl {
+    /// Keep generating.
+    Continue,
+    /// Stop: the connection closes, the server stops decoding, and the call returns
+    /// [`InferenceError::Cancelled`].
+    Stop,
 }
 
 /// One inference request.
@@ -148,6 +329,12 @@ pub struct InferenceResponse {
     /// The server's own `timings` object, when it sent one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<serde_json::Value>,
+    /// The tool calls the model made, in order (finish reason `tool_calls`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The model's reasoning, when the server separated it from the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 /// Whether a provider can serve requests now.
@@ -213,6 +400,36 @@ pub trait InferenceProvider: Send + Sync {
     /// # Errors
     /// Connection, timeout, HTTP and body errors, as [`InferenceError`] variants.
     fn infer(&self, request: &InferenceRequest) -> Result<InferenceResponse, InferenceError>;
+    /// Runs one completion, handing each piece of the answer to `on_chunk` as it arrives, on
+    /// the calling thread. A cancel of `cancel` or [`StreamControl::Stop`] ends the call with
+    /// [`InferenceError::Cancelled`]. Returns what [`InferenceProvider::infer`] returns.
+    ///
+    /// The default runs [`InferenceProvider::infer`] and hands its whole text over once.
+    ///
+    /// # Errors
+    /// As [`InferenceProvider::infer`], plus the stream errors ([`InferenceError::StreamInterrupted`],
+    /// [`InferenceError::MalformedEvent`], [`InferenceError::StreamIncomplete`]).
+    fn infer_stream(
+        &self,
+        request: &InferenceRequest,
+        cancel: &CancelToken,
+        on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
+    ) -> Result<InferenceResponse, InferenceError> {
+        if cancel.is_cancelled() {
+            return Err(InferenceError::Cancelled);
+        }
+        let response = self.infer(request)?;
+        let chunk = StreamChunk {
+            kind: ChunkKind::Text,
+            text: &response.text,
+        };
+        if cancel.is_cancelled()
+            || (!response.text.is_empty() && on_chunk(chunk) == StreamControl::Stop)
+        {
+            return Err(InferenceError::Cancelled);
+        }
+        Ok(response)
+    }
     /// Whether the provider can serve requests now.
     fn health_check(&self) -> ProviderHealth;
     /// What the model is good at.

@@ -49,8 +49,33 @@ pub enum InferenceError {
         /// The start of the body.
         body_prefix: String,
     },
-    /// The call was cancelled by the caller.
+    /// The call was cancelled by the caller (a cancel token, or a stream callback that asked to
+    /// stop); the connection was closed, so the server stopped generating.
     Cancelled,
+    /// The connection broke in the middle of a streamed answer: the server died or was killed,
+    /// or the network failed.
+    StreamInterrupted {
+        /// The URL called.
+        url: String,
+        /// How many events had arrived.
+        events: u64,
+        /// The transport's account.
+        detail: String,
+    },
+    /// A line of the event stream is not a server-sent event this client understands.
+    MalformedEvent {
+        /// What is wrong.
+        detail: String,
+        /// The start of the line.
+        line_prefix: String,
+    },
+    /// The stream ended cleanly but without the final event (the finish reason and usage).
+    StreamIncomplete {
+        /// What was missing.
+        detail: String,
+        /// How many events had arrived.
+        events: u64,
+    },
     /// No model is loaded, or it could not be loaded.
     ModelUnavailable {
         /// Why.
@@ -65,10 +90,13 @@ impl InferenceError {
             InferenceError::ConnectionRefused { .. }
             | InferenceError::Timeout { .. }
             | InferenceError::Transport { .. }
-            | InferenceError::ModelUnavailable { .. } => true,
+            | InferenceError::ModelUnavailable { .. }
+            | InferenceError::StreamInterrupted { .. } => true,
             InferenceError::Http { status, .. } => *status >= 500 || *status == 429,
             InferenceError::ContextExceeded { .. }
             | InferenceError::MalformedBody { .. }
+            | InferenceError::MalformedEvent { .. }
+            | InferenceError::StreamIncomplete { .. }
             | InferenceError::Cancelled => false,
         }
     }
@@ -105,6 +133,21 @@ impl fmt::Display for InferenceError {
                 body_prefix,
             } => write!(f, "llama-server sent a malformed body: {detail}; body starts {body_prefix:?}"),
             InferenceError::Cancelled => f.write_str("the call was cancelled"),
+            InferenceError::StreamInterrupted { url, events, detail } => write!(
+                f,
+                "the answer from {url} broke off after {events} events ({detail}); check that llama-server is still running (its log says why it stopped) and retry"
+            ),
+            InferenceError::MalformedEvent {
+                detail,
+                line_prefix,
+            } => write!(
+                f,
+                "the server sent a malformed stream event: {detail}; line starts {line_prefix:?}; is the URL an OpenAI-compatible chat endpoint?"
+            ),
+            InferenceError::StreamIncomplete { detail, events } => write!(
+                f,
+                "the stream ended after {events} events without its final event ({detail}); the server may not support usage in streams (stream_options.include_usage)"
+            ),
             InferenceError::ModelUnavailable { detail } => {
                 write!(f, "no model available: {detail}")
             }

@@ -1,13 +1,18 @@
 //! [`LlamaCppInferenceProvider`] and [`LlamaCppTokenizer`]: llama-server's OpenAI-compatible
 //! API over one shared keep-alive HTTP agent.
 
+use super::http::{Endpoint, HttpClient};
+use super::stream::{read_events, tool_call, usage_of};
 use super::{
     CapabilityScore, ContextPack, FinishReason, InferenceError, InferenceProvider,
-    InferenceRequest, InferenceResponse, ModelCapability, ProviderHealth, SourceType, TokenUsage,
-    Tokenizer,
+    InferenceRequest, InferenceResponse, ModelCapability, ProviderHealth, ResponseFormat,
+    SourceType, StreamChunk, StreamControl, Tokenizer, ToolChoice,
 };
+use crate::cancel::CancelToken;
 use crate::ids::ProviderId;
 use serde_json::{json, Value};
+use std::io::{BufReader, Read};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long the start of an error body quoted in an error may be.
@@ -18,7 +23,8 @@ const BODY_PREFIX: usize = 300;
 pub struct HttpOptions {
     /// TCP connect timeout; default 2 s (the server is local).
     pub connect_timeout: Duration,
-    /// How long to wait for a response, body included; default 300 s (a long generation).
+    /// How long to wait for the server's next bytes: the start of the answer (a long prompt is
+    /// read first) or, while it streams, the next piece; default 300 s.
     pub read_timeout: Duration,
     /// Timeout of `/health` calls; default 2 s.
     pub health_timeout: Duration,
@@ -69,15 +75,11 @@ fn transport(url: &str, e: ureq::Error) -> InferenceError {
 }
 
 fn prefix(body: &str) -> String {
-    let mut end = body.len().min(BODY_PREFIX);
-    while !body.is_char_boundary(end) {
-        end -= 1;
-    }
-    body[..end].to_owned()
+    super::stream::prefix(body, BODY_PREFIX)
 }
 
 /// Maps a non-2xx answer to an error, using the server's own `{"error": {...}}` when present.
-fn http_error(status: u16, body: &str) -> InferenceError {
+pub(crate) fn http_error(status: u16, body: &str) -> InferenceError {
     let parsed: Option<Value> = serde_json::from_str(body).ok();
     let err = parsed.as_ref().and_then(|v| v.get("error"));
     let message = err
@@ -138,11 +140,30 @@ pub fn messages(pack: &ContextPack) -> Vec<Value> {
         out.push(json!({"role": "user", "content": t}));
     }
     for e in &pack.entries {
-        let role = match e.source {
-            SourceType::Model => "assistant",
-            SourceType::User | SourceType::Tool => "user",
-        };
-        out.push(json!({"role": role, "content": e.content}));
+        match (e.source, &e.tool_call_id) {
+            (SourceType::Model, _) if !e.tool_calls.is_empty() => {
+                let calls: Vec<Value> = e
+                    .tool_calls
+                    .iter()
+                    .map(|c| {
+                        let arguments = match &c.arguments {
+                            Value::String(raw) => raw.clone(),
+                            other => other.to_string(),
+                        };
+                        json!({"id": c.id, "type": "function",
+                               "function": {"name": c.name, "arguments": arguments}})
+                    })
+                    .collect();
+                out.push(json!({"role": "assistant", "content": e.content, "tool_calls": calls}));
+            }
+            (SourceType::Model, _) => out.push(json!({"role": "assistant", "content": e.content})),
+            (SourceType::Tool, Some(id)) => {
+                out.push(json!({"role": "tool", "tool_call_id": id, "content": e.content}))
+            }
+            (SourceType::User | SourceType::Tool, _) => {
+                out.push(json!({"role": "user", "content": e.content}))
+            }
+        }
     }
     if out.is_empty() {
         out.push(json!({"role": "user", "content": ""}));
@@ -150,7 +171,8 @@ pub fn messages(pack: &ContextPack) -> Vec<Value> {
     out
 }
 
-/// The `/v1/chat/completions` body for a request (`stream` is always false).
+/// The `/v1/chat/completions` body for a request, not streamed (what a plain OpenAI client
+/// sends; correx itself always streams, see [`stream_body`]).
 pub fn chat_body(model_id: &str, request: &InferenceRequest) -> Value {
     let c = &request.config;
     let mut body = json!({
@@ -162,8 +184,65 @@ pub fn chat_body(model_id: &str, request: &InferenceRequest) -> Value {
         "stop": c.stop,
         "stream": false,
     });
-    if let (Some(seed), Some(obj)) = (c.seed, body.as_object_mut()) {
-        obj.insert("seed".into(), json!(seed));
+    let Some(obj) = body.as_object_mut() else {
+        return body;
+    };
+    let mut put = |key: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            obj.insert(key.into(), v);
+        }
+    };
+    put("seed", c.seed.map(Value::from));
+    put("top_k", c.top_k.map(Value::from));
+    put("min_p", c.min_p.map(Value::from));
+    put("typical_p", c.typical_p.map(Value::from));
+    put("repeat_penalty", c.repeat_penalty.map(Value::from));
+    put("repeat_last_n", c.repeat_last_n.map(Value::from));
+    put("presence_penalty", c.presence_penalty.map(Value::from));
+    put("frequency_penalty", c.frequency_penalty.map(Value::from));
+    put("mirostat", c.mirostat.map(Value::from));
+    put("mirostat_tau", c.mirostat_tau.map(Value::from));
+    put("mirostat_eta", c.mirostat_eta.map(Value::from));
+    put("grammar", c.grammar.clone().map(Value::from));
+    put(
+        "response_format",
+        c.response_format
+            .as_ref()
+            .filter(|f| **f != ResponseFormat::Text)
+            .and_then(|f| serde_json::to_value(f).ok()),
+    );
+    if !c.tools.is_empty() {
+        let tools: Vec<Value> = c
+            .tools
+            .iter()
+            .map(|t| {
+                let mut f = json!({"name": t.name, "parameters": t.parameters});
+                if let (Some(d), Some(o)) = (&t.description, f.as_object_mut()) {
+                    o.insert("description".into(), json!(d));
+                }
+                json!({"type": "function", "function": f})
+            })
+            .collect();
+        put("tools", Some(Value::Array(tools)));
+    }
+    put(
+        "tool_choice",
+        c.tool_choice.as_ref().map(|t| match t {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Required => json!("required"),
+            ToolChoice::Function(name) => json!({"type": "function", "function": {"name": name}}),
+        }),
+    );
+    body
+}
+
+/// [`chat_body`] streamed, asking for usage (and llama-server's timings) in the last event.
+pub fn stream_body(model_id: &str, request: &InferenceRequest) -> Value {
+    let mut body = chat_body(model_id, request);
+    if let Some(obj) = body.as_object_mut() {
+        obj.insert("stream".into(), json!(true));
+        obj.insert("stream_options".into(), json!({"include_usage": true}));
     }
     body
 }
@@ -173,12 +252,6 @@ fn malformed(detail: &str, body: &Value) -> InferenceError {
         detail: detail.to_owned(),
         body_prefix: prefix(&body.to_string()),
     }
-}
-
-fn u32_field(v: &Value, key: &str) -> Option<u32> {
-    v.get(key)
-        .and_then(Value::as_u64)
-        .map(|n| n.min(u64::from(u32::MAX)) as u32)
 }
 
 /// Maps a chat-completions body to a response.
@@ -192,11 +265,40 @@ pub fn parse_chat_response(
         .and_then(Value::as_array)
         .and_then(|c| c.first())
         .ok_or_else(|| malformed("no choices[0]", body))?;
-    let text = choice
+    let message = choice
         .get("message")
-        .and_then(|m| m.get("content"))
-        .map(|c| c.as_str().unwrap_or_default().to_owned())
-        .ok_or_else(|| malformed("choices[0].message.content is missing", body))?;
+        .ok_or_else(|| malformed("choices[0].message is missing", body))?;
+    let tool_calls: Vec<_> = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .map(|c| {
+                    let f = c.get("function");
+                    fn field(v: Option<&Value>) -> &str {
+                        v.and_then(Value::as_str).unwrap_or_default()
+                    }
+                    let arguments = match f.and_then(|f| f.get("arguments")) {
+                        Some(Value::String(s)) => s.clone(),
+                        Some(other) => other.to_string(),
+                        None => String::new(),
+                    };
+                    tool_call(
+                        field(c.get("id")).to_owned(),
+                        field(f.and_then(|f| f.get("name"))).to_owned(),
+                        &arguments,
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let text = match message.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None if !tool_calls.is_empty() => String::new(),
+        Some(Value::Null) => String::new(),
+        _ => return Err(malformed("choices[0].message.content is missing", body)),
+    };
     let finish = choice
         .get("finish_reason")
         .and_then(Value::as_str)
@@ -205,14 +307,7 @@ pub fn parse_chat_response(
     let usage = body
         .get("usage")
         .ok_or_else(|| malformed("usage is missing", body))?;
-    let usage = TokenUsage {
-        prompt_tokens: u32_field(usage, "prompt_tokens")
-            .ok_or_else(|| malformed("usage.prompt_tokens", body))?,
-        completion_tokens: u32_field(usage, "completion_tokens")
-            .ok_or_else(|| malformed("usage.completion_tokens", body))?,
-        total_tokens: u32_field(usage, "total_tokens")
-            .ok_or_else(|| malformed("usage.total_tokens", body))?,
-    };
+    let usage = usage_of(usage).ok_or_else(|| malformed("usage lacks its counts", body))?;
     Ok(InferenceResponse {
         text,
         usage,
@@ -224,6 +319,12 @@ pub fn parse_chat_response(
             .unwrap_or(fallback_model)
             .to_owned(),
         timings: body.get("timings").cloned(),
+        reasoning: message
+            .get("reasoning_content")
+            .and_then(Value::as_str)
+            .filter(|r| !r.is_empty())
+            .map(str::to_owned),
+        tool_calls,
     })
 }
 
@@ -282,16 +383,25 @@ impl Tokenizer for LlamaCppTokenizer {
 }
 
 /// llama-server's OpenAI-compatible chat API as an [`InferenceProvider`].
+///
+/// Every completion streams, also through [`InferenceProvider::infer`]: closing a streamed
+/// request is what makes llama-server stop decoding, so a cancel frees the server's slot
+/// instead of leaving it to generate an abandoned answer to `max_tokens`. Clones share their
+/// connections.
 #[derive(Clone, Debug)]
 pub struct LlamaCppInferenceProvider {
     id: ProviderId,
     model_id: String,
     chat_url: String,
     health_url: String,
+    /// The chat transport for `http://` servers; `None` for others (ureq, the `tls` feature).
+    chat: Option<Arc<HttpClient>>,
     agent: ureq::Agent,
     health_agent: ureq::Agent,
     tokenizer: LlamaCppTokenizer,
 }
+
+const CHAT_PATH: &str = "/v1/chat/completions";
 
 impl LlamaCppInferenceProvider {
     /// A provider for `model_id` served at `base_url` (e.g. `http://127.0.0.1:10000`).
@@ -302,12 +412,20 @@ impl LlamaCppInferenceProvider {
             read_timeout: options.health_timeout,
             ..options.clone()
         });
+        let chat = Endpoint::parse(base).map(|e| {
+            Arc::new(HttpClient::new(
+                e,
+                options.connect_timeout,
+                options.read_timeout,
+            ))
+        });
         LlamaCppInferenceProvider {
             id: ProviderId::from_string(format!("llama-cpp:{model_id}")),
             model_id: model_id.to_owned(),
-            chat_url: format!("{base}/v1/chat/completions"),
+            chat_url: format!("{base}{CHAT_PATH}"),
             health_url: format!("{base}/health"),
             tokenizer: LlamaCppTokenizer::with_agent(base, shared.clone()),
+            chat,
             agent: shared,
             health_agent,
         }
@@ -316,6 +434,79 @@ impl LlamaCppInferenceProvider {
     /// The model id this provider asks for.
     pub fn model_id(&self) -> &str {
         &self.model_id
+    }
+
+    /// Runs one completion, giving up when `cancel` is set (the connection closes, so the
+    /// server stops generating).
+    ///
+    /// # Errors
+    /// As [`InferenceProvider::infer_stream`].
+    pub fn infer_with_cancel(
+        &self,
+        request: &InferenceRequest,
+        cancel: &CancelToken,
+    ) -> Result<InferenceResponse, InferenceError> {
+        self.infer_stream(request, cancel, &mut |_| StreamControl::Continue)
+    }
+
+    /// An answer's body: an event stream, or one JSON object from a server that does not
+    /// stream; an error status becomes the server's error.
+    fn answer(
+        &self,
+        status: u16,
+        content_type: &str,
+        body: impl Read,
+        cancel: &CancelToken,
+        on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
+        start: Instant,
+    ) -> Result<InferenceResponse, InferenceError> {
+        let read_all = |mut body: Box<dyn Read + '_>| -> Result<String, InferenceError> {
+            let mut bytes = Vec::new();
+            body.by_ref()
+                .take(64 * 1024 * 1024)
+                .read_to_end(&mut bytes)
+                .map_err(|e| {
+                    if cancel.is_cancelled() {
+                        InferenceError::Cancelled
+                    } else {
+                        InferenceError::Transport {
+                            url: self.chat_url.clone(),
+                            detail: format!("reading the answer: {e}"),
+                        }
+                    }
+                })?;
+            Ok(String::from_utf8_lossy(&bytes).into_owned())
+        };
+        if !(200..300).contains(&status) {
+            let text = read_all(Box::new(body.take(1024 * 1024)))?;
+            return Err(http_error(status, &text));
+        }
+        if content_type.starts_with("text/event-stream") {
+            return read_events(
+                BufReader::new(body),
+                cancel,
+                on_chunk,
+                &self.chat_url,
+                start,
+                &self.model_id,
+            );
+        }
+        let text = read_all(Box::new(body))?;
+        let value: Value =
+            serde_json::from_str(&text).map_err(|e| InferenceError::MalformedBody {
+                detail: format!("not JSON: {e}"),
+                body_prefix: prefix(&text),
+            })?;
+        let response =
+            parse_chat_response(&value, start.elapsed().as_millis() as u64, &self.model_id)?;
+        let chunk = StreamChunk {
+            kind: super::ChunkKind::Text,
+            text: &response.text,
+        };
+        if !response.text.is_empty() && on_chunk(chunk) == StreamControl::Stop {
+            return Err(InferenceError::Cancelled);
+        }
+        Ok(response)
     }
 }
 
@@ -341,11 +532,42 @@ impl InferenceProvider for LlamaCppInferenceProvider {
     }
 
     fn infer(&self, request: &InferenceRequest) -> Result<InferenceResponse, InferenceError> {
-        let body = chat_body(&self.model_id, request);
+        self.infer_with_cancel(request, &CancelToken::new())
+    }
+
+    fn infer_stream(
+        &self,
+        request: &InferenceRequest,
+        cancel: &CancelToken,
+        on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
+    ) -> Result<InferenceResponse, InferenceError> {
+        let body = stream_body(&self.model_id, request).to_string();
         let start = Instant::now();
-        let answer = post_json(&self.agent, &self.chat_url, &body)?;
-        let latency_ms = start.elapsed().as_millis() as u64;
-        parse_chat_response(&answer, latency_ms, &self.model_id)
+        if let Some(client) = &self.chat {
+            let resp = client.post(CHAT_PATH, body.as_bytes(), cancel)?;
+            let (status, content_type) = (resp.status, resp.content_type.clone());
+            return self.answer(status, &content_type, resp, cancel, on_chunk, start);
+        }
+        // Other schemes (https with the `tls` feature) go through ureq: a cancel is seen at the
+        // next piece of the answer rather than at once.
+        if cancel.is_cancelled() {
+            return Err(InferenceError::Cancelled);
+        }
+        let resp = self
+            .agent
+            .post(&self.chat_url)
+            .header("content-type", "application/json")
+            .send(body.as_bytes())
+            .map_err(|e| transport(&self.chat_url, e))?;
+        let status = resp.status().as_u16();
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let reader = resp.into_body().into_reader();
+        self.answer(status, &content_type, reader, cancel, on_chunk, start)
     }
 
     fn health_check(&self) -> ProviderHealth {
@@ -392,14 +614,8 @@ mod tests {
             system: Some("sys".into()),
             task: Some("task".into()),
             entries: vec![
-                ContextEntry {
-                    source: SourceType::Model,
-                    content: "said".into(),
-                },
-                ContextEntry {
-                    source: SourceType::Tool,
-                    content: "out".into(),
-                },
+                ContextEntry::new(SourceType::Model, "said"),
+                ContextEntry::new(SourceType::Tool, "out"),
             ],
         };
         let msgs = messages(&pack);
@@ -418,6 +634,9 @@ mod tests {
                 max_tokens: 7,
                 stop: vec!["\n".into()],
                 seed: Some(42),
+                top_k: Some(5),
+                repeat_penalty: Some(1.1),
+                ..GenerationConfig::default()
             },
         };
         let b = chat_body("m", &req);
@@ -428,6 +647,22 @@ mod tests {
         assert_eq!(b["seed"], 42);
         assert_eq!(b["stream"], false);
         assert_eq!(b["model"], "m");
+        assert_eq!(
+            (b["top_k"].as_u64(), b["repeat_penalty"].as_f64()),
+            (Some(5), Some(1.1))
+        );
+        assert!(
+            b.get("min_p").is_none(),
+            "unset fields leave the server's default"
+        );
+        let s = stream_body("m", &req);
+        assert_eq!(
+            (
+                s["stream"].as_bool(),
+                s["stream_options"]["include_usage"].as_bool()
+            ),
+            (Some(true), Some(true))
+        );
     }
 
     #[test]

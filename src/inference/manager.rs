@@ -10,7 +10,7 @@ use super::llama::{capabilities_for, HttpOptions, LlamaCppInferenceProvider, Lla
 use super::manager_error::ModelLoadError;
 use super::{
     CapabilityScore, InferenceError, InferenceProvider, InferenceRequest, InferenceResponse,
-    ProviderHealth, Tokenizer,
+    ProviderHealth, StreamChunk, StreamControl, Tokenizer,
 };
 use crate::cancel::CancelToken;
 use crate::events::{append_domain, DomainEvent, EventStore, UnloadReason};
@@ -802,8 +802,8 @@ impl ManagedInferenceProvider {
         &self.descriptor
     }
 
-    /// Runs one inference, reloading the model first if needed; gives up on the load when
-    /// `cancel` is set.
+    /// Runs one inference, reloading the model first if needed; `cancel` stops the load or the
+    /// generation (the connection closes, so the server stops decoding).
     ///
     /// # Errors
     /// As [`InferenceProvider::infer`]; a failed reload is [`InferenceError::ModelUnavailable`].
@@ -812,88 +812,35 @@ impl ManagedInferenceProvider {
         request: &InferenceRequest,
         cancel: &CancelToken,
     ) -> Result<InferenceResponse, InferenceError> {
-        let inner = self
-            .manager
-            .upgrade()
-            .ok_or_else(|| InferenceError::ModelUnavailable {
-                detail: ModelLoadError::ManagerGone.to_string(),
-            })?;
-        let (provider, generation) = {
-            let mut st = inner.state.lock();
-            load_locked(&inner, &mut st, &self.descriptor, cancel).map_err(|e| match e {
-                ModelLoadError::Cancelled => InferenceError::Cancelled,
-                other => InferenceError::ModelUnavailable {
-                    detail: other.to_string(),
-                },
-            })?;
-            st.in_flight += 1;
-            st.idle = None;
-            let r = st
-                .current
-                .as_ref()
-                .ok_or_else(|| InferenceError::ModelUnavailable {
-                    detail: "the model vanished while loading".into(),
-                })?;
-            (r.provider.clone(), r.generation)
-        };
-        // The HTTP call runs on a worker so that a cancel returns at once; the worker still
-        // does the bookkeeping (in-flight count, residency, the event) when the server answers.
-        let (tx, rx) = mpsc::channel();
-        let descriptor = self.descriptor.clone();
-        let request = request.clone();
-        // Set when the caller gave up: the server's late answer is then not recorded as an
-        // inference the caller received.
-        let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (worker_inner, worker_abandoned) = (Arc::clone(&inner), Arc::clone(&abandoned));
-        let worker = std::thread::Builder::new()
-            .name("correx-infer".into())
-            .spawn(move || {
-                let call = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    provider.infer(&request)
-                }));
-                let result = match call {
-                    Ok(r) => r.map(|mut r| {
-                        r.model = descriptor.model_id.clone();
-                        r
-                    }),
-                    Err(_) => Err(InferenceError::Transport {
-                        url: String::new(),
-                        detail: "the inference panicked".into(),
-                    }),
-                };
-                let gone = worker_abandoned.load(std::sync::atomic::Ordering::SeqCst);
-                finish_inference(&worker_inner, &descriptor, generation, &result, gone);
-                let _ = tx.send(result);
-            });
-        if let Err(e) = worker {
-            let err = InferenceError::Transport {
-                url: String::new(),
-                detail: format!("could not start the inference thread: {e}"),
-            };
+        self.infer_stream(request, cancel, &mut |_| StreamControl::Continue)
+    }
+}
+
+/// One inference in flight: counted while it lives; its bookkeeping runs when it ends, also
+/// when a stream callback panics.
+struct InFlight<'a> {
+    inner: &'a Inner,
+    descriptor: &'a ModelDescriptor,
+    generation: u64,
+    finished: bool,
+}
+
+impl InFlight<'_> {
+    fn finish(mut self, result: &Result<InferenceResponse, InferenceError>) {
+        self.finished = true;
+        finish_inference(self.inner, self.descriptor, self.generation, result);
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
             finish_inference(
-                &inner,
-                &self.descriptor,
-                generation,
+                self.inner,
+                self.descriptor,
+                self.generation,
                 &Err(InferenceError::Cancelled),
-                true,
             );
-            return Err(err);
-        }
-        loop {
-            match rx.recv_timeout(Duration::from_millis(10)) {
-                Ok(result) => return result,
-                Err(mpsc::RecvTimeoutError::Timeout) if cancel.is_cancelled() => {
-                    abandoned.store(true, std::sync::atomic::Ordering::SeqCst);
-                    return Err(InferenceError::Cancelled);
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(InferenceError::Transport {
-                        url: String::new(),
-                        detail: "the inference thread ended without an answer".into(),
-                    })
-                }
-            }
         }
     }
 }
@@ -904,11 +851,10 @@ fn finish_inference(
     descriptor: &ModelDescriptor,
     generation: u64,
     result: &Result<InferenceResponse, InferenceError>,
-    abandoned: bool,
 ) {
     let mut st = inner.state.lock();
     st.in_flight = st.in_flight.saturating_sub(1);
-    if let (Ok(r), false) = (result, abandoned) {
+    if let Ok(r) = result {
         let event = DomainEvent::InferenceCompleted {
             model_id: descriptor.model_id.clone(),
             usage: r.usage,
@@ -943,6 +889,56 @@ impl InferenceProvider for ManagedInferenceProvider {
 
     fn infer(&self, request: &InferenceRequest) -> Result<InferenceResponse, InferenceError> {
         self.infer_with_cancel(request, &CancelToken::new())
+    }
+
+    fn infer_stream(
+        &self,
+        request: &InferenceRequest,
+        cancel: &CancelToken,
+        on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
+    ) -> Result<InferenceResponse, InferenceError> {
+        let inner = self
+            .manager
+            .upgrade()
+            .ok_or_else(|| InferenceError::ModelUnavailable {
+                detail: ModelLoadError::ManagerGone.to_string(),
+            })?;
+        let (provider, generation) = {
+            let mut st = inner.state.lock();
+            load_locked(&inner, &mut st, &self.descriptor, cancel).map_err(|e| match e {
+                ModelLoadError::Cancelled => InferenceError::Cancelled,
+                other => InferenceError::ModelUnavailable {
+                    detail: other.to_string(),
+                },
+            })?;
+            let r = st
+                .current
+                .as_ref()
+                .ok_or_else(|| InferenceError::ModelUnavailable {
+                    detail: "the model vanished while loading".into(),
+                })?;
+            let picked = (r.provider.clone(), r.generation);
+            st.in_flight += 1;
+            st.idle = None;
+            picked
+        };
+        // The call runs on this thread: a cancel shuts its socket, so it returns at once and
+        // the server stops generating; no worker is left behind.
+        let flight = InFlight {
+            inner: &inner,
+            descriptor: &self.descriptor,
+            generation,
+            finished: false,
+        };
+        let result = provider
+            .infer_stream(request, cancel, on_chunk)
+            .map(|mut r| {
+                r.model = self.descriptor.model_id.clone();
+                r
+            });
+        // Recorded before the caller sees the answer.
+        flight.finish(&result);
+        result
     }
 
     fn health_check(&self) -> ProviderHealth {

@@ -2,18 +2,22 @@
 
 mod contract;
 mod error;
+mod http;
 mod llama;
 mod manager;
 mod manager_error;
+mod stream;
 
 pub use contract::{
-    CapabilityScore, ContextEntry, ContextPack, FinishReason, GenerationConfig, InferenceProvider,
-    InferenceRequest, InferenceResponse, ModelCapability, ProviderHealth, SourceType, TokenUsage,
-    Tokenizer,
+    CapabilityScore, ChunkKind, ContextEntry, ContextPack, FinishReason, GenerationConfig,
+    InferenceProvider, InferenceRequest, InferenceResponse, JsonSchemaFormat, ModelCapability,
+    ProviderHealth, ResponseFormat, SourceType, StreamChunk, StreamControl, TokenUsage, Tokenizer,
+    ToolCall, ToolChoice, ToolSpec,
 };
 pub use error::InferenceError;
 pub use llama::{
-    capabilities_for, chat_body, HttpOptions, LlamaCppInferenceProvider, LlamaCppTokenizer,
+    capabilities_for, chat_body, stream_body, HttpOptions, LlamaCppInferenceProvider,
+    LlamaCppTokenizer,
 };
 pub use manager::{
     DefaultModelManager, ManagedInferenceProvider, ManagerOptions, ModelDescriptor, ModelManager,
