@@ -166,6 +166,13 @@ typedef struct correx_error correx_error;
 typedef struct correx_runtime correx_runtime;
 
 /**
+ * A subscription to the event log: every event with a position greater than the one it was
+ * created with, in position order, exactly once, appended by any thread or process. Use it
+ * from one thread at a time; free it with `correx_subscription_free`.
+ */
+typedef struct correx_subscription correx_subscription;
+
+/**
  * A log callback: `level` is 1 (error) to 5 (trace); `message` lives only during the call.
  * It may be called from any thread, including correx's own background threads.
  */
@@ -308,7 +315,9 @@ void correx_cancel_free(struct correx_cancel *cancel);
  * - `expected_version`: the version `CORREX_EXPECT_EXACT` expects; ignored otherwise.
  * - `events_json`: `{"v": 1, "events": [{"type_id": "note.added", "schema_version": 1,
  *   "payload": {...}, "event_id": "optional", "correlation_id": null, "causation_id": null}]}`.
- *   An `event_id` appended before is stored once (the retry returns the first positions).
+ *   `type_id` is required and not empty; the others are optional (`schema_version` 1, `payload`
+ *   null, a fresh `event_id`); unknown fields are refused. An `event_id` appended before is
+ *   stored once (the retry returns the first positions).
  * - `out_json`: optional; receives `{"v": 1, "first_position", "last_position",
  *   "stream_version"}`.
  *
@@ -417,7 +426,8 @@ int32_t correx_set_log_callback(correx_log_callback callback, void *user_data, i
  * - `descriptor_json`: `{"v": 1, "model_id": "gemma", "model_path": "/m.gguf",
  *   "residency": "persistent"|"dynamic"|"ephemeral", "idle_timeout_ms": 60000,
  *   "context_size": 8192, "extra_args": ["--no-jinja", "--chat-template", "gemma"],
- *   "threads": 2}`; `model_path` defaults to the model `scripts/install-llama.sh` installed.
+ *   "threads": 2}`. `model_id` and `residency` are required; `model_path` defaults to the model
+ *   `scripts/install-llama.sh` installed; unknown fields are refused.
  * - `cancel`: optional; triggering it stops the load (`CORREX_E_CANCELLED`, server killed).
  *
  * # Returns
@@ -494,7 +504,9 @@ int32_t correx_model_health(const struct correx_runtime *rt,
  * - `model_id`: a model passed to `correx_model_load` before.
  * - `request_json`: `{"v": 1, "context": {"system": "...", "task": "...", "entries":
  *   [{"source": "model"|"user"|"tool", "content": "...", "tool_calls": [...], "tool_call_id":
- *   "..."}]}, "config": {...}}`. Every `config` field is optional: `temperature` (0.7), `top_p`
+ *   "..."}]}, "config": {...}}`. `context` is required (`{}` is an empty pack: one empty user
+ *   message); in it, an entry needs `source` and `content`. Unknown fields are refused, at
+ *   every level. Every `config` field is optional: `temperature` (0.7), `top_p`
  *   (0.95), `max_tokens` (512), `stop` ([]), `seed`, `top_k`, `min_p`, `typical_p`,
  *   `repeat_penalty`, `repeat_last_n`, `presence_penalty`, `frequency_penalty`, `mirostat`,
  *   `mirostat_tau`, `mirostat_eta` (unset: the server's default), `response_format`
@@ -570,14 +582,15 @@ int32_t correx_infer_stream(const struct correx_runtime *rt,
  * Tokenizes `text` with the loaded model's tokenizer: `{"v": 1, "tokens": [1, 2, ...]}`.
  *
  * # Returns
- * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_INFERENCE` (no server),
- * `CORREX_E_UNUSABLE`.
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_MODEL` (no model is
+ * loaded: nothing is sent), `CORREX_E_INFERENCE` (the server failed or did not answer within
+ * 10 s), `CORREX_E_UNUSABLE`.
  *
  * # Memory and lifetimes
  * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
  *
  * # Blocking and threads
- * Blocks for one local HTTP call. Any thread.
+ * Blocks for one local HTTP call, at most 10 s. Any thread.
  *
  * # Safety
  * Pointers are NULL or valid as documented.
@@ -588,8 +601,9 @@ int32_t correx_tokenize(const struct correx_runtime *rt,
                         struct correx_error **err);
 
 /**
- * Counts the tokens of `text`. Never fails for want of a server: without one it approximates
- * characters / 4 (and logs a warning).
+ * Counts the tokens of `text` with the loaded model's tokenizer. Never fails for want of a
+ * server: with no model loaded (nothing is sent), or a server that fails or does not answer
+ * within 10 s, it approximates characters / 4.
  *
  * # Returns
  * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_UNUSABLE`.
@@ -686,6 +700,77 @@ int32_t correx_runtime_set_approver(const struct correx_runtime *rt,
 int32_t correx_debug_panic(const struct correx_runtime *rt, struct correx_error **err);
 
 /**
+ * Subscribes to every event after position `after` (0: from the first event).
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_EVENT_STORE` (the log could not be opened for
+ * reading), `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * On success `*out` owns a subscription freed with `correx_subscription_free`; on error it is
+ * untouched. It keeps the log open until freed, also after `correx_runtime_free`.
+ *
+ * # Blocking and threads
+ * Opens a read connection; never waits for events. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_subscribe(const struct correx_runtime *rt,
+                         uint64_t after,
+                         struct correx_subscription **out,
+                         struct correx_error **err);
+
+/**
+ * Waits up to `timeout_ms` for the next event (0: only what is already stored).
+ *
+ * # Parameters
+ * - `out_json`: receives the event as `correx_events_read_all` gives each one (`{"v": 1,
+ *   "position", "event_id", "stream_id", "stream_version", "type_id", ..., "payload",
+ *   "summary"}`), or NULL when none arrived in time.
+ *
+ * # Returns
+ * `CORREX_OK` (also on a timeout: `*out_json` is then NULL), `CORREX_E_NULL`,
+ * `CORREX_E_EVENT_STORE` (a read failed, or a stored row cannot be decoded: the subscription
+ * does not move past it), `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`.
+ *
+ * # Blocking and threads
+ * Blocks up to `timeout_ms`; an append in this process wakes it at once, one in another
+ * process within about 2 ms. One thread at a time per subscription (others wait their turn).
+ *
+ * # Safety
+ * `sub` is NULL or live; `out_json` and `err` are NULL or valid for a write.
+ */
+int32_t correx_subscription_next(const struct correx_subscription *sub,
+                                 uint32_t timeout_ms,
+                                 char **out_json,
+                                 struct correx_error **err);
+
+/**
+ * The position of the last event delivered (or the one the subscription started after):
+ * subscribe again after it to resume. 0 for NULL.
+ *
+ * # Blocking and threads
+ * Waits while another thread is inside `correx_subscription_next` on the same subscription.
+ *
+ * # Safety
+ * `sub` is NULL or live.
+ */
+uint64_t correx_subscription_position(const struct correx_subscription *sub);
+
+/**
+ * Frees a subscription. NULL is a no-op; freeing twice is undefined behaviour.
+ *
+ * # Safety
+ * `sub` is NULL or a subscription from `correx_subscribe` not yet freed, with no call on it
+ * running.
+ */
+void correx_subscription_free(struct correx_subscription *sub);
+
+/**
  * Runs a tool through the sandbox: T2 and T3 tools ask the approval callback first; every path
  * the tool touches is backed up and restored if it fails; started / completed / failed /
  * rejected events go to the stream `session-{session_id}`.
@@ -714,6 +799,31 @@ int32_t correx_tool_execute(const struct correx_runtime *rt,
                             const char *request_json,
                             char **out_json,
                             struct correx_error **err);
+
+/**
+ * Lists the tools: every tool the config enabled, and the built-in ones it left disabled.
+ *
+ * # Parameters
+ * - `out_json`: receives `{"v": 1, "tools": [{"name": "file_read", "tier": 1, "description":
+ *   "...", "operations": ["read", "list", "exists"], "parameters": {JSON schema}, "enabled":
+ *   true}, ...]}`, ordered by name. `parameters` can be passed as-is as a model tool's
+ *   `parameters` in `correx_infer`'s `config.tools`.
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Never blocks. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_tools_list(const struct correx_runtime *rt,
+                          char **out_json,
+                          struct correx_error **err);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs examples/jvm/Demo.java against target/release/libcorrex.so with the first JDK >= 22 found
-# (JAVA_HOME, java on PATH, or /usr/lib/jvm/*). Exits 0 with a note when there is none.
+# (JAVA_HOME, java on PATH, or /usr/lib/jvm/*), then examples/jvm/Tail.java following the C
+# demo's event log from another process while the demo writes it. Exits 0 with a note when
+# there is no such JDK.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,4 +20,18 @@ if [ -z "$java" ]; then
 fi
 cargo build --release --lib --quiet
 bash scripts/install-llama.sh >/dev/null
-"$java" --enable-native-access=ALL-UNNAMED -Dcorrex.lib=target/release/libcorrex.so examples/jvm/Demo.java
+run_java() { "$java" --enable-native-access=ALL-UNNAMED -Dcorrex.lib=target/release/libcorrex.so "$@"; }
+run_java examples/jvm/Demo.java
+
+echo "== java tails the C demo's log, across processes"
+make -C examples/c build/demo >/dev/null
+dir=$(mktemp -d /tmp/correx-tail-demo-XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+run_java examples/jvm/Tail.java "$dir/events.db" model.unloaded > "$dir/tail.out" &
+tail_pid=$!
+CORREX_DEMO_DIR="$dir" ./examples/c/build/demo > "$dir/demo.out"
+wait "$tail_pid"
+cat "$dir/tail.out"
+# The tail saw what the demo wrote, in order: the load first, the unload last.
+grep -q 'model.loaded' "$dir/tail.out" && grep -q 'tool.execution_completed' "$dir/tail.out"
+tail -n 1 "$dir/tail.out" | grep -q 'stopped at model.unloaded'

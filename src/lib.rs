@@ -19,6 +19,7 @@ mod private_dir;
 mod runtime;
 mod sandbox;
 mod sys;
+mod text;
 mod tools;
 
 pub use approvals::{

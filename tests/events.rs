@@ -213,6 +213,19 @@ fn batch_appends_are_atomic_and_expected_version_is_checked() -> TestResult {
         store.append("s", ExpectedVersion::Any, &[]),
         Err(EventStoreError::InvalidAppend { .. })
     ));
+    // An event must say what happened: an empty type id fails the whole batch.
+    let err = store
+        .append(
+            "s",
+            ExpectedVersion::Any,
+            &[
+                NewEvent::new("ok", 1, json!(1)),
+                NewEvent::new(" ", 1, json!(2)),
+            ],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("empty type_id"), "{err}");
+    assert_eq!(store.read_stream("s", 1, 100)?.len(), 3);
     Ok(())
 }
 

@@ -915,3 +915,43 @@ fn nothing_panics_on_garbage_parameters() -> TestResult {
     }
     Ok(())
 }
+
+#[test]
+fn the_registry_describes_enabled_tools_and_the_disabled_built_ins() -> TestResult {
+    let dir = TempDir::new("describe");
+    let read: Arc<dyn Tool> = Arc::new(FileReadTool::new(&[dir.path().to_path_buf()])?);
+    let registry = ToolRegistry::build(vec![read])?;
+    let list = registry.describe();
+    let names: Vec<(&str, bool)> = list.iter().map(|d| (d.name.as_str(), d.enabled)).collect();
+    assert_eq!(
+        names,
+        [
+            ("file_edit", false),
+            ("file_read", true),
+            ("file_write", false),
+            ("shell", false)
+        ]
+    );
+    let fr = &list[1];
+    assert_eq!(fr.operations, ["read", "list", "exists"]);
+    assert_eq!(fr.parameters["required"], json!(["operation", "path"]));
+    assert!(!fr.description.is_empty());
+    assert_eq!(list[3].parameters["required"], json!(["argv"]));
+    assert!(list[3].operations.is_empty());
+    // A schema is what the tool accepts: its own required fields validate.
+    let req = ToolRequest::new(
+        SessionId::from("s"),
+        "file_read",
+        json!({"operation": "exists", "path": "x"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    );
+    assert!(
+        fr.enabled
+            && registry
+                .resolve("file_read")
+                .is_some_and(|t| t.validate_request(&req).is_valid())
+    );
+    Ok(())
+}

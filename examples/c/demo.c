@@ -98,7 +98,10 @@ static void print_timeline(correx_runtime *rt) {
 }
 
 int main(void) {
-    char dir[] = "/tmp/correx-demo-XXXXXX";
+    char dir[256] = "/tmp/correx-demo-XXXXXX";
+    /* CORREX_DEMO_DIR: work in that (existing) directory and keep it, e.g. for a process
+     * following the log (scripts/jvm-demo.sh). */
+    const char *given = getenv("CORREX_DEMO_DIR");
     char config[2048], request[4096], escaped[1200];
     correx_runtime *rt = NULL;
     char *answer = NULL;
@@ -107,7 +110,9 @@ int main(void) {
     struct streamed streamed = {0};
     int asked = 0;
 
-    if (!mkdtemp(dir)) {
+    if (given) {
+        snprintf(dir, sizeof dir, "%s", given);
+    } else if (!mkdtemp(dir)) {
         perror("mkdtemp");
         return 1;
     }
@@ -189,6 +194,6 @@ int main(void) {
     print_timeline(rt);
     printf("\nThe approver was asked %d times.\n", asked);
     correx_runtime_free(rt);
-    if (!getenv("CORREX_DEMO_KEEP")) rmtree(dir);
+    if (!getenv("CORREX_DEMO_KEEP") && !given) rmtree(dir);
     return asked == 2 ? 0 : 1;
 }

@@ -1,13 +1,34 @@
-/* The event log alone: append with optimistic concurrency, read a stream, read everything. */
+/* The event log alone: append with optimistic concurrency, read a stream, read everything,
+ * and follow it with a subscription while another process appends. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "minijson.h"
 #include "rmtree.h"
 
-int main(void) {
+/* The other process: opens the same log and appends one event. */
+static int append_from_another_process(const char *dir) {
+    char config[512];
+    correx_runtime *rt = NULL;
+    usleep(100 * 1000);
+    snprintf(config, sizeof config,
+             "{\"v\": 1, \"event_log\": \"%s/events.db\", \"sandbox_root\": \"%s/sb2\"}", dir, dir);
+    MUST("runtime (other process)", correx_runtime_new(config, &rt, &err));
+    MUST("append (other process)",
+         correx_events_append(rt, "notes", CORREX_EXPECT_ANY, 0,
+                              "{\"v\": 1, \"events\": [{\"type_id\": \"note.added\", "
+                              "\"payload\": {\"text\": \"from elsewhere\"}}]}",
+                              NULL, &err));
+    correx_runtime_free(rt);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--append") == 0) return append_from_another_process(argv[2]);
     char dir[] = "/tmp/correx-events-XXXXXX";
     char config[512];
     correx_runtime *rt = NULL;
@@ -54,7 +75,36 @@ int main(void) {
     correx_string_free(out);
     MUST("last position", correx_events_last_position(rt, &last, &err));
     printf("%d events in the stream, last position %llu\n", n, (unsigned long long)last);
+
+    /* Follow the log: history after position 1, then what another process appends. */
+    correx_subscription *sub = NULL;
+    int followed = 0;
+    MUST("subscribe", correx_subscribe(rt, 1, &sub, &err));
+    pid_t child = fork();
+    if (child == 0) {
+        execl("/proc/self/exe", argv[0], "--append", dir, (char *)NULL);
+        _exit(127);
+    }
+    for (;;) {
+        MUST("next", correx_subscription_next(sub, 5000, &out, &err));
+        if (!out) break; /* nothing for 5 s */
+        char text[64] = "";
+        mj_str(mj_get(mj_get(out, "payload"), "text"), text, sizeof text);
+        printf("  followed @%lld: %s\n", mj_int(mj_get(out, "position"), 0), text);
+        correx_string_free(out);
+        if (++followed == 3) break;
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    printf("followed %d events, at position %llu\n", followed,
+           (unsigned long long)correx_subscription_position(sub));
+    int ok = followed == 3 && correx_subscription_position(sub) == 4 && WIFEXITED(status) &&
+             WEXITSTATUS(status) == 0;
+    MUST("next (nothing new)", correx_subscription_next(sub, 0, &out, &err));
+    ok = ok && out == NULL;
+    correx_subscription_free(sub);
+    correx_subscription_free(NULL);
     correx_runtime_free(rt);
     rmtree(dir);
-    return (n == 3 && last == 3) ? 0 : 1;
+    return (n == 3 && last == 3 && ok) ? 0 : 1;
 }

@@ -1,9 +1,17 @@
 /* Tests of the C ABI's edges: NULL handles and out-params, invalid UTF-8, garbage JSON, a wrong
- * "v", an unknown tool, a handle after a caught panic, an approver that answers garbage, and the
- * version macros against correx_abi_version(). Prints "N passed, M failed". */
+ * "v", unknown and missing fields, NUL bytes in config strings, huge inputs that must not come
+ * back whole, an unknown tool, the tool list, tokenizing with no model, a handle after a caught
+ * panic, an approver that answers garbage, and the version macros against
+ * correx_abi_version(). Prints "N passed, M failed". */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "correx.h"
 #include "minijson.h"
@@ -84,15 +92,42 @@ int main(void) {
     EXPECT_CODE(CORREX_E_CONFIG, correx_runtime_new("{not json", &untouched, &err));
     EXPECT_CODE(CORREX_E_CONFIG, correx_runtime_new("{\"v\": 2, \"event_log\": \"/tmp/x.db\"}", &untouched, &err));
     EXPECT_CODE(CORREX_E_CONFIG, correx_runtime_new("{\"v\": 1, \"event_log\": \"/tmp/x.db\", \"tools\": {\"shell\": {\"enabled\": \"yes\"}}}", &untouched, &err));
+    /* Config strings that will become C strings are checked when the runtime opens. */
+    EXPECT_CODE(CORREX_E_CONFIG, correx_runtime_new("{\"v\": 1, \"event_log\": \"/tmp/x.db\", \"tools\": {\"shell\": {\"enabled\": true, \"allowed_executables\": [\"ls\"], \"env\": {\"A\": \"x\\u0000y\"}}}}", &untouched, &err));
+    EXPECT_CODE(CORREX_E_CONFIG, correx_runtime_new("{\"v\": 1, \"event_log\": \"/tmp/x.db\", \"models\": {\"server_bin\": \"/bin/llama\\u0000x\"}}", &untouched, &err));
+    EXPECT_CODE(CORREX_E_CONFIG, correx_runtime_new("{\"v\": 1, \"event_log\": \"/tmp/x.db\", \"models\": {\"log_dir\": \"/tmp/\\u0000\"}}", &untouched, &err));
+    /* A huge input does not come back whole in the message. */
+    {
+        size_t big = 1 << 20;
+        char *huge = malloc(big + 200);
+        if (!huge) return 1;
+        int at = snprintf(huge, 200, "{\"v\": 1, \"event_log\": \"/tmp/x.db\", \"tools\": {\"file_read\": {\"enabled\": true, \"allowed_paths\": [\"");
+        memset(huge + at, 'a', big);
+        strcpy(huge + at + big, "\"]}}}");
+        correx_error *e = NULL;
+        EXPECT(correx_runtime_new(huge, &untouched, &e) == CORREX_E_CONFIG);
+        EXPECT(e != NULL && strlen(correx_error_message(e)) <= 4096);
+        correx_error_free(e);
+        free(huge);
+    }
     EXPECT(untouched == (correx_runtime *)0x1);
     /* A status without an error out-param works too. */
     EXPECT(correx_runtime_new(NULL, &untouched, NULL) == CORREX_E_NULL);
 
     if (!mkdtemp(dir)) return 1;
+    /* A plain listener on the model port: nothing may be sent to it while no model is loaded. */
+    int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t addr_len = sizeof addr;
+    if (listener < 0 || bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 ||
+        listen(listener, 4) != 0 || getsockname(listener, (struct sockaddr *)&addr, &addr_len) != 0)
+        return 1;
+    int model_port = ntohs(addr.sin_port);
     snprintf(config, sizeof config,
              "{\"v\": 1, \"event_log\": \"%s/events.db\", \"sandbox_root\": \"%s/sb\", \"tools\": {"
-             "\"file_write\": {\"enabled\": true, \"allowed_paths\": [\"%s\"]}}}",
-             dir, dir, dir);
+             "\"file_write\": {\"enabled\": true, \"allowed_paths\": [\"%s\"]}},"
+             " \"models\": {\"port\": %d}}",
+             dir, dir, dir, model_port);
     {
         correx_error *err = NULL;
         int32_t rc = correx_runtime_new(config, &rt, &err);
@@ -118,10 +153,23 @@ int main(void) {
     EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_events_append(rt, "s", CORREX_EXPECT_ANY, 0, "{\"v\":1,\"events\":[]}", NULL, &err));
     EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_tool_execute(rt, "{\"v\":1,\"tool_name\":\"x\"}", &out, &err));
     EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_infer(rt, "m", "[1,2]", NULL, &out, &err));
-    EXPECT_CODE(CORREX_E_UNKNOWN_MODEL, correx_infer(rt, "never-loaded", "{\"v\":1}", NULL, &out, &err));
-    EXPECT_CODE(CORREX_E_NULL, correx_infer_stream(rt, "m", "{\"v\":1}", NULL, NULL, NULL, NULL, &err));
-    EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_infer_stream(rt, "m", "{\"v\":1,\"config\":{\"tool_choice\":\"sometimes\"}}", NULL, NULL, NULL, &out, &err));
-    EXPECT_CODE(CORREX_E_UNKNOWN_MODEL, correx_infer_stream(rt, "never-loaded", "{\"v\":1}", NULL, NULL, NULL, &out, &err));
+    EXPECT_CODE(CORREX_E_UNKNOWN_MODEL, correx_infer(rt, "never-loaded", "{\"v\":1,\"context\":{}}", NULL, &out, &err));
+    EXPECT_CODE(CORREX_E_NULL, correx_infer_stream(rt, "m", "{\"v\":1,\"context\":{}}", NULL, NULL, NULL, NULL, &err));
+    EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_infer_stream(rt, "m", "{\"v\":1,\"context\":{},\"config\":{\"tool_choice\":\"sometimes\"}}", NULL, NULL, NULL, &out, &err));
+    EXPECT_CODE(CORREX_E_UNKNOWN_MODEL, correx_infer_stream(rt, "never-loaded", "{\"v\":1,\"context\":{}}", NULL, NULL, NULL, &out, &err));
+    /* Every payload refuses unknown fields and names missing ones. */
+    {
+        correx_error *e = NULL;
+        EXPECT(correx_infer(rt, "m", "{\"v\":1}", NULL, &out, &e) == CORREX_E_INVALID_ARGUMENT);
+        EXPECT(e != NULL && strstr(correx_error_message(e), "context") != NULL);
+        correx_error_free(e);
+    }
+    EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_infer(rt, "m", "{\"v\":1,\"context\":{},\"config\":{\"temprature\":0}}", NULL, &out, &err));
+    EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_infer(rt, "m", "{\"v\":1,\"context\":{\"task\":\"x\",\"sytem\":\"y\"}}", NULL, &out, &err));
+    EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_model_load(rt, "{\"v\":1,\"model_id\":\"m\",\"residency\":\"persistent\",\"model_path\":\"/x\",\"ctx\":4}", NULL, &err));
+    EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_model_load(rt, "{\"v\":1,\"model_path\":\"/x\",\"residency\":\"persistent\"}", NULL, &err));
+    EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_events_append(rt, "s", CORREX_EXPECT_ANY, 0, "{\"v\":1,\"events\":[{\"type_id\":\"\"}]}", NULL, &err));
+    EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_events_append(rt, "s", CORREX_EXPECT_ANY, 0, "{\"v\":1,\"events\":[{\"type_id\":\"x\",\"paylod\":{}}]}", NULL, &err));
     EXPECT_CODE(CORREX_E_INVALID_ARGUMENT, correx_model_load(rt, "{\"v\":1,\"model_id\":\"m\",\"residency\":\"sometimes\",\"model_path\":\"/x\"}", NULL, &err));
     EXPECT_CODE(CORREX_E_MODEL, correx_model_load(rt, "{\"v\":1,\"model_id\":\"m\",\"residency\":\"persistent\",\"model_path\":\"/nonexistent.gguf\"}", NULL, &err));
 
@@ -150,10 +198,42 @@ int main(void) {
         EXPECT(freed == 1);
     }
 
-    /* Count tokens without a server: approximated, never an error. */
+    /* With no model loaded, tokenizing sends nothing, even with a listener on the model port:
+     * tokenize fails with CORREX_E_MODEL, counting approximates. */
     {
         correx_error *err = NULL;
+        EXPECT_CODE(CORREX_E_MODEL, correx_tokenize(rt, "abcdefgh", &out, &err));
         EXPECT(correx_count_tokens(rt, "abcdefgh", &n, &err) == CORREX_OK && n == 2);
+        int fd = accept(listener, NULL, NULL);
+        EXPECT(fd < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+        if (fd >= 0) close(fd);
+    }
+
+    /* The tool list: the enabled file_write and the disabled built-ins, with their schemas. */
+    {
+        correx_error *err = NULL;
+        EXPECT(correx_tools_list(rt, &out, &err) == CORREX_OK);
+        const char *fw = strstr(out, "\"name\":\"file_write\"");
+        const char *sh = strstr(out, "\"name\":\"shell\"");
+        EXPECT(fw != NULL && sh != NULL && strstr(out, "\"operations\":[\"write\",\"delete\"]") != NULL);
+        EXPECT(strstr(out, "\"enabled\":true") != NULL && strstr(out, "\"enabled\":false") != NULL);
+        correx_string_free(out);
+        EXPECT_CODE(CORREX_E_NULL, correx_tools_list(rt, NULL, &err));
+    }
+
+    /* A tool failure that quotes a huge path is cut. */
+    {
+        correx_error *err = NULL;
+        size_t big = 1 << 20;
+        char *req = malloc(big + 300);
+        if (!req) return 1;
+        int at = snprintf(req, 300, "{\"v\":1,\"session_id\":\"s\",\"tool_name\":\"file_write\",\"parameters\":{\"operation\":\"write\",\"content\":\"x\",\"path\":\"/");
+        memset(req + at, 'p', big);
+        strcpy(req + at + big, "\"}}");
+        EXPECT(correx_tool_execute(rt, req, &out, &err) == CORREX_OK);
+        EXPECT(result_status_is(out, "failure") && strlen(out) < 8192);
+        correx_string_free(out);
+        free(req);
     }
 
     /* A caught panic leaves the handle unusable; freeing still works. */
@@ -162,6 +242,7 @@ int main(void) {
     EXPECT_CODE(CORREX_E_UNUSABLE, correx_tool_execute(rt, "{\"v\":1,\"session_id\":\"s\",\"tool_name\":\"nope\"}", &out, &err));
     correx_runtime_free(rt);
     rmtree(dir);
+    close(listener);
 
     printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;

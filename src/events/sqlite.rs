@@ -212,6 +212,14 @@ struct Row {
 
 impl Row {
     fn new(e: &NewEvent) -> Result<Row> {
+        if e.type_id.trim().is_empty() {
+            return Err(EventStoreError::InvalidAppend {
+                detail: format!(
+                    "event {} has an empty type_id; name what happened, e.g. \"note.added\"",
+                    e.event_id
+                ),
+            });
+        }
         Ok(Row {
             event_id: e.event_id.to_string(),
             type_id: e.type_id.clone(),

@@ -11,7 +11,7 @@ use crate::ids::EventId;
 use serde_json::{json, Value};
 use std::ffi::c_char;
 
-fn store_failure(e: EventStoreError) -> Failure {
+pub(super) fn store_failure(e: EventStoreError) -> Failure {
     let code = match &e {
         EventStoreError::WrongExpectedVersion { .. } => CORREX_E_CONFLICT,
         EventStoreError::InvalidAppend { .. } | EventStoreError::IdempotencyConflict { .. } => {
@@ -53,7 +53,7 @@ struct AppendIn {
     events: Vec<NewEventIn>,
 }
 
-fn event_json(e: &RecordedEvent) -> Value {
+pub(super) fn event_json(e: &RecordedEvent) -> Value {
     let summary = match e.domain() {
         Ok(Some(d)) => d.summary(),
         Ok(None) => e.type_id.clone(),
@@ -83,7 +83,9 @@ fn event_json(e: &RecordedEvent) -> Value {
 /// - `expected_version`: the version `CORREX_EXPECT_EXACT` expects; ignored otherwise.
 /// - `events_json`: `{"v": 1, "events": [{"type_id": "note.added", "schema_version": 1,
 ///   "payload": {...}, "event_id": "optional", "correlation_id": null, "causation_id": null}]}`.
-///   An `event_id` appended before is stored once (the retry returns the first positions).
+///   `type_id` is required and not empty; the others are optional (`schema_version` 1, `payload`
+///   null, a fresh `event_id`); unknown fields are refused. An `event_id` appended before is
+///   stored once (the retry returns the first positions).
 /// - `out_json`: optional; receives `{"v": 1, "first_position", "last_position",
 ///   "stream_version"}`.
 ///

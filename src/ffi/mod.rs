@@ -1,5 +1,6 @@
 //! The C ABI, one module per C type or concern: `runtime` (the handle, the approver, the guard
-//! around every call on it), `cancel`, `models` (models and inference), `tools`, `events`.
+//! around every call on it), `cancel`, `models` (models and inference), `tools`, `events`,
+//! `subscription`.
 //! Every export has one shape: a panic guard around the body, pointer and string conversions
 //! that turn bad input into a status, then a call into safe Rust.
 //!
@@ -23,6 +24,7 @@ mod events;
 mod log_bridge;
 mod models;
 mod runtime;
+mod subscription;
 mod tools;
 
 pub use cancel::*;
@@ -30,6 +32,7 @@ pub use events::*;
 pub use log_bridge::{correx_log_callback, correx_set_log_callback};
 pub use models::*;
 pub use runtime::*;
+pub use subscription::*;
 pub use tools::*;
 
 use std::ffi::{c_char, CString};
@@ -109,7 +112,7 @@ impl Failure {
     pub fn new(code: i32, message: impl Into<String>) -> Self {
         Failure {
             code,
-            message: message.into(),
+            message: crate::text::bounded(message),
         }
     }
 }

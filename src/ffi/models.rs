@@ -73,7 +73,8 @@ fn descriptor_from(map: serde_json::Map<String, Value>) -> FfiResult<ModelDescri
 /// - `descriptor_json`: `{"v": 1, "model_id": "gemma", "model_path": "/m.gguf",
 ///   "residency": "persistent"|"dynamic"|"ephemeral", "idle_timeout_ms": 60000,
 ///   "context_size": 8192, "extra_args": ["--no-jinja", "--chat-template", "gemma"],
-///   "threads": 2}`; `model_path` defaults to the model `scripts/install-llama.sh` installed.
+///   "threads": 2}`. `model_id` and `residency` are required; `model_path` defaults to the model
+///   `scripts/install-llama.sh` installed; unknown fields are refused.
 /// - `cancel`: optional; triggering it stops the load (`CORREX_E_CANCELLED`, server killed).
 ///
 /// # Returns
@@ -239,7 +240,9 @@ pub type correx_chunk_fn = Option<
 /// - `model_id`: a model passed to `correx_model_load` before.
 /// - `request_json`: `{"v": 1, "context": {"system": "...", "task": "...", "entries":
 ///   [{"source": "model"|"user"|"tool", "content": "...", "tool_calls": [...], "tool_call_id":
-///   "..."}]}, "config": {...}}`. Every `config` field is optional: `temperature` (0.7), `top_p`
+///   "..."}]}, "config": {...}}`. `context` is required (`{}` is an empty pack: one empty user
+///   message); in it, an entry needs `source` and `content`. Unknown fields are refused, at
+///   every level. Every `config` field is optional: `temperature` (0.7), `top_p`
 ///   (0.95), `max_tokens` (512), `stop` ([]), `seed`, `top_k`, `min_p`, `typical_p`,
 ///   `repeat_penalty`, `repeat_last_n`, `presence_penalty`, `frequency_penalty`, `mirostat`,
 ///   `mirostat_tau`, `mirostat_eta` (unset: the server's default), `response_format`
@@ -381,14 +384,15 @@ pub unsafe extern "C" fn correx_infer_stream(
 /// Tokenizes `text` with the loaded model's tokenizer: `{"v": 1, "tokens": [1, 2, ...]}`.
 ///
 /// # Returns
-/// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_INFERENCE` (no server),
-/// `CORREX_E_UNUSABLE`.
+/// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_MODEL` (no model is
+/// loaded: nothing is sent), `CORREX_E_INFERENCE` (the server failed or did not answer within
+/// 10 s), `CORREX_E_UNUSABLE`.
 ///
 /// # Memory and lifetimes
 /// `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
 ///
 /// # Blocking and threads
-/// Blocks for one local HTTP call. Any thread.
+/// Blocks for one local HTTP call, at most 10 s. Any thread.
 ///
 /// # Safety
 /// Pointers are NULL or valid as documented.
@@ -403,12 +407,13 @@ pub unsafe extern "C" fn correx_tokenize(
         let out = out_arg(out_json, "out_json")?;
         // SAFETY: forwarded.
         let text = unsafe { str_arg(text, "text") }?;
-        let tokens = r
-            .runtime
-            .models()
-            .tokenizer()
-            .tokenize(text)
-            .map_err(inference_failure)?;
+        let tokenizer = r.runtime.models().loaded_tokenizer().ok_or_else(|| {
+            Failure::new(
+                CORREX_E_MODEL,
+                "no model is loaded; load one with correx_model_load before tokenizing",
+            )
+        })?;
+        let tokens = tokenizer.tokenize(text).map_err(inference_failure)?;
         // SAFETY: out checked; writable per the caller.
         unsafe { write_json(out, json!({ "tokens": tokens })) };
         Ok(())
@@ -417,8 +422,9 @@ pub unsafe extern "C" fn correx_tokenize(
     unsafe { with_runtime(rt, err, body) }
 }
 
-/// Counts the tokens of `text`. Never fails for want of a server: without one it approximates
-/// characters / 4 (and logs a warning).
+/// Counts the tokens of `text` with the loaded model's tokenizer. Never fails for want of a
+/// server: with no model loaded (nothing is sent), or a server that fails or does not answer
+/// within 10 s, it approximates characters / 4.
 ///
 /// # Returns
 /// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_UNUSABLE`.
@@ -439,7 +445,10 @@ pub unsafe extern "C" fn correx_count_tokens(
         let out = out_arg(out_count, "out_count")?;
         // SAFETY: forwarded.
         let text = unsafe { str_arg(text, "text") }?;
-        let n = r.runtime.models().tokenizer().count(text) as u64;
+        let n = match r.runtime.models().loaded_tokenizer() {
+            Some(t) => t.count(text) as u64,
+            None => (text.chars().count() / 4) as u64,
+        };
         // SAFETY: out checked; writable per the caller.
         unsafe { *out = n };
         Ok(())

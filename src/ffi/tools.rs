@@ -1,4 +1,4 @@
-//! Running a tool through the sandbox.
+//! Tools: running one through the sandbox, and listing them.
 
 use super::convert::{out_arg, parse_v1, str_arg, write_json};
 use super::runtime::{correx_runtime, with_runtime};
@@ -81,6 +81,58 @@ pub unsafe extern "C" fn correx_tool_execute(
         let v = serde_json::to_value(&result).unwrap_or(Value::Null);
         // SAFETY: out checked; writable per the caller.
         unsafe { write_json(out, v) };
+        Ok(())
+    };
+    // SAFETY: rt and err are NULL or valid, per this function's contract.
+    unsafe { with_runtime(rt, err, body) }
+}
+
+/// Lists the tools: every tool the config enabled, and the built-in ones it left disabled.
+///
+/// # Parameters
+/// - `out_json`: receives `{"v": 1, "tools": [{"name": "file_read", "tier": 1, "description":
+///   "...", "operations": ["read", "list", "exists"], "parameters": {JSON schema}, "enabled":
+///   true}, ...]}`, ordered by name. `parameters` can be passed as-is as a model tool's
+///   `parameters` in `correx_infer`'s `config.tools`.
+///
+/// # Returns
+/// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
+///
+/// # Memory and lifetimes
+/// `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+///
+/// # Blocking and threads
+/// Never blocks. Any thread.
+///
+/// # Safety
+/// Pointers are NULL or valid as documented.
+#[no_mangle]
+pub unsafe extern "C" fn correx_tools_list(
+    rt: *const correx_runtime,
+    out_json: *mut *mut c_char,
+    err: *mut *mut correx_error,
+) -> i32 {
+    let body = |r: &correx_runtime| -> FfiResult {
+        let out = out_arg(out_json, "out_json")?;
+        let tools: Vec<Value> = r
+            .runtime
+            .executor()
+            .registry()
+            .describe()
+            .into_iter()
+            .map(|d| {
+                json!({
+                    "name": d.name,
+                    "tier": d.tier as i32,
+                    "description": d.description,
+                    "operations": d.operations,
+                    "parameters": d.parameters,
+                    "enabled": d.enabled,
+                })
+            })
+            .collect();
+        // SAFETY: out checked; writable per the caller.
+        unsafe { write_json(out, json!({ "tools": tools })) };
         Ok(())
     };
     // SAFETY: rt and err are NULL or valid, per this function's contract.

@@ -19,6 +19,7 @@ pub enum SourceType {
 
 /// One L2 entry: history or a tool's output.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ContextEntry {
     /// Where the text came from.
     pub source: SourceType,
@@ -48,6 +49,7 @@ impl ContextEntry {
 
 /// The layered context of one request: L0 system, L1 task, L2 history and tool entries.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ContextPack {
     /// L0: the system prompt.
     #[serde(default)]
@@ -71,6 +73,7 @@ impl ContextPack {
 /// default applies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[serde(deny_unknown_fields)]
 pub struct GenerationConfig {
     /// Sampling temperature; default 0.7.
     pub temperature: f64,
@@ -155,6 +158,7 @@ impl Default for GenerationConfig {
 /// A constraint on the answer's form, in OpenAI's wire shape.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[serde(deny_unknown_fields)]
 pub enum ResponseFormat {
     /// Free text (the default).
     Text,
@@ -173,6 +177,7 @@ pub enum ResponseFormat {
 
 /// The schema of [`ResponseFormat::JsonSchema`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct JsonSchemaFormat {
     /// A name for the schema (OpenAI requires one; llama-server ignores it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -186,6 +191,7 @@ pub struct JsonSchemaFormat {
 
 /// A function the model may call.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ToolSpec {
     /// The function's name.
     pub name: String,
@@ -217,6 +223,7 @@ pub enum ToolChoice {
 
 /// A call the model asked for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ToolCall {
     /// The server's id of the call, to answer it with a `tool` entry's `tool_call_id`.
     pub id: String,
@@ -257,9 +264,9 @@ pub enum StreamControl {
 
 /// One inference request.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct InferenceRequest {
-    /// What the model sees.
-    #[serde(default)]
+    /// What the model sees; required in JSON (`{}` is an empty pack).
     pub context: ContextPack,
     /// How it samples.
     #[serde(default)]
@@ -436,4 +443,41 @@ pub trait InferenceProvider: Send + Sync {
     fn capabilities(&self) -> Vec<CapabilityScore>;
     /// The model's tokenizer.
     fn tokenizer(&self) -> &dyn Tokenizer;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<InferenceRequest, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    #[test]
+    fn requests_refuse_unknown_fields_and_name_a_missing_context() {
+        let missing = parse("{}").unwrap_err().to_string();
+        assert!(missing.contains("missing field `context`"), "{missing}");
+        assert!(parse(r#"{"context": {}}"#).is_ok());
+        for bad in [
+            r#"{"context": {}, "extra": 1}"#,
+            r#"{"context": {"sytem": "x"}}"#,
+            r#"{"context": {"entries": [{"source": "user", "content": "x", "role": "user"}]}}"#,
+            r#"{"context": {}, "config": {"temprature": 0}}"#,
+            r#"{"context": {}, "config": {"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "nmae": "x"}}}}"#,
+            r#"{"context": {}, "config": {"tools": [{"name": "f", "params": {}}]}}"#,
+            r#"{"context": {}, "config": {"tool_choice": "sometimes"}}"#,
+        ] {
+            assert!(parse(bad).is_err(), "accepted {bad}");
+        }
+        let ok = parse(
+            r#"{"context": {"task": "x"}, "config": {"top_k": 5, "response_format": {"type": "json_object"}, "tool_choice": {"function": "f"}, "tools": [{"name": "f"}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(ok.config.top_k, Some(5));
+        assert_eq!(
+            ok.config.tool_choice,
+            Some(ToolChoice::Function("f".into()))
+        );
+        assert_eq!(ok.config.tools[0].parameters["type"], "object");
+    }
 }

@@ -28,6 +28,8 @@ pub struct HttpOptions {
     pub read_timeout: Duration,
     /// Timeout of `/health` calls; default 2 s.
     pub health_timeout: Duration,
+    /// Timeout of a `/tokenize` call, which answers in milliseconds; default 10 s.
+    pub tokenize_timeout: Duration,
 }
 
 impl Default for HttpOptions {
@@ -36,6 +38,7 @@ impl Default for HttpOptions {
             connect_timeout: Duration::from_secs(2),
             read_timeout: Duration::from_secs(300),
             health_timeout: Duration::from_secs(2),
+            tokenize_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -337,9 +340,16 @@ pub struct LlamaCppTokenizer {
 }
 
 impl LlamaCppTokenizer {
-    /// A tokenizer for the server at `base_url` with its own agent.
+    /// A tokenizer for the server at `base_url` with its own agent, whose calls time out after
+    /// `options.tokenize_timeout`.
     pub fn new(base_url: &str, options: &HttpOptions) -> Self {
-        Self::with_agent(base_url, agent(options))
+        Self::with_agent(
+            base_url,
+            agent(&HttpOptions {
+                read_timeout: options.tokenize_timeout,
+                ..options.clone()
+            }),
+        )
     }
 
     pub(crate) fn with_agent(base_url: &str, agent: ureq::Agent) -> Self {
@@ -424,7 +434,7 @@ impl LlamaCppInferenceProvider {
             model_id: model_id.to_owned(),
             chat_url: format!("{base}{CHAT_PATH}"),
             health_url: format!("{base}/health"),
-            tokenizer: LlamaCppTokenizer::with_agent(base, shared.clone()),
+            tokenizer: LlamaCppTokenizer::new(base, options),
             chat,
             agent: shared,
             health_agent,

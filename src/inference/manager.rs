@@ -51,6 +51,7 @@ pub enum ResidencyMode {
 
 /// A model the manager can load.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ModelDescriptor {
     /// The model's id; loading the same id again is a no-op.
     pub model_id: String,
@@ -314,6 +315,13 @@ impl DefaultModelManager {
         &self.inner.tokenizer
     }
 
+    /// The tokenizer of the loaded model; `None` when no model is loaded, so that nothing is
+    /// sent to whatever else may listen on the port.
+    pub fn loaded_tokenizer(&self) -> Option<LlamaCppTokenizer> {
+        let st = self.inner.state.lock();
+        st.current.as_ref().map(|_| self.inner.tokenizer.clone())
+    }
+
     /// The port the server listens on.
     pub fn port(&self) -> u16 {
         self.inner.options.port
@@ -545,7 +553,7 @@ fn load_locked(
     let probe = super::llama::agent(&HttpOptions {
         connect_timeout: Duration::from_millis(200),
         read_timeout: Duration::from_secs(2),
-        health_timeout: Duration::from_secs(2),
+        ..HttpOptions::default()
     });
     let started = Instant::now();
     let fail = |child: &mut Child, e: ModelLoadError| {

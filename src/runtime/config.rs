@@ -120,6 +120,20 @@ fn kind(v: &Value) -> &'static str {
     crate::tools::json_kind(v)
 }
 
+/// A string that will become a C string (a path, an argument, an environment value) cannot hold
+/// a NUL byte; refused when the config is read rather than at first use.
+fn no_nul(field: &str, s: &str) -> Result<(), ConfigError> {
+    match s.find('\0') {
+        Some(at) => Err(err(
+            field,
+            format!(
+                "holds a NUL byte (at byte {at}), which no path, argument or variable can carry"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 impl<'a> Obj<'a> {
     fn new(path: &str, v: &'a Value) -> Result<Self, ConfigError> {
         let map = v
@@ -188,7 +202,7 @@ impl<'a> Obj<'a> {
     fn string(&self, name: &str) -> Result<Option<String>, ConfigError> {
         match self.get(name) {
             None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::String(s)) => no_nul(&self.field(name), s).map(|()| Some(s.clone())),
             Some(v) => Err(err(
                 &self.field(name),
                 format!("must be a string, got {}", kind(v)),
@@ -211,12 +225,12 @@ impl<'a> Obj<'a> {
                 .iter()
                 .enumerate()
                 .map(|(i, v)| {
-                    v.as_str().map(str::to_owned).ok_or_else(|| {
-                        err(
-                            &format!("{}[{i}]", self.field(name)),
-                            format!("must be a string, got {}", kind(v)),
-                        )
-                    })
+                    let field = format!("{}[{i}]", self.field(name));
+                    let s = v
+                        .as_str()
+                        .ok_or_else(|| err(&field, format!("must be a string, got {}", kind(v))))?;
+                    no_nul(&field, s)?;
+                    Ok(s.to_owned())
                 })
                 .collect(),
             Some(v) => Err(err(
@@ -287,6 +301,8 @@ fn shell(o: Option<Obj<'_>>) -> Result<ShellConfig, ConfigError> {
             let v = v
                 .as_str()
                 .ok_or_else(|| err(&e.field(k), format!("must be a string, got {}", kind(v))))?;
+            no_nul(&e.field(k), k)?;
+            no_nul(&e.field(k), v)?;
             env.insert(k.clone(), v.to_owned());
         }
     }

@@ -456,7 +456,7 @@ impl SandboxedToolExecutor {
                 }
                 ToolResult::Failure {
                     invocation_id,
-                    reason,
+                    reason: crate::text::bounded(reason),
                     recoverable,
                 }
             }

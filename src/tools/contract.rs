@@ -140,7 +140,7 @@ impl ToolResult {
         }
     }
 
-    /// A failure.
+    /// A failure; a reason over 4 KiB is cut (it may quote a huge argument).
     pub fn failure(
         invocation_id: &ToolInvocationId,
         reason: impl Into<String>,
@@ -148,7 +148,7 @@ impl ToolResult {
     ) -> Self {
         ToolResult::Failure {
             invocation_id: invocation_id.clone(),
-            reason: reason.into(),
+            reason: crate::text::bounded(reason),
             recoverable,
         }
     }
@@ -198,6 +198,15 @@ pub trait Tool: Send + Sync {
     fn validate_request(&self, request: &ToolRequest) -> ValidationResult;
     /// Runs the tool. Never panics on bad input: every problem is a [`ToolResult::Failure`].
     fn execute(&self, request: &ToolRequest) -> ToolResult;
+    /// What the tool does, for a person or a model; default empty.
+    fn description(&self) -> &str {
+        ""
+    }
+    /// A JSON schema of the request's parameters (usable as a model's tool definition);
+    /// default: any object.
+    fn parameters(&self) -> serde_json::Value {
+        serde_json::json!({"type": "object"})
+    }
     /// The kernel confinement every run of this tool gets, as recorded in
     /// `tool.execution_started`; `None` for tools that run in the host process.
     fn isolation(&self) -> Option<serde_json::Value> {

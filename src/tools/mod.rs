@@ -14,6 +14,7 @@
 //! ```
 
 mod contract;
+mod describe;
 mod error;
 pub(crate) mod fs;
 mod isolation;
@@ -26,6 +27,7 @@ pub use contract::{
     FileAffectingTool, Tier, Tool, ToolCapability, ToolExecutor, ToolRequest, ToolResult,
     ValidationResult,
 };
+pub use describe::ToolDescription;
 pub use error::ToolError;
 pub use fs::{
     ConfineError, FileEditTool, FileReadTool, FileWriteTool, ResolveMode, Roots,

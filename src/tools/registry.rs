@@ -40,6 +40,32 @@ impl ToolRegistry {
         self.tools.values().cloned().collect()
     }
 
+    /// Every tool here (enabled), then the built-in tools that are not (disabled), by name.
+    pub fn describe(&self) -> Vec<super::ToolDescription> {
+        let mut out: Vec<super::ToolDescription> = self
+            .all()
+            .iter()
+            .map(|t| {
+                let parameters = t.parameters();
+                super::ToolDescription {
+                    name: t.name().to_owned(),
+                    tier: t.tier(),
+                    description: t.description().to_owned(),
+                    operations: super::describe::operations_of(&parameters),
+                    parameters,
+                    enabled: true,
+                }
+            })
+            .collect();
+        for b in super::describe::builtins() {
+            if self.resolve(&b.name).is_none() {
+                out.push(b);
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
     /// Every tool name, ordered.
     pub fn names(&self) -> Vec<&str> {
         self.tools.keys().map(String::as_str).collect()

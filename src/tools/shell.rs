@@ -564,6 +564,14 @@ impl ShellTool {
 }
 
 impl Tool for ShellTool {
+    fn description(&self) -> &str {
+        crate::tools::describe::SHELL
+    }
+
+    fn parameters(&self) -> serde_json::Value {
+        crate::tools::describe::shell_schema()
+    }
+
     fn name(&self) -> &str {
         "shell"
     }

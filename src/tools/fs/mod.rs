@@ -184,6 +184,14 @@ impl FileReadTool {
 }
 
 impl Tool for FileReadTool {
+    fn description(&self) -> &str {
+        crate::tools::describe::FILE_READ
+    }
+
+    fn parameters(&self) -> serde_json::Value {
+        crate::tools::describe::file_read_schema()
+    }
+
     fn name(&self) -> &str {
         "file_read"
     }
@@ -269,6 +277,14 @@ impl FileWriteTool {
 }
 
 impl Tool for FileWriteTool {
+    fn description(&self) -> &str {
+        crate::tools::describe::FILE_WRITE
+    }
+
+    fn parameters(&self) -> serde_json::Value {
+        crate::tools::describe::file_write_schema()
+    }
+
     fn name(&self) -> &str {
         "file_write"
     }
@@ -425,6 +441,14 @@ impl FileEditTool {
 }
 
 impl Tool for FileEditTool {
+    fn description(&self) -> &str {
+        crate::tools::describe::FILE_EDIT
+    }
+
+    fn parameters(&self) -> serde_json::Value {
+        crate::tools::describe::file_edit_schema()
+    }
+
     fn name(&self) -> &str {
         "file_edit"
     }
