@@ -149,8 +149,8 @@
 #define CORREX_ABI_VERSION (((CORREX_ABI_VERSION_MAJOR << 16) | (CORREX_ABI_VERSION_MINOR << 8)) | CORREX_ABI_VERSION_PATCH)
 
 /**
- * A cancellation flag for blocking calls (`correx_model_load`, `correx_infer`). Trigger it
- * from any thread.
+ * A cancellation flag for blocking calls (`correx_model_load`, `correx_infer`,
+ * `correx_infer_stream`, `correx_tool_execute_with_cancel`). Trigger it from any thread.
  */
 typedef struct correx_cancel correx_cancel;
 
@@ -799,6 +799,29 @@ int32_t correx_tool_execute(const struct correx_runtime *rt,
                             const char *request_json,
                             char **out_json,
                             struct correx_error **err);
+
+/**
+ * As `correx_tool_execute`, stoppable through `cancel` from any thread. Cancelled before the
+ * tool starts (also while the approver decides), the run is rejected and nothing changes.
+ * Cancelled while it runs: a shell run's every process is killed at once; a file tool
+ * completes its one atomic change (the result then says success) or never starts it; a
+ * failed or stopped run has its files restored, and `tool.execution_cancelled` is recorded.
+ *
+ * # Returns
+ * As `correx_tool_execute`: a cancelled run is `CORREX_OK` with a `failure` result whose
+ * reason says it was cancelled.
+ *
+ * # Blocking and threads
+ * As `correx_tool_execute`; `correx_cancel_trigger` from another thread makes it return soon.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented; `cancel` is NULL or live for the whole call.
+ */
+int32_t correx_tool_execute_with_cancel(const struct correx_runtime *rt,
+                                        const char *request_json,
+                                        const struct correx_cancel *cancel,
+                                        char **out_json,
+                                        struct correx_error **err);
 
 /**
  * Lists the tools: every tool the config enabled, and the built-in ones it left disabled.

@@ -723,3 +723,99 @@ fn recovery_never_restores_a_short_backup() -> TestResult {
     );
     rig.assert_clean(rig.tmp.path())
 }
+
+fn running(marker: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+}
+
+#[test]
+fn a_cancelled_shell_run_is_killed_and_recorded_as_cancelled() -> TestResult {
+    let rig = Rig::new()?;
+    let shell: Arc<dyn Tool> = Arc::new(correx::ShellTool::new(correx::ShellOptions {
+        allowed_executables: vec!["sleep".into()],
+        ..correx::ShellOptions::default()
+    })?);
+    let ex = rig.executor(vec![shell], Arc::new(AutoApprove::up_to(Tier::T3)))?;
+    let cancel = correx::CancelToken::new();
+    let trigger = cancel.clone();
+    let marker = format!("30.{}", std::process::id());
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        trigger.cancel();
+    });
+    let r = ex.execute_cancellable(&req("shell", json!({"argv": ["sleep", marker]})), &cancel);
+    canceller.join().map_err(|_| "canceller panicked")?;
+    match &r {
+        ToolResult::Failure { reason, .. } => {
+            assert!(reason.starts_with("cancelled by the host"), "{reason}")
+        }
+        other => return Err(format!("{other:?}").into()),
+    }
+    assert!(
+        !running(&marker),
+        "a process of the cancelled run is still alive"
+    );
+    let events = rig.events()?;
+    assert_eq!(
+        types(&events),
+        ["tool.execution_started", "tool.execution_cancelled"]
+    );
+    assert!(events[1].payload["duration_ms"]
+        .as_u64()
+        .is_some_and(|ms| ms < 10_000));
+    Ok(())
+}
+
+#[test]
+fn a_cancel_before_the_start_rejects_and_one_during_the_run_restores() -> TestResult {
+    let rig = Rig::new()?;
+    let target = rig.tmp.join("f.txt");
+    std::fs::write(&target, "old")?;
+    // Cancelled before: nothing runs, the rejection says why.
+    let idle = scripted("edit", Tier::T2, target.clone(), |r, _| {
+        ToolResult::success(&r.invocation_id, "ran")
+    });
+    let ex = rig.executor(vec![idle.clone()], Arc::new(AutoApprove::up_to(Tier::T3)))?;
+    let cancel = correx::CancelToken::new();
+    cancel.cancel();
+    let r = ex.execute_cancellable(&req("edit", json!({})), &cancel);
+    assert!(!r.is_success());
+    assert_eq!(idle.calls.load(Ordering::SeqCst), 0);
+    let events = rig.events()?;
+    assert_eq!(types(&events), ["tool.execution_rejected"]);
+    assert_eq!(
+        events[0].payload["reason"],
+        "cancelled by the host before it ran"
+    );
+
+    // Cancelled while it runs, after it changed the file: the file is restored.
+    let rig = Rig::new()?;
+    let target = rig.tmp.join("f.txt");
+    std::fs::write(&target, "old")?;
+    let cancel = correx::CancelToken::new();
+    let inside = cancel.clone();
+    let tool = scripted("edit", Tier::T2, target.clone(), move |r, path| {
+        let _ = std::fs::write(path, "half-written");
+        inside.cancel();
+        ToolResult::failure(&r.invocation_id, "stopped: cancelled", false)
+    });
+    let ex = rig.executor(vec![tool], Arc::new(AutoApprove::up_to(Tier::T3)))?;
+    assert!(!ex
+        .execute_cancellable(&req("edit", json!({})), &cancel)
+        .is_success());
+    assert_eq!(std::fs::read_to_string(&target)?, "old");
+    assert_eq!(
+        types(&rig.events()?),
+        ["tool.execution_started", "tool.execution_cancelled"]
+    );
+    rig.assert_clean(&rig.tmp.join(""))?;
+    Ok(())
+}

@@ -88,6 +88,18 @@ pub enum DomainEvent {
         /// Whether a changed request may succeed.
         recoverable: bool,
     },
+    /// The host cancelled a running tool invocation; its files were restored.
+    #[serde(rename = "tool.execution_cancelled")]
+    ToolExecutionCancelled {
+        /// The session.
+        session_id: String,
+        /// The invocation.
+        invocation_id: String,
+        /// The tool.
+        tool_name: String,
+        /// How long it ran before it stopped, in milliseconds.
+        duration_ms: u64,
+    },
     /// A tool invocation was denied by the approval engine and never ran.
     #[serde(rename = "tool.execution_rejected")]
     ToolExecutionRejected {
@@ -137,6 +149,7 @@ type_ids! {
     ToolExecutionCompleted => "tool.execution_completed",
     ToolExecutionFailed => "tool.execution_failed",
     ToolExecutionRejected => "tool.execution_rejected",
+    ToolExecutionCancelled => "tool.execution_cancelled",
     InferenceCompleted => "inference.completed",
 }
 
@@ -162,6 +175,9 @@ impl DomainEvent {
             DomainEvent::ToolExecutionFailed { tool_name, reason, invocation_id, .. } => {
                 let short: String = reason.chars().take(120).collect();
                 format!("{tool_name} failed: {short}, invocation {invocation_id}")
+            }
+            DomainEvent::ToolExecutionCancelled { tool_name, duration_ms, invocation_id, .. } => {
+                format!("{tool_name} cancelled after {duration_ms} ms (files restored), invocation {invocation_id}")
             }
             DomainEvent::ToolExecutionRejected { tool_name, tier, reason, invocation_id, .. } => {
                 format!("{tool_name} (T{tier}) rejected: {reason}, invocation {invocation_id}")

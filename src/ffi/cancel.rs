@@ -4,8 +4,8 @@ use super::convert::out_arg;
 use super::{correx_error, guard, FfiResult};
 use crate::CancelToken;
 
-/// A cancellation flag for blocking calls (`correx_model_load`, `correx_infer`). Trigger it
-/// from any thread.
+/// A cancellation flag for blocking calls (`correx_model_load`, `correx_infer`,
+/// `correx_infer_stream`, `correx_tool_execute_with_cancel`). Trigger it from any thread.
 pub struct correx_cancel {
     token: CancelToken,
 }

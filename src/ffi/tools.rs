@@ -1,5 +1,6 @@
 //! Tools: running one through the sandbox, and listing them.
 
+use super::cancel::{correx_cancel, token};
 use super::convert::{out_arg, parse_v1, str_arg, write_json};
 use super::runtime::{correx_runtime, with_runtime};
 use super::{correx_error, FfiResult};
@@ -60,6 +61,33 @@ pub unsafe extern "C" fn correx_tool_execute(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
+    // SAFETY: forwarded under this function's contract; no cancel.
+    unsafe { correx_tool_execute_with_cancel(rt, request_json, std::ptr::null(), out_json, err) }
+}
+
+/// As `correx_tool_execute`, stoppable through `cancel` from any thread. Cancelled before the
+/// tool starts (also while the approver decides), the run is rejected and nothing changes.
+/// Cancelled while it runs: a shell run's every process is killed at once; a file tool
+/// completes its one atomic change (the result then says success) or never starts it; a
+/// failed or stopped run has its files restored, and `tool.execution_cancelled` is recorded.
+///
+/// # Returns
+/// As `correx_tool_execute`: a cancelled run is `CORREX_OK` with a `failure` result whose
+/// reason says it was cancelled.
+///
+/// # Blocking and threads
+/// As `correx_tool_execute`; `correx_cancel_trigger` from another thread makes it return soon.
+///
+/// # Safety
+/// Pointers are NULL or valid as documented; `cancel` is NULL or live for the whole call.
+#[no_mangle]
+pub unsafe extern "C" fn correx_tool_execute_with_cancel(
+    rt: *const correx_runtime,
+    request_json: *const c_char,
+    cancel: *const correx_cancel,
+    out_json: *mut *mut c_char,
+    err: *mut *mut correx_error,
+) -> i32 {
     let body = |r: &correx_runtime| -> FfiResult {
         let out = out_arg(out_json, "out_json")?;
         // SAFETY: forwarded.
@@ -74,10 +102,11 @@ pub unsafe extern "C" fn correx_tool_execute(
             tool_name: input.tool_name,
             parameters: input.parameters,
         };
-        let result = r
-            .runtime
-            .executor()
-            .execute_in(&request, &ApprovalContext::new(request.session_id.clone()));
+        let result = r.runtime.executor().execute_cancellable_in(
+            &request,
+            &ApprovalContext::new(request.session_id.clone()),
+            &token(cancel),
+        );
         let v = serde_json::to_value(&result).unwrap_or(Value::Null);
         // SAFETY: out checked; writable per the caller.
         unsafe { write_json(out, v) };

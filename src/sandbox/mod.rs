@@ -6,7 +6,9 @@
 //! itself and listed in a manifest in a fresh private working directory; the tool runs; on
 //! success the backups are dropped and `ToolExecutionCompleted` appended; on failure or panic
 //! every path is restored byte for byte and `ToolExecutionFailed` appended. The working
-//! directory is always removed.
+//! directory is always removed. A cancel ([`SandboxedToolExecutor::execute_cancellable_in`])
+//! before the start is a rejection; during the run it stops the tool, restores like a failure
+//! and appends `ToolExecutionCancelled`.
 //!
 //! A host killed mid-tool leaves its manifest behind; the next executor constructed on the same
 //! root restores those files and records `ToolExecutionFailed` with the reason `interrupted`.
@@ -14,6 +16,7 @@
 mod backup;
 
 use crate::approvals::{ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalRequest};
+use crate::cancel::CancelToken;
 use crate::events::{append_domain, DomainEvent, EventStore, EventStoreError};
 use crate::private_dir::PrivateDir;
 use crate::tools::{Tool, ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult};
@@ -254,6 +257,19 @@ impl SandboxedToolExecutor {
 
     /// Runs `request` as [`ToolExecutor::execute`] does, asking approval with `context`.
     pub fn execute_in(&self, request: &ToolRequest, context: &ApprovalContext) -> ToolResult {
+        self.execute_cancellable_in(request, context, &CancelToken::new())
+    }
+
+    /// As [`SandboxedToolExecutor::execute_in`], stopping when `cancel` is set: before the
+    /// tool starts the run is rejected (nothing ran); while it runs the tool stops (a shell
+    /// run's processes are killed; a file tool completes its one atomic change or never
+    /// starts it), its files are restored and `tool.execution_cancelled` recorded.
+    pub fn execute_cancellable_in(
+        &self,
+        request: &ToolRequest,
+        context: &ApprovalContext,
+        cancel: &CancelToken,
+    ) -> ToolResult {
         let id = &request.invocation_id;
         let Some(tool) = self.registry.resolve(&request.tool_name).cloned() else {
             return ToolResult::failure(
@@ -304,6 +320,11 @@ impl SandboxedToolExecutor {
                 return reject(reason, shown);
             }
         }
+        // The approver may have taken long; a cancel meanwhile means the host no longer wants it.
+        if cancel.is_cancelled() {
+            let reason = "cancelled by the host before it ran".to_owned();
+            return reject(reason.clone(), format!("{reason}; nothing was changed"));
+        }
         if let Err(e) = record(DomainEvent::ToolExecutionStarted {
             session_id: base.0.clone(),
             invocation_id: base.1.clone(),
@@ -318,8 +339,16 @@ impl SandboxedToolExecutor {
             );
         }
         let started = Instant::now();
-        let result = self.run_guarded(tool.as_ref(), request);
+        let result = self.run_guarded(tool.as_ref(), request, cancel);
         let event = match &result {
+            ToolResult::Failure { .. } if cancel.is_cancelled() => {
+                DomainEvent::ToolExecutionCancelled {
+                    session_id: base.0,
+                    invocation_id: base.1,
+                    tool_name: base.2,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                }
+            }
             ToolResult::Success { .. } => DomainEvent::ToolExecutionCompleted {
                 session_id: base.0,
                 invocation_id: base.1,
@@ -345,7 +374,12 @@ impl SandboxedToolExecutor {
     }
 
     /// Working dir, locks, backups, the tool itself, then commit or restore.
-    fn run_guarded(&self, tool: &dyn Tool, request: &ToolRequest) -> ToolResult {
+    fn run_guarded(
+        &self,
+        tool: &dyn Tool,
+        request: &ToolRequest,
+        cancel: &CancelToken,
+    ) -> ToolResult {
         let id = &request.invocation_id;
         let session_dir = self
             .work_root
@@ -418,7 +452,9 @@ impl SandboxedToolExecutor {
             }
             return ToolResult::failure(id, reason, true);
         }
-        let result = match catch_unwind(AssertUnwindSafe(|| self.delegate.execute(request))) {
+        let result = match catch_unwind(AssertUnwindSafe(|| {
+            self.delegate.execute_cancellable(request, cancel)
+        })) {
             Ok(r) => r,
             Err(panic) => {
                 let what = panic
@@ -514,5 +550,13 @@ impl Drop for PathGuard<'_> {
 impl ToolExecutor for SandboxedToolExecutor {
     fn execute(&self, request: &ToolRequest) -> ToolResult {
         self.execute_in(request, &ApprovalContext::new(request.session_id.clone()))
+    }
+
+    fn execute_cancellable(&self, request: &ToolRequest, cancel: &CancelToken) -> ToolResult {
+        self.execute_cancellable_in(
+            request,
+            &ApprovalContext::new(request.session_id.clone()),
+            cancel,
+        )
     }
 }

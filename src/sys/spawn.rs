@@ -227,6 +227,8 @@ pub(crate) struct SpawnSpec<'a> {
     pub timeout: Duration,
     /// Most bytes kept of stdout, and separately of stderr; the rest is read and dropped.
     pub output_cap: usize,
+    /// Cancelling it stops the run as its timeout would: every process of it is killed.
+    pub cancel: Option<&'a crate::cancel::CancelToken>,
 }
 
 /// How the program ended.
@@ -257,7 +259,29 @@ pub(crate) struct RunOutput {
     pub stdout: Captured,
     pub stderr: Captured,
     pub timed_out: bool,
+    /// Stopped because the spec's cancel token was cancelled.
+    pub cancelled: bool,
     pub duration: Duration,
+}
+
+/// An eventfd a cancel makes readable, so the pump's `poll` wakes at once.
+fn cancel_wake(
+    token: &crate::cancel::CancelToken,
+) -> io::Result<(OwnedFd, crate::cancel::CancelHook)> {
+    // SAFETY: eventfd returns a new descriptor or -1; owned at once.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let writer = fd.try_clone()?;
+    let hook = token.on_cancel(move || {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: an 8-byte write to an eventfd this closure owns.
+        let _ = unsafe { libc::write(writer.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    });
+    Ok((fd, hook))
 }
 
 /// A pipe, both ends close-on-exec and above stderr (so moving one onto 0..=2 never clobbers
@@ -427,6 +451,7 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
             stdout: Captured::default(),
             stderr: Captured::default(),
             timed_out: true,
+            cancelled: false,
             duration: start.elapsed(),
         });
     }
@@ -447,6 +472,16 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
     let mut out = Captured::default();
     let mut err = Captured::default();
     let mut stop_w = Some(stop_w);
+    // Registered after the start: a cancel before it makes the eventfd readable at once.
+    let wake = spec.cancel.map(cancel_wake).transpose();
+    let wake = match wake {
+        Ok(w) => w,
+        Err(e) => {
+            drop(stop_w.take());
+            guard.killed = !wait_readable(guard.pidfd.as_raw_fd(), STOP_GRACE);
+            return Err(e);
+        }
+    };
     let pumped = pump(
         &guard.pidfd,
         [Some(out_r), Some(err_r)],
@@ -454,11 +489,17 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         spec.output_cap,
         deadline,
         &mut stop_w,
+        wake.as_ref().map(|(fd, _)| fd),
     );
-    let timed_out = match pumped {
-        Ok((timed_out, killed)) => {
+    drop(wake);
+    let (timed_out, cancelled) = match pumped {
+        Ok(Pumped {
+            timed_out,
+            cancelled,
+            killed,
+        }) => {
             guard.killed = killed;
-            timed_out
+            (timed_out, cancelled)
         }
         Err(e) => {
             drop(stop_w.take());
@@ -486,6 +527,7 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         stdout: out,
         stderr: err,
         timed_out,
+        cancelled,
         duration: start.elapsed(),
     })
 }
@@ -628,8 +670,16 @@ fn read_into(fd: &OwnedFd, sink: &mut Captured, cap: usize) -> io::Result<bool> 
     }
 }
 
+/// How a pump ended.
+struct Pumped {
+    timed_out: bool,
+    cancelled: bool,
+    /// The supervisor had to be killed.
+    killed: bool,
+}
+
 /// Reads both pipes until the supervisor has exited and the pipes closed, asking it to stop at
-/// the deadline. Returns whether the run timed out; the supervisor is reaped.
+/// the deadline or when `wake` (a cancel's eventfd) turns readable; the supervisor is reaped.
 fn pump(
     pidfd: &OwnedFd,
     mut pipes: [Option<OwnedFd>; 2],
@@ -637,10 +687,12 @@ fn pump(
     cap: usize,
     deadline: Instant,
     stop_w: &mut Option<OwnedFd>,
-) -> io::Result<(bool, bool)> {
+    wake: Option<&OwnedFd>,
+) -> io::Result<Pumped> {
     let [out_sink, err_sink] = sinks;
     let mut exited = false;
     let mut timed_out = false;
+    let mut cancelled = false;
     let mut drain_until: Option<Instant> = None;
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
@@ -653,7 +705,7 @@ fn pump(
             if Instant::now() >= until {
                 break;
             }
-        } else if Instant::now() >= deadline && !timed_out {
+        } else if Instant::now() >= deadline && !timed_out && !cancelled {
             timed_out = true;
             // Closing the only write end tells the supervisor to kill the run and exit.
             drop(stop_w.take());
@@ -674,7 +726,7 @@ fn pump(
         let wake_at = match (exited, drain_until, kill_at) {
             (true, Some(d), _) => d,
             (false, _, Some(k)) => k,
-            (false, _, None) if !timed_out => deadline,
+            (false, _, None) if !timed_out && !cancelled => deadline,
             _ => Instant::now() + DRAIN_DEADLINE,
         };
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(3);
@@ -693,6 +745,16 @@ fn pump(
             });
             fds.len() - 1
         });
+        let wake_slot = wake
+            .filter(|_| !exited && !cancelled && !timed_out)
+            .map(|w| {
+                fds.push(libc::pollfd {
+                    fd: w.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                fds.len() - 1
+            });
         let wait_ms = wake_at
             .saturating_duration_since(Instant::now())
             .as_millis()
@@ -710,6 +772,14 @@ fn pump(
             if fds[slot].revents != 0 {
                 let _ = reap(pidfd);
                 exited = true;
+            }
+        }
+        if let Some(slot) = wake_slot {
+            if fds[slot].revents != 0 && !exited {
+                cancelled = true;
+                // As at the deadline: the supervisor kills the run and exits.
+                drop(stop_w.take());
+                kill_at = Some(Instant::now() + STOP_GRACE);
             }
         }
         let mut i = 0;
@@ -731,5 +801,9 @@ fn pump(
             }
         }
     }
-    Ok((timed_out, killed))
+    Ok(Pumped {
+        timed_out,
+        cancelled,
+        killed,
+    })
 }

@@ -1,5 +1,6 @@
 //! The tool contracts: what a tool is, what it is asked, and what it answers.
 
+use crate::cancel::CancelToken;
 use crate::ids::{SessionId, ToolInvocationId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -198,6 +199,15 @@ pub trait Tool: Send + Sync {
     fn validate_request(&self, request: &ToolRequest) -> ValidationResult;
     /// Runs the tool. Never panics on bad input: every problem is a [`ToolResult::Failure`].
     fn execute(&self, request: &ToolRequest) -> ToolResult;
+    /// Runs the tool unless `cancel` is set. The default checks once, before the tool starts
+    /// (a file tool then completes its one atomic change); the shell watches the token for the
+    /// whole run and kills every process of it.
+    fn execute_cancellable(&self, request: &ToolRequest, cancel: &CancelToken) -> ToolResult {
+        if cancel.is_cancelled() {
+            return cancelled_before_start(request);
+        }
+        self.execute(request)
+    }
     /// What the tool does, for a person or a model; default empty.
     fn description(&self) -> &str {
         ""
@@ -234,6 +244,23 @@ pub trait FileAffectingTool: Tool {
 pub trait ToolExecutor: Send + Sync {
     /// Runs `request` and answers; never panics on bad input.
     fn execute(&self, request: &ToolRequest) -> ToolResult;
+    /// As [`ToolExecutor::execute`], stopping when `cancel` is set (see
+    /// [`Tool::execute_cancellable`]); the default checks once, before starting.
+    fn execute_cancellable(&self, request: &ToolRequest, cancel: &CancelToken) -> ToolResult {
+        if cancel.is_cancelled() {
+            return cancelled_before_start(request);
+        }
+        self.execute(request)
+    }
+}
+
+/// The answer to a request cancelled before its tool started.
+pub(crate) fn cancelled_before_start(request: &ToolRequest) -> ToolResult {
+    ToolResult::failure(
+        &request.invocation_id,
+        "cancelled by the host before the tool started; nothing was changed",
+        false,
+    )
 }
 
 #[cfg(test)]

@@ -50,5 +50,6 @@ pub(crate) fn run(spec: &RunSpec<'_>) -> io::Result<RunOutput> {
         spawner: None,
         timeout: spec.timeout,
         output_cap: spec.output_cap,
+        cancel: None,
     })
 }

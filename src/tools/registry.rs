@@ -87,8 +87,16 @@ impl DispatchingToolExecutor {
 
 impl ToolExecutor for DispatchingToolExecutor {
     fn execute(&self, request: &ToolRequest) -> ToolResult {
+        self.execute_cancellable(request, &crate::cancel::CancelToken::new())
+    }
+
+    fn execute_cancellable(
+        &self,
+        request: &ToolRequest,
+        cancel: &crate::cancel::CancelToken,
+    ) -> ToolResult {
         match self.registry.resolve(&request.tool_name) {
-            Some(tool) => tool.execute(request),
+            Some(tool) => tool.execute_cancellable(request, cancel),
             None => ToolResult::failure(
                 &request.invocation_id,
                 format!(

@@ -4,6 +4,7 @@ use super::fs::{Located, Roots};
 use super::isolation::{self, IsolationOptions, Policy};
 use super::params::{json_kind, optional_str};
 use super::{Tier, Tool, ToolCapability, ToolError, ToolRequest, ToolResult, ValidationResult};
+use crate::cancel::CancelToken;
 use crate::private_dir::{check_private, PrivateDir};
 use crate::sys::spawn::{self, Captured, Exit, SpawnSpec};
 use crate::sys::{resolve_both, FIXED_PATH};
@@ -424,7 +425,7 @@ impl ShellTool {
         }
     }
 
-    fn run(&self, request: &ToolRequest) -> Result<ToolResult, ToolResult> {
+    fn run(&self, request: &ToolRequest, cancel: &CancelToken) -> Result<ToolResult, ToolResult> {
         let id = &request.invocation_id;
         let argv = self
             .argv(request)
@@ -490,6 +491,7 @@ impl ShellTool {
             spawner: policy.spawner(),
             timeout: self.timeout,
             output_cap: self.output_cap,
+            cancel: Some(cancel),
         })
         .map_err(|e| {
             ToolResult::failure(
@@ -527,6 +529,18 @@ impl ShellTool {
             }
             s
         };
+        if out.cancelled {
+            return Ok(ToolResult::failure(
+                id,
+                format!(
+                    "cancelled by the host after {} ms; every process of the run was killed. stdout: {}\nstderr: {}",
+                    out.duration.as_millis(),
+                    render(&out.stdout),
+                    render(&out.stderr)
+                ),
+                false,
+            ));
+        }
         if out.timed_out {
             return Ok(ToolResult::failure(
                 id,
@@ -596,7 +610,14 @@ impl Tool for ShellTool {
     }
 
     fn execute(&self, request: &ToolRequest) -> ToolResult {
-        match self.run(request) {
+        self.execute_cancellable(request, &CancelToken::new())
+    }
+
+    fn execute_cancellable(&self, request: &ToolRequest, cancel: &CancelToken) -> ToolResult {
+        if cancel.is_cancelled() {
+            return crate::tools::contract::cancelled_before_start(request);
+        }
+        match self.run(request, cancel) {
             Ok(r) | Err(r) => r,
         }
     }
