@@ -1,0 +1,117 @@
+//! What a model is ([`ModelDescriptor`], [`ResidencyMode`]) and how the manager runs servers
+//! ([`ManagerOptions`]).
+
+use super::*;
+
+/// When a loaded model is unloaded without being asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResidencyMode {
+    /// Never unloads by itself.
+    Persistent,
+    /// Unloads after `idle_timeout` with no inference in flight.
+    Dynamic,
+    /// Unloads as soon as no inference is in flight after one completes.
+    Ephemeral,
+}
+
+/// A model the manager can load.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelDescriptor {
+    /// The model's id; loading the same id again is a no-op.
+    pub model_id: String,
+    /// The GGUF file.
+    pub model_path: PathBuf,
+    /// When it unloads by itself.
+    pub residency: ResidencyMode,
+    /// DYNAMIC's idle timeout; default 60 s.
+    #[serde(
+        default = "default_idle_ms",
+        with = "duration_ms",
+        rename = "idle_timeout_ms"
+    )]
+    pub idle_timeout: Duration,
+    /// The server's context size; default 8192.
+    #[serde(default = "default_ctx")]
+    pub context_size: u32,
+    /// Extra server arguments, e.g. `["--no-jinja", "--chat-template", "gemma"]`.
+    #[serde(default)]
+    pub extra_args: Vec<String>,
+    /// Threads for generation; default: llama-server's own choice.
+    #[serde(default)]
+    pub threads: Option<u32>,
+}
+
+pub(super) fn default_idle_ms() -> Duration {
+    Duration::from_secs(60)
+}
+
+pub(super) fn default_ctx() -> u32 {
+    8192
+}
+
+mod duration_ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+impl ModelDescriptor {
+    /// A descriptor with the defaults (60 s idle timeout, 8192 context, no extra arguments).
+    pub fn new(
+        model_id: impl Into<String>,
+        model_path: impl Into<PathBuf>,
+        residency: ResidencyMode,
+    ) -> Self {
+        ModelDescriptor {
+            model_id: model_id.into(),
+            model_path: model_path.into(),
+            residency,
+            idle_timeout: default_idle_ms(),
+            context_size: default_ctx(),
+            extra_args: Vec::new(),
+            threads: None,
+        }
+    }
+}
+
+/// Settings of a [`DefaultModelManager`].
+#[derive(Clone, Debug)]
+pub struct ManagerOptions {
+    /// The llama-server binary; default `llama-server` as found by [`crate::LlamaInstall`].
+    pub server_bin: PathBuf,
+    /// Address the server binds; default `127.0.0.1`.
+    pub host: String,
+    /// Port the server binds; default 10000.
+    pub port: u16,
+    /// How long a load waits for `/health`; default 30 s.
+    pub health_timeout: Duration,
+    /// Where `llama-server.log` goes; default `$XDG_DATA_HOME/correx/logs`
+    /// (`~/.local/share/correx/logs`).
+    pub log_dir: Option<PathBuf>,
+    /// HTTP timeouts of the provider.
+    pub http: HttpOptions,
+}
+
+impl Default for ManagerOptions {
+    fn default() -> Self {
+        ManagerOptions {
+            server_bin: crate::LlamaInstall::locate()
+                .map(|i| i.server)
+                .unwrap_or_else(|| PathBuf::from("llama-server")),
+            host: "127.0.0.1".into(),
+            port: 10000,
+            health_timeout: Duration::from_secs(30),
+            log_dir: None,
+            http: HttpOptions::default(),
+        }
+    }
+}
