@@ -578,3 +578,94 @@ fn a_managed_stream_records_its_answer_and_a_cancelled_one_still_applies_residen
     assert_eq!(events[1].payload["usage"], serde_json::to_value(r.usage)?);
     Ok(())
 }
+
+#[test]
+fn the_same_id_with_another_server_reloads_and_a_residency_change_does_not() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let a = descriptor(&s.install, "m", ResidencyMode::Persistent);
+    s.manager.load(&a)?;
+    let first = s.manager.server_pid().ok_or("no pid")?;
+    // Residency needs no new server: same process, the new residency applies.
+    let mut calmer = a.clone();
+    calmer.residency = ResidencyMode::Dynamic;
+    calmer.idle_timeout = Duration::from_secs(600);
+    s.manager.load(&calmer)?;
+    assert_eq!(s.manager.server_pid(), Some(first));
+    assert_eq!(
+        s.manager.current_model().map(|d| d.residency),
+        Some(ResidencyMode::Dynamic)
+    );
+    // A larger context is another server: restarted, recorded as replaced.
+    let mut wider = calmer.clone();
+    wider.context_size = 2048;
+    s.manager.load(&wider)?;
+    let second = s.manager.server_pid().ok_or("no pid")?;
+    assert_ne!(first, second);
+    assert!(!alive(first), "the old server still runs");
+    assert_eq!(
+        s.manager.current_model().map(|d| d.context_size),
+        Some(2048)
+    );
+    // So are other server arguments.
+    let mut other_args = wider.clone();
+    other_args.extra_args.push("--no-warmup".into());
+    s.manager.load(&other_args)?;
+    assert_ne!(s.manager.server_pid(), Some(second));
+    assert_eq!(
+        kinds(&model_events(&s.store)?),
+        [
+            "loaded:m",
+            "unloaded:replaced",
+            "loaded:m",
+            "unloaded:replaced",
+            "loaded:m"
+        ]
+    );
+    Ok(())
+}
+
+#[test]
+fn a_dynamic_model_loaded_and_never_used_unloads_when_idle() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let mut d = descriptor(&s.install, "dyn", ResidencyMode::Dynamic);
+    d.idle_timeout = Duration::from_millis(300);
+    s.manager.load(&d)?;
+    let pid = s.manager.server_pid().ok_or("no pid")?;
+    wait_for("the idle unload", Duration::from_secs(20), || {
+        s.manager.current_model().is_none()
+    })?;
+    assert!(!alive(pid));
+    assert_eq!(
+        kinds(&model_events(&s.store)?),
+        ["loaded:dyn", "unloaded:idle"]
+    );
+    Ok(())
+}
+
+#[test]
+fn a_server_that_died_is_recorded_as_crashed_by_whichever_call_notices() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let d = descriptor(&s.install, "m", ResidencyMode::Persistent);
+    s.manager.load(&d)?;
+    let pid = s.manager.server_pid().ok_or("no pid")?;
+    // SAFETY: kill(2) on the manager's own server.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    wait_for("the server to die", Duration::from_secs(10), || !alive(pid))?;
+    // Whether the exit watcher or this unload gets there first, the reason is the truth.
+    s.manager.unload("m")?;
+    let unloads: Vec<String> = kinds(&model_events(&s.store)?)
+        .into_iter()
+        .filter(|k| k.starts_with("unloaded"))
+        .collect();
+    assert_eq!(unloads, ["unloaded:crashed"]);
+    Ok(())
+}

@@ -117,7 +117,20 @@ pub(crate) fn exited_unreaped(pid: i32) -> bool {
         )
     };
     // SAFETY: si_pid is valid to read after a successful waitid.
-    r != 0 || unsafe { info.si_pid() } != 0
+    r != 0 || unsafe { info.si_pid() } != 0 || zombie(pid)
+}
+
+/// Whether `pid`'s leader thread has exited. A multi-threaded process (llama-server) is not
+/// waitable until its last thread is gone, which takes a while after a SIGKILL, but its leader
+/// shows as a zombie at once.
+fn zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
 }
 
 /// Stops a child that leads its own process group: SIGTERM to the group, up to `grace` for the
@@ -186,4 +199,27 @@ pub(crate) fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
 pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_killed_child_is_exited_unreaped_until_it_is_waited_for() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        assert!(!exited_unreaped(pid));
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !exited_unreaped(pid) {
+            assert!(Instant::now() < deadline, "never seen as exited");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(child.wait().is_ok());
+    }
 }

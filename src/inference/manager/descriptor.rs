@@ -19,7 +19,8 @@ pub enum ResidencyMode {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelDescriptor {
-    /// The model's id; loading the same id again is a no-op.
+    /// The model's id; loading the same id again is a no-op unless the server would differ
+    /// (see [`ModelDescriptor::same_server`]).
     pub model_id: String,
     /// The GGUF file.
     pub model_path: PathBuf,
@@ -65,6 +66,16 @@ mod duration_ms {
 }
 
 impl ModelDescriptor {
+    /// Whether a server started for `self` serves `other` as it is: the same file, context
+    /// size, threads and server arguments. Residency does not matter; a load that changes any
+    /// of these restarts the server (recorded as `replaced`).
+    pub fn same_server(&self, other: &ModelDescriptor) -> bool {
+        self.model_path == other.model_path
+            && self.context_size == other.context_size
+            && self.threads == other.threads
+            && self.extra_args == other.extra_args
+    }
+
     /// A descriptor with the defaults (60 s idle timeout, 8192 context, no extra arguments).
     pub fn new(
         model_id: impl Into<String>,

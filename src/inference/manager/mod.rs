@@ -288,6 +288,12 @@ fn unload_locked(
         return Ok(());
     };
     st.idle = None;
+    // A server that died on its own is a crash, whichever call noticed it first.
+    let reason = if exited_unreaped(&running.child) {
+        UnloadReason::Crashed
+    } else {
+        reason
+    };
     stop_child(&mut running.child);
     let event = DomainEvent::ModelUnloaded {
         model_id: running.descriptor.model_id.clone(),
@@ -316,7 +322,19 @@ fn load_locked(
         return Err(ModelLoadError::ManagerGone);
     }
     if let Some(r) = st.current.as_mut() {
-        if r.descriptor.model_id == d.model_id && matches!(r.child.try_wait(), Ok(None)) {
+        if r.descriptor.model_id == d.model_id
+            && r.descriptor.same_server(d)
+            && matches!(r.child.try_wait(), Ok(None))
+        {
+            // Residency is the latest load's; it needs no new server.
+            r.descriptor.residency = d.residency;
+            r.descriptor.idle_timeout = d.idle_timeout;
+            if d.residency != ResidencyMode::Dynamic {
+                st.idle = None;
+            } else if st.in_flight == 0 {
+                st.idle = Some((Instant::now() + d.idle_timeout, r.generation));
+                inner.timer.notify_all();
+            }
             return Ok(());
         }
     }
@@ -484,6 +502,11 @@ fn load_locked(
             stop_child(&mut r.child);
         }
         return Err(ModelLoadError::Events(e));
+    }
+    // DYNAMIC's idle clock starts at the load: a model loaded and never used unloads too.
+    if d.residency == ResidencyMode::Dynamic {
+        st.idle = Some((Instant::now() + d.idle_timeout, generation));
+        inner.timer.notify_all();
     }
     Ok(())
 }
