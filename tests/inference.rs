@@ -9,7 +9,8 @@ use std::time::Duration;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-fn ask(question: &str, max_tokens: u32) -> InferenceRequest {
+/// A brief, repeatable question (temperature 0, seed 7).
+pub fn ask(question: &str, max_tokens: u32) -> InferenceRequest {
     InferenceRequest {
         context: ContextPack {
             system: Some("You answer briefly.".into()),

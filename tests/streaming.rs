@@ -2,35 +2,19 @@
 //! a real llama-server; the stubs only send what a real server will not (a malformed event, a
 //! stream without its final event).
 
+use crate::inference::ask;
 use crate::stub::{sse, StubServer};
 use crate::util::{llama_install, raw_http, TestServer};
 use correx::{
-    chat_body, CancelToken, ChunkKind, ContextEntry, ContextPack, FinishReason, GenerationConfig,
-    HttpOptions, InferenceError, InferenceProvider, InferenceRequest, JsonSchemaFormat,
-    LlamaCppInferenceProvider, ResponseFormat, SourceType, StreamControl, ToolCall, ToolChoice,
-    ToolSpec,
+    chat_body, CancelToken, ChunkKind, ContextEntry, FinishReason, HttpOptions, InferenceError,
+    InferenceProvider, JsonSchemaFormat, LlamaCppInferenceProvider, ResponseFormat, SourceType,
+    StreamControl, ToolCall, ToolChoice, ToolSpec,
 };
 use serde_json::{json, Value};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-fn ask(question: &str, max_tokens: u32) -> InferenceRequest {
-    InferenceRequest {
-        context: ContextPack {
-            system: Some("You answer briefly.".into()),
-            task: Some(question.into()),
-            entries: vec![],
-        },
-        config: GenerationConfig {
-            temperature: 0.0,
-            max_tokens,
-            seed: Some(7),
-            ..GenerationConfig::default()
-        },
-    }
-}
 
 /// One slot, so a generation left running would hold up the next request; metrics on.
 const ONE_SLOT: &[&str] = &[
