@@ -88,6 +88,12 @@
 #define CORREX_E_TOOL_SETUP 12
 
 /**
+ * A model could not be replaced or unloaded because inferences were still running on it
+ * after the drain timeout; nothing was changed.
+ */
+#define CORREX_E_BUSY 13
+
+/**
  * An approval callback's answer that approves. Any other value denies.
  */
 #define CORREX_APPROVE 1
@@ -432,11 +438,15 @@ int32_t correx_set_log_callback(correx_log_callback callback, void *user_data, i
  *
  * # Returns
  * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_MODEL` (the message
- * carries the server's last log lines), `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
+ * carries the server's last log lines), `CORREX_E_BUSY` (the loaded model it would replace
+ * still had inferences running after `models.drain_timeout_ms`; nothing changed),
+ * `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
  *
  * # Blocking and threads
- * Blocks until the server is healthy (about a second for a small model; the health deadline
- * defaults to 30 s). Any thread; loads are serialized.
+ * Replacing another model first waits for its running inferences to finish (they are never
+ * killed; at most the drain timeout, default 120 s). Then blocks until the server is healthy
+ * (about a second for a small model; the health deadline defaults to 30 s). Any thread; loads
+ * are serialized.
  *
  * # Safety
  * Pointers are NULL or valid as documented.
@@ -451,10 +461,13 @@ int32_t correx_model_load(const struct correx_runtime *rt,
  *
  * # Returns
  * `CORREX_OK` (also when it was not loaded), `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`,
- * `CORREX_E_MODEL`, `CORREX_E_UNUSABLE`.
+ * `CORREX_E_MODEL`, `CORREX_E_BUSY` (inferences still running after the drain timeout;
+ * nothing changed), `CORREX_E_UNUSABLE`.
  *
  * # Blocking and threads
- * Blocks until the server has exited (at most a couple of seconds). Any thread.
+ * Waits for the model's running inferences to finish (never kills them; at most
+ * `models.drain_timeout_ms`, default 120 s), then until the server has exited (at most a
+ * couple of seconds). Any thread.
  *
  * # Safety
  * Pointers are NULL or valid as documented.
@@ -626,7 +639,7 @@ int32_t correx_count_tokens(const struct correx_runtime *rt,
  * - `config_json`: `{"v": 1, "event_log": "/path/events.db", "durability": "full"|"normal",
  *   "sandbox_root": "/path", "tools": {"shell": {...}, "file_read": {...}, "file_write": {...},
  *   "file_edit": {...}}, "models": {"server_bin", "port", "health_timeout_ms", "log_dir",
- *   "read_timeout_ms"}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
+ *   "read_timeout_ms", "drain_timeout_ms"}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
  *   everything. See the README for every field.
  * - `out`: receives the new runtime.
  * - `err`: optional; receives an error on failure.

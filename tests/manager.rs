@@ -669,3 +669,92 @@ fn a_server_that_died_is_recorded_as_crashed_by_whichever_call_notices() -> Test
     assert_eq!(unloads, ["unloaded:crashed"]);
     Ok(())
 }
+
+#[test]
+fn a_swap_waits_for_the_running_inference_to_finish() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |o| o.drain_timeout = Duration::from_secs(60))?;
+    let a = descriptor(&s.install, "model-a", ResidencyMode::Persistent);
+    let b = descriptor(&s.install, "model-b", ResidencyMode::Persistent);
+    let provider = s.manager.load(&a)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let running = std::thread::spawn(move || {
+        let mut first = Some(tx);
+        provider.infer_stream(&ask(120), &correx::CancelToken::new(), &mut |_| {
+            if let Some(tx) = first.take() {
+                let _ = tx.send(());
+            }
+            correx::StreamControl::Continue
+        })
+    });
+    rx.recv_timeout(Duration::from_secs(60))?;
+    // The swap waits for the answer instead of killing its server.
+    s.manager.load(&b)?;
+    let answer = running
+        .join()
+        .map_err(|_| "the inference thread panicked")??;
+    assert!(answer.usage.completion_tokens > 1, "{answer:?}");
+    assert_eq!(
+        kinds(&model_events(&s.store)?),
+        [
+            "loaded:model-a",
+            "inference.completed",
+            "unloaded:replaced",
+            "loaded:model-b"
+        ]
+    );
+    Ok(())
+}
+
+#[test]
+fn a_swap_that_cannot_drain_in_time_is_busy_and_leaves_the_inference_running() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |o| o.drain_timeout = Duration::from_millis(300))?;
+    let a = descriptor(&s.install, "model-a", ResidencyMode::Persistent);
+    let b = descriptor(&s.install, "model-b", ResidencyMode::Persistent);
+    let provider = s.manager.load(&a)?;
+    let pid = s.manager.server_pid().ok_or("no pid")?;
+    let token = correx::CancelToken::new();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let running = std::thread::spawn({
+        let token = token.clone();
+        move || {
+            let mut first = Some(tx);
+            provider.infer_stream(&ask(4000), &token, &mut |_| {
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(());
+                }
+                correx::StreamControl::Continue
+            })
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))?;
+    match s.manager.load(&b) {
+        Err(e @ ModelLoadError::Busy { in_flight: 1, .. }) => {
+            assert!(e.to_string().contains("model-a"), "{e}")
+        }
+        Err(other) => return Err(format!("{other}").into()),
+        Ok(_) => return Err("the swap did not wait".into()),
+    }
+    assert!(matches!(
+        s.manager.unload("model-a"),
+        Err(ModelLoadError::Busy { .. })
+    ));
+    assert_eq!(s.manager.server_pid(), Some(pid), "nothing changed");
+    assert!(alive(pid));
+    token.cancel();
+    let cancelled = running
+        .join()
+        .map_err(|_| "the inference thread panicked")?;
+    assert!(matches!(cancelled, Err(correx::InferenceError::Cancelled)));
+    s.manager.unload("model-a")?;
+    assert_eq!(
+        kinds(&model_events(&s.store)?),
+        ["loaded:model-a", "unloaded:requested"]
+    );
+    Ok(())
+}

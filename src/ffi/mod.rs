@@ -65,6 +65,9 @@ pub const CORREX_E_UNUSABLE: i32 = 10;
 pub const CORREX_E_UNKNOWN_MODEL: i32 = 11;
 /// A file or tool could not be set up (a missing allowed path or executable).
 pub const CORREX_E_TOOL_SETUP: i32 = 12;
+/// A model could not be replaced or unloaded because inferences were still running on it
+/// after the drain timeout; nothing was changed.
+pub const CORREX_E_BUSY: i32 = 13;
 
 /// An approval callback's answer that approves. Any other value denies.
 pub const CORREX_APPROVE: i32 = 1;

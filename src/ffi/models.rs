@@ -5,8 +5,8 @@ use super::convert::{json_v1, out_arg, parse_v1, str_arg, write_json};
 use super::runtime::{correx_runtime, with_runtime};
 use super::{
     correx_error, Failure, FfiResult, CORREX_CHUNK_REASONING, CORREX_CHUNK_TEXT, CORREX_CONTINUE,
-    CORREX_E_CANCELLED, CORREX_E_INFERENCE, CORREX_E_INVALID_ARGUMENT, CORREX_E_MODEL,
-    CORREX_E_UNKNOWN_MODEL,
+    CORREX_E_BUSY, CORREX_E_CANCELLED, CORREX_E_INFERENCE, CORREX_E_INVALID_ARGUMENT,
+    CORREX_E_MODEL, CORREX_E_UNKNOWN_MODEL,
 };
 use crate::inference::{
     ChunkKind, InferenceError, InferenceProvider, InferenceRequest, InferenceResponse,
@@ -19,6 +19,7 @@ use std::ffi::{c_char, c_void};
 fn model_failure(e: ModelLoadError) -> Failure {
     let code = match &e {
         ModelLoadError::Cancelled => CORREX_E_CANCELLED,
+        ModelLoadError::Busy { .. } => CORREX_E_BUSY,
         ModelLoadError::BinaryNotFound { .. }
         | ModelLoadError::ModelFileMissing { .. }
         | ModelLoadError::PortInUse { .. }
@@ -79,11 +80,15 @@ fn descriptor_from(map: serde_json::Map<String, Value>) -> FfiResult<ModelDescri
 ///
 /// # Returns
 /// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_MODEL` (the message
-/// carries the server's last log lines), `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
+/// carries the server's last log lines), `CORREX_E_BUSY` (the loaded model it would replace
+/// still had inferences running after `models.drain_timeout_ms`; nothing changed),
+/// `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
 ///
 /// # Blocking and threads
-/// Blocks until the server is healthy (about a second for a small model; the health deadline
-/// defaults to 30 s). Any thread; loads are serialized.
+/// Replacing another model first waits for its running inferences to finish (they are never
+/// killed; at most the drain timeout, default 120 s). Then blocks until the server is healthy
+/// (about a second for a small model; the health deadline defaults to 30 s). Any thread; loads
+/// are serialized.
 ///
 /// # Safety
 /// Pointers are NULL or valid as documented.
@@ -113,10 +118,13 @@ pub unsafe extern "C" fn correx_model_load(
 ///
 /// # Returns
 /// `CORREX_OK` (also when it was not loaded), `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`,
-/// `CORREX_E_MODEL`, `CORREX_E_UNUSABLE`.
+/// `CORREX_E_MODEL`, `CORREX_E_BUSY` (inferences still running after the drain timeout;
+/// nothing changed), `CORREX_E_UNUSABLE`.
 ///
 /// # Blocking and threads
-/// Blocks until the server has exited (at most a couple of seconds). Any thread.
+/// Waits for the model's running inferences to finish (never kills them; at most
+/// `models.drain_timeout_ms`, default 120 s), then until the server has exited (at most a
+/// couple of seconds). Any thread.
 ///
 /// # Safety
 /// Pointers are NULL or valid as documented.

@@ -154,7 +154,7 @@ pub(super) unsafe fn with_runtime(
 /// - `config_json`: `{"v": 1, "event_log": "/path/events.db", "durability": "full"|"normal",
 ///   "sandbox_root": "/path", "tools": {"shell": {...}, "file_read": {...}, "file_write": {...},
 ///   "file_edit": {...}}, "models": {"server_bin", "port", "health_timeout_ms", "log_dir",
-///   "read_timeout_ms"}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
+///   "read_timeout_ms", "drain_timeout_ms"}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
 ///   everything. See the README for every field.
 /// - `out`: receives the new runtime.
 /// - `err`: optional; receives an error on failure.

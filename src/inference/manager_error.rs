@@ -58,6 +58,16 @@ pub enum ModelLoadError {
     Cancelled,
     /// The manager this provider belongs to was dropped.
     ManagerGone,
+    /// Replacing or unloading the loaded model would kill inferences still running on it; they
+    /// did not finish within the drain timeout, so nothing was changed.
+    Busy {
+        /// The model with work in flight.
+        model_id: String,
+        /// How many inferences were still running.
+        in_flight: u32,
+        /// How long the call waited, in milliseconds.
+        waited_ms: u64,
+    },
     /// The state changed but the event could not be recorded; the change was rolled back.
     Events(EventStoreError),
 }
@@ -118,6 +128,14 @@ impl fmt::Display for ModelLoadError {
                 tail(f, log_tail)
             }
             ModelLoadError::Cancelled => f.write_str("the load was cancelled"),
+            ModelLoadError::Busy {
+                model_id,
+                in_flight,
+                waited_ms,
+            } => write!(
+                f,
+                "model {model_id} still has {in_flight} inference(s) running after {waited_ms} ms; nothing was changed: retry when they finish, cancel them, or raise the drain timeout"
+            ),
             ModelLoadError::ManagerGone => f.write_str("the model manager was dropped"),
             ModelLoadError::Events(e) => write!(f, "could not record the model event: {e}"),
         }
@@ -137,6 +155,7 @@ impl std::error::Error for ModelLoadError {
             | ModelLoadError::ExitedWhileLoading { .. }
             | ModelLoadError::Timeout { .. }
             | ModelLoadError::Cancelled
+            | ModelLoadError::Busy { .. }
             | ModelLoadError::ManagerGone => None,
         }
     }

@@ -87,6 +87,8 @@ pub struct ModelsConfig {
     pub log_dir: Option<PathBuf>,
     /// Inference read timeout; default 300 s.
     pub read_timeout: Option<Duration>,
+    /// How long a swap or unload waits for running inferences; default 120 s.
+    pub drain_timeout: Option<Duration>,
 }
 
 /// Everything a [`crate::Runtime`] needs.
@@ -456,6 +458,7 @@ impl RuntimeConfig {
                     "health_timeout_ms",
                     "log_dir",
                     "read_timeout_ms",
+                    "drain_timeout_ms",
                 ])?;
                 let port = match m.u64("port")? {
                     None => None,
@@ -470,6 +473,7 @@ impl RuntimeConfig {
                     health_timeout: m.positive("health_timeout_ms")?.map(Duration::from_millis),
                     log_dir: m.path("log_dir")?,
                     read_timeout: m.positive("read_timeout_ms")?.map(Duration::from_millis),
+                    drain_timeout: m.positive("drain_timeout_ms")?.map(Duration::from_millis),
                 }
             }
         };

@@ -165,6 +165,9 @@ impl Runtime {
         if let Some(t) = m.read_timeout {
             options.http.read_timeout = t;
         }
+        if let Some(t) = m.drain_timeout {
+            options.drain_timeout = t;
+        }
         options.log_dir = m.log_dir.clone();
         let models = DefaultModelManager::new(store, options);
         Ok(Runtime {

@@ -105,6 +105,10 @@ pub struct ManagerOptions {
     pub port: u16,
     /// How long a load waits for `/health`; default 30 s.
     pub health_timeout: Duration,
+    /// How long replacing or unloading a model waits for its running inferences to finish
+    /// (they are never killed); after it the call fails with [`ModelLoadError::Busy`].
+    /// Default 120 s.
+    pub drain_timeout: Duration,
     /// Where `llama-server.log` goes; default `$XDG_DATA_HOME/correx/logs`
     /// (`~/.local/share/correx/logs`).
     pub log_dir: Option<PathBuf>,
@@ -121,6 +125,7 @@ impl Default for ManagerOptions {
             host: "127.0.0.1".into(),
             port: 10000,
             health_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(120),
             log_dir: None,
             http: HttpOptions::default(),
         }

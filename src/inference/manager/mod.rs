@@ -31,7 +31,7 @@ use crate::cancel::CancelToken;
 use crate::events::{append_domain, DomainEvent, EventStore, UnloadReason};
 use crate::ids::ProviderId;
 use crate::sys::{self, kill_group};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -98,6 +98,8 @@ struct SpawnRequest {
 struct Inner {
     state: Mutex<State>,
     timer: Condvar,
+    /// Notified when the in-flight count drops, for swaps and unloads waiting to drain.
+    drained: Condvar,
     events: Arc<dyn EventStore>,
     options: ManagerOptions,
     spawner: Mutex<mpsc::Sender<SpawnRequest>>,
@@ -130,6 +132,7 @@ impl DefaultModelManager {
         let inner = Arc::new(Inner {
             state: Mutex::new(State::default()),
             timer: Condvar::new(),
+            drained: Condvar::new(),
             events,
             spawner: Mutex::new(spawner_thread()),
             tail: Arc::new(LogTail::default()),
@@ -252,6 +255,10 @@ impl ModelManager for DefaultModelManager {
         if st.current.as_ref().map(|r| r.descriptor.model_id.as_str()) != Some(model_id) {
             return Ok(());
         }
+        drain_locked(&self.inner, &mut st, &CancelToken::new())?;
+        if st.current.as_ref().map(|r| r.descriptor.model_id.as_str()) != Some(model_id) {
+            return Ok(()); // unloaded by someone else while this call waited
+        }
         unload_locked(&self.inner, &mut st, UnloadReason::Requested)
     }
 
@@ -312,16 +319,66 @@ fn exited_unreaped(child: &Child) -> bool {
     sys::exited_unreaped(child.id() as i32)
 }
 
+/// Whether the loaded server serves `d` as it is.
+fn serves(st: &State, d: &ModelDescriptor) -> bool {
+    st.current
+        .as_ref()
+        .is_some_and(|r| r.descriptor.model_id == d.model_id && r.descriptor.same_server(d))
+}
+
+/// Waits (the lock released meanwhile) until no inference runs on the loaded model, so that
+/// stopping its server kills nothing; at most the drain timeout.
+fn drain_locked(
+    inner: &Inner,
+    st: &mut MutexGuard<'_, State>,
+    cancel: &CancelToken,
+) -> Result<(), ModelLoadError> {
+    let started = Instant::now();
+    let deadline = started + inner.options.drain_timeout;
+    while st.in_flight > 0 && st.current.is_some() {
+        if cancel.is_cancelled() {
+            return Err(ModelLoadError::Cancelled);
+        }
+        if st.shutdown {
+            return Err(ModelLoadError::ManagerGone);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(ModelLoadError::Busy {
+                model_id: st
+                    .current
+                    .as_ref()
+                    .map(|r| r.descriptor.model_id.clone())
+                    .unwrap_or_default(),
+                in_flight: st.in_flight,
+                waited_ms: started.elapsed().as_millis() as u64,
+            });
+        }
+        // Short slices, so a cancel is seen while waiting.
+        inner
+            .drained
+            .wait_until(st, deadline.min(now + Duration::from_millis(20)));
+    }
+    Ok(())
+}
+
 fn load_locked(
     inner: &Arc<Inner>,
-    st: &mut State,
+    st: &mut MutexGuard<'_, State>,
     d: &ModelDescriptor,
     cancel: &CancelToken,
 ) -> Result<(), ModelLoadError> {
     if st.shutdown {
         return Err(ModelLoadError::ManagerGone);
     }
-    if let Some(r) = st.current.as_mut() {
+    if !serves(st, d) {
+        // Another model (or this one with other settings) is loaded: never kill its running
+        // inferences; wait for them, then look again (the state may have changed meanwhile).
+        drain_locked(inner, st, cancel)?;
+    }
+    let state: &mut State = st;
+    let in_flight = state.in_flight;
+    if let Some(r) = state.current.as_mut() {
         if r.descriptor.model_id == d.model_id
             && r.descriptor.same_server(d)
             && matches!(r.child.try_wait(), Ok(None))
@@ -330,9 +387,9 @@ fn load_locked(
             r.descriptor.residency = d.residency;
             r.descriptor.idle_timeout = d.idle_timeout;
             if d.residency != ResidencyMode::Dynamic {
-                st.idle = None;
-            } else if st.in_flight == 0 {
-                st.idle = Some((Instant::now() + d.idle_timeout, r.generation));
+                state.idle = None;
+            } else if in_flight == 0 {
+                state.idle = Some((Instant::now() + d.idle_timeout, r.generation));
                 inner.timer.notify_all();
             }
             return Ok(());

@@ -90,6 +90,9 @@ pub(super) fn finish_inference(
 ) {
     let mut st = inner.state.lock();
     st.in_flight = st.in_flight.saturating_sub(1);
+    if st.in_flight == 0 {
+        inner.drained.notify_all();
+    }
     if let Ok(r) = result {
         let event = DomainEvent::InferenceCompleted {
             model_id: descriptor.model_id.clone(),
