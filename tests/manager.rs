@@ -675,14 +675,15 @@ fn a_swap_waits_for_the_running_inference_to_finish() -> TestResult {
     let Some(install) = llama_install() else {
         return Ok(());
     };
-    let s = setup_with(install, |o| o.drain_timeout = Duration::from_secs(60))?;
+    // Generous: on a busy 2-core machine a 40-token answer can take far longer than usual.
+    let s = setup_with(install, |o| o.drain_timeout = Duration::from_secs(300))?;
     let a = descriptor(&s.install, "model-a", ResidencyMode::Persistent);
     let b = descriptor(&s.install, "model-b", ResidencyMode::Persistent);
     let provider = s.manager.load(&a)?;
     let (tx, rx) = std::sync::mpsc::channel();
     let running = std::thread::spawn(move || {
         let mut first = Some(tx);
-        provider.infer_stream(&ask(120), &correx::CancelToken::new(), &mut |_| {
+        provider.infer_stream(&ask(40), &correx::CancelToken::new(), &mut |_| {
             if let Some(tx) = first.take() {
                 let _ = tx.send(());
             }
@@ -757,4 +758,44 @@ fn a_swap_that_cannot_drain_in_time_is_busy_and_leaves_the_inference_running() -
         ["loaded:model-a", "unloaded:requested"]
     );
     Ok(())
+}
+
+#[test]
+fn status_and_health_answer_while_another_call_loads() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |_| {})?;
+    let d = descriptor(&s.install, "m", ResidencyMode::Persistent);
+    let log = s.manager.log_path();
+    std::thread::scope(|scope| -> TestResult {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (manager, d) = (&s.manager, &d);
+        let loading = scope.spawn(move || {
+            let r = manager.load(d).map(|_| ());
+            let _ = tx.send(());
+            r
+        });
+        // The server has started (it writes its log) and is still loading its model.
+        wait_for("the server to start", Duration::from_secs(30), || {
+            std::fs::metadata(&log).is_ok_and(|m| m.len() > 0)
+        })?;
+        let status = s.manager.current_model();
+        let health = s.manager.health_check();
+        // The server is still not ready, so neither call waited for the load.
+        let ready =
+            crate::util::raw_http(s.port, "GET", "/health", "").is_ok_and(|(c, _)| c == 200);
+        assert!(
+            !ready && rx.try_recv().is_err(),
+            "status and health waited for the load to finish"
+        );
+        assert_eq!(status, None);
+        assert!(matches!(health, ProviderHealth::Unhealthy { .. }));
+        loading.join().map_err(|_| "the load panicked")??;
+        assert_eq!(
+            s.manager.current_model().map(|m| m.model_id),
+            Some("m".into())
+        );
+        Ok(())
+    })
 }

@@ -2,9 +2,10 @@
 //! group, health-checked, swapped by restart and unloaded by residency policy.
 //!
 //! One `parking_lot::Mutex` guards the process, its descriptor and the count of inferences in
-//! flight. Events follow committed state: `ModelLoaded` after health passed and the state is
-//! set, `ModelUnloaded` after the process is reaped and the state cleared; a failed load appends
-//! nothing.
+//! flight; it is released while a server spawns and becomes healthy (other loads wait for that
+//! one; status, health and inference on what is loaded answer at once). Events follow
+//! committed state: `ModelLoaded` after health passed and the state is set, `ModelUnloaded`
+//! after the process is reaped and the state cleared; a failed load appends nothing.
 //!
 //! Here: the state, loading and unloading. `descriptor` holds what a model and the manager's
 //! options are, `server` the processes (spawning, log drains, exit watch), `residency` the
@@ -86,6 +87,8 @@ struct State {
     /// Bumped at every spawn; timers and watchers carry the generation they belong to.
     generation: u64,
     in_flight: u32,
+    /// A load is spawning or health-polling a server, with the lock released.
+    loading: bool,
     idle: Option<(Instant, u64)>,
     shutdown: bool,
 }
@@ -98,8 +101,8 @@ struct SpawnRequest {
 struct Inner {
     state: Mutex<State>,
     timer: Condvar,
-    /// Notified when the in-flight count drops, for swaps and unloads waiting to drain.
-    drained: Condvar,
+    /// Notified when the in-flight count drops or a load ends, for calls waiting on either.
+    settled: Condvar,
     events: Arc<dyn EventStore>,
     options: ManagerOptions,
     spawner: Mutex<mpsc::Sender<SpawnRequest>>,
@@ -132,7 +135,7 @@ impl DefaultModelManager {
         let inner = Arc::new(Inner {
             state: Mutex::new(State::default()),
             timer: Condvar::new(),
-            drained: Condvar::new(),
+            settled: Condvar::new(),
             events,
             spawner: Mutex::new(spawner_thread()),
             tail: Arc::new(LogTail::default()),
@@ -252,6 +255,8 @@ impl ModelManager for DefaultModelManager {
 
     fn unload(&self, model_id: &str) -> Result<(), ModelLoadError> {
         let mut st = self.inner.state.lock();
+        // A load in progress finishes first: the unload then applies to what it loaded.
+        wait_for_load(&self.inner, &mut st, &CancelToken::new())?;
         if st.current.as_ref().map(|r| r.descriptor.model_id.as_str()) != Some(model_id) {
             return Ok(());
         }
@@ -319,6 +324,24 @@ fn exited_unreaped(child: &Child) -> bool {
     sys::exited_unreaped(child.id() as i32)
 }
 
+/// Waits (the lock released meanwhile) while another call loads a server.
+fn wait_for_load(
+    inner: &Inner,
+    st: &mut MutexGuard<'_, State>,
+    cancel: &CancelToken,
+) -> Result<(), ModelLoadError> {
+    while st.loading {
+        if cancel.is_cancelled() {
+            return Err(ModelLoadError::Cancelled);
+        }
+        inner.settled.wait_for(st, Duration::from_millis(20));
+    }
+    if st.shutdown {
+        return Err(ModelLoadError::ManagerGone);
+    }
+    Ok(())
+}
+
 /// Whether the loaded server serves `d` as it is.
 fn serves(st: &State, d: &ModelDescriptor) -> bool {
     st.current
@@ -356,7 +379,7 @@ fn drain_locked(
         }
         // Short slices, so a cancel is seen while waiting.
         inner
-            .drained
+            .settled
             .wait_until(st, deadline.min(now + Duration::from_millis(20)));
     }
     Ok(())
@@ -368,13 +391,13 @@ fn load_locked(
     d: &ModelDescriptor,
     cancel: &CancelToken,
 ) -> Result<(), ModelLoadError> {
-    if st.shutdown {
-        return Err(ModelLoadError::ManagerGone);
-    }
+    wait_for_load(inner, st, cancel)?;
     if !serves(st, d) {
         // Another model (or this one with other settings) is loaded: never kill its running
         // inferences; wait for them, then look again (the state may have changed meanwhile).
         drain_locked(inner, st, cancel)?;
+        // The drain released the lock: another call may have loaded meanwhile.
+        wait_for_load(inner, st, cancel)?;
     }
     let state: &mut State = st;
     let in_flight = state.in_flight;
@@ -451,13 +474,72 @@ fn load_locked(
     let generation = st.generation;
     // A unique alias: a 200 from a server that is not ours is caught by /v1/models.
     let alias = format!("{}#correx-{}-{generation}", d.model_id, std::process::id());
-    let mut cmd = Command::new(&bin);
+    let provider =
+        LlamaCppInferenceProvider::new(&d.model_id, &inner.base_url, &inner.options.http);
+    let started = Instant::now();
+    // Spawning and health polling are the slow part: the lock is released for them, so status,
+    // health and inference on other calls answer at once; other loads wait for this one.
+    st.loading = true;
+    let spawned = MutexGuard::unlocked(st, || {
+        start_and_wait_healthy(inner, d, &bin, &alias, generation, log_file, addr, cancel)
+    });
+    st.loading = false;
+    inner.settled.notify_all();
+    let mut child = spawned?;
+    if st.shutdown {
+        stop_child(&mut child);
+        return Err(ModelLoadError::ManagerGone);
+    }
+    let load_ms = started.elapsed().as_millis() as u64;
+    let pid = child.id();
+    st.current = Some(Running {
+        descriptor: d.clone(),
+        child,
+        generation,
+        provider,
+    });
+    let event = DomainEvent::ModelLoaded {
+        model_id: d.model_id.clone(),
+        model_path: d.model_path.display().to_string(),
+        port: inner.options.port,
+        pid,
+        load_ms,
+    };
+    if let Err(e) = append_domain(inner.events.as_ref(), MODEL_STREAM, &event) {
+        // The log must not say a model is loaded when it could not record it: roll back.
+        if let Some(mut r) = st.current.take() {
+            stop_child(&mut r.child);
+        }
+        return Err(ModelLoadError::Events(e));
+    }
+    // DYNAMIC's idle clock starts at the load: a model loaded and never used unloads too.
+    if d.residency == ResidencyMode::Dynamic {
+        st.idle = Some((Instant::now() + d.idle_timeout, generation));
+        inner.timer.notify_all();
+    }
+    Ok(())
+}
+
+/// Starts the server for `d` and polls it until it is healthy and ours; called without the
+/// state lock.
+#[allow(clippy::too_many_arguments)]
+fn start_and_wait_healthy(
+    inner: &Arc<Inner>,
+    d: &ModelDescriptor,
+    bin: &std::path::Path,
+    alias: &str,
+    generation: u64,
+    log_file: std::fs::File,
+    addr: String,
+    cancel: &CancelToken,
+) -> Result<Child, ModelLoadError> {
+    let mut cmd = Command::new(bin);
     cmd.arg("--model")
         .arg(&d.model_path)
         .args(["--ctx-size", &d.context_size.to_string()])
         .args(["--host", &inner.options.host])
         .args(["--port", &inner.options.port.to_string()])
-        .args(["--alias", &alias]);
+        .args(["--alias", alias]);
     if let Some(t) = d.threads {
         cmd.args(["--threads", &t.to_string()]);
     }
@@ -477,13 +559,11 @@ fn load_locked(
         Err(_) => Err(std::io::Error::other("spawner thread is gone")),
     };
     let mut child = spawned.map_err(|source| ModelLoadError::Spawn {
-        path: bin.clone(),
+        path: bin.to_path_buf(),
         source,
     })?;
     start_log_drain(inner, &mut child, generation, log_file);
 
-    let provider =
-        LlamaCppInferenceProvider::new(&d.model_id, &inner.base_url, &inner.options.http);
     let probe = super::llama::agent(&HttpOptions {
         connect_timeout: Duration::from_millis(200),
         read_timeout: Duration::from_secs(2),
@@ -497,6 +577,9 @@ fn load_locked(
     loop {
         if cancel.is_cancelled() {
             return fail(&mut child, ModelLoadError::Cancelled);
+        }
+        if inner.state.lock().shutdown {
+            return fail(&mut child, ModelLoadError::ManagerGone);
         }
         if exited_unreaped(&child) {
             kill_group(child.id() as i32);
@@ -538,32 +621,5 @@ fn load_locked(
         }
         std::thread::sleep(HEALTH_POLL);
     }
-    let load_ms = started.elapsed().as_millis() as u64;
-    let pid = child.id();
-    st.current = Some(Running {
-        descriptor: d.clone(),
-        child,
-        generation,
-        provider,
-    });
-    let event = DomainEvent::ModelLoaded {
-        model_id: d.model_id.clone(),
-        model_path: d.model_path.display().to_string(),
-        port: inner.options.port,
-        pid,
-        load_ms,
-    };
-    if let Err(e) = append_domain(inner.events.as_ref(), MODEL_STREAM, &event) {
-        // The log must not say a model is loaded when it could not record it: roll back.
-        if let Some(mut r) = st.current.take() {
-            stop_child(&mut r.child);
-        }
-        return Err(ModelLoadError::Events(e));
-    }
-    // DYNAMIC's idle clock starts at the load: a model loaded and never used unloads too.
-    if d.residency == ResidencyMode::Dynamic {
-        st.idle = Some((Instant::now() + d.idle_timeout, generation));
-        inner.timer.notify_all();
-    }
-    Ok(())
+    Ok(child)
 }

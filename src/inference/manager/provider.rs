@@ -91,7 +91,7 @@ pub(super) fn finish_inference(
     let mut st = inner.state.lock();
     st.in_flight = st.in_flight.saturating_sub(1);
     if st.in_flight == 0 {
-        inner.drained.notify_all();
+        inner.settled.notify_all();
     }
     if let Ok(r) = result {
         let event = DomainEvent::InferenceCompleted {
