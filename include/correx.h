@@ -633,6 +633,28 @@ int32_t correx_count_tokens(const struct correx_runtime *rt,
                             struct correx_error **err);
 
 /**
+ * What is loaded or loading, like Ollama's `/api/ps`: `{"v": 1, "models": [{"model_id",
+ * "state": "loaded"|"loading", "pid", "port", "residency", "loaded_at_ms",
+ * "idle_expires_in_ms", "in_flight", "rss_bytes"}]}` (`pid`, `loaded_at_ms`,
+ * `idle_expires_in_ms` and `rss_bytes` may be null).
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Never waits for a load or an inference. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_models_status(const struct correx_runtime *rt,
+                             char **out_json,
+                             struct correx_error **err);
+
+/**
  * Creates a runtime from a config JSON object.
  *
  * # Parameters

@@ -38,9 +38,9 @@ pub use inference::{
     ContextPack, DefaultModelManager, FinishReason, GenerationConfig, HttpOptions, InferenceError,
     InferenceProvider, InferenceRequest, InferenceResponse, JsonSchemaFormat,
     LlamaCppInferenceProvider, LlamaCppTokenizer, ManagedInferenceProvider, ManagerOptions,
-    ModelCapability, ModelDescriptor, ModelLoadError, ModelManager, ProviderHealth, ResidencyMode,
-    ResponseFormat, SourceType, StreamChunk, StreamControl, TokenUsage, Tokenizer, ToolCall,
-    ToolChoice, ToolSpec, MODEL_STREAM,
+    ModelCapability, ModelDescriptor, ModelLoadError, ModelManager, ModelState, ModelStatus,
+    ProviderHealth, ResidencyMode, ResponseFormat, SourceType, StreamChunk, StreamControl,
+    TokenUsage, Tokenizer, ToolCall, ToolChoice, ToolSpec, MODEL_STREAM,
 };
 pub use install::LlamaInstall;
 pub use runtime::{

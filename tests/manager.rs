@@ -782,6 +782,7 @@ fn status_and_health_answer_while_another_call_loads() -> TestResult {
         })?;
         let status = s.manager.current_model();
         let health = s.manager.health_check();
+        let listed = s.manager.status();
         // The server is still not ready, so neither call waited for the load.
         let ready =
             crate::util::raw_http(s.port, "GET", "/health", "").is_ok_and(|(c, _)| c == 200);
@@ -791,11 +792,26 @@ fn status_and_health_answer_while_another_call_loads() -> TestResult {
         );
         assert_eq!(status, None);
         assert!(matches!(health, ProviderHealth::Unhealthy { .. }));
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            (listed[0].model_id.as_str(), listed[0].state),
+            ("m", correx::ModelState::Loading)
+        );
         loading.join().map_err(|_| "the load panicked")??;
         assert_eq!(
             s.manager.current_model().map(|m| m.model_id),
             Some("m".into())
         );
+        let listed = s.manager.status();
+        assert_eq!(listed.len(), 1);
+        let m = &listed[0];
+        assert_eq!(m.state, correx::ModelState::Loaded);
+        assert_eq!(
+            (m.pid, m.port, m.in_flight),
+            (s.manager.server_pid(), s.port, 0)
+        );
+        assert!(m.rss_bytes.is_some_and(|b| b > 10 << 20), "{m:?}");
+        assert!(m.loaded_at_ms.is_some() && m.idle_expires_in_ms.is_none());
         Ok(())
     })
 }

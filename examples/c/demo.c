@@ -134,6 +134,20 @@ int main(void) {
                                    "[\"--no-jinja\", \"--chat-template\", \"gemma\"]}",
                                    NULL, &err));
 
+    {
+        char *status = NULL;
+        MUST("status", correx_models_status(rt, &status, &err));
+        for (const char *m = mj_first(mj_get(status, "models")); m; m = mj_next(m)) {
+            char id[64] = "", state[16] = "";
+            mj_str(mj_get(m, "model_id"), id, sizeof id);
+            mj_str(mj_get(m, "state"), state, sizeof state);
+            printf("  status: %s %s, pid %lld, port %lld, %lld MiB resident, %lld in flight\n", id,
+                   state, mj_int(mj_get(m, "pid"), -1), mj_int(mj_get(m, "port"), -1),
+                   mj_int(mj_get(m, "rss_bytes"), 0) >> 20, mj_int(mj_get(m, "in_flight"), -1));
+        }
+        correx_string_free(status);
+    }
+
     printf("\nAsking: What is the capital of France?\n");
     /* Gemma 3 270M is a small base model: a few examples of the answer's shape (the L2
      * history) and a short budget get a one-word answer out of it. */

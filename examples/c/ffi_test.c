@@ -219,6 +219,9 @@ int main(void) {
         EXPECT(strstr(out, "\"enabled\":true") != NULL && strstr(out, "\"enabled\":false") != NULL);
         correx_string_free(out);
         EXPECT_CODE(CORREX_E_NULL, correx_tools_list(rt, NULL, &err));
+        EXPECT(correx_models_status(rt, &out, &err) == CORREX_OK && strstr(out, "\"models\":[]") != NULL);
+        correx_string_free(out);
+        EXPECT_CODE(CORREX_E_NULL, correx_models_status(rt, NULL, &err));
     }
 
     /* A tool failure that quotes a huge path is cut. */

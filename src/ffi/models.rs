@@ -464,3 +464,36 @@ pub unsafe extern "C" fn correx_count_tokens(
     // SAFETY: rt and err are NULL or valid, per this function's contract.
     unsafe { with_runtime(rt, err, body) }
 }
+
+/// What is loaded or loading, like Ollama's `/api/ps`: `{"v": 1, "models": [{"model_id",
+/// "state": "loaded"|"loading", "pid", "port", "residency", "loaded_at_ms",
+/// "idle_expires_in_ms", "in_flight", "rss_bytes"}]}` (`pid`, `loaded_at_ms`,
+/// `idle_expires_in_ms` and `rss_bytes` may be null).
+///
+/// # Returns
+/// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
+///
+/// # Memory and lifetimes
+/// `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+///
+/// # Blocking and threads
+/// Never waits for a load or an inference. Any thread.
+///
+/// # Safety
+/// Pointers are NULL or valid as documented.
+#[no_mangle]
+pub unsafe extern "C" fn correx_models_status(
+    rt: *const correx_runtime,
+    out_json: *mut *mut c_char,
+    err: *mut *mut correx_error,
+) -> i32 {
+    let body = |r: &correx_runtime| -> FfiResult {
+        let out = out_arg(out_json, "out_json")?;
+        let models = serde_json::to_value(r.runtime.models().status()).unwrap_or(Value::Null);
+        // SAFETY: out checked; writable per the caller.
+        unsafe { write_json(out, json!({ "models": models })) };
+        Ok(())
+    };
+    // SAFETY: rt and err are NULL or valid, per this function's contract.
+    unsafe { with_runtime(rt, err, body) }
+}

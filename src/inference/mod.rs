@@ -21,6 +21,6 @@ pub use llama::{
 };
 pub use manager::{
     DefaultModelManager, ManagedInferenceProvider, ManagerOptions, ModelDescriptor, ModelManager,
-    ResidencyMode, MODEL_STREAM,
+    ModelState, ModelStatus, ResidencyMode, MODEL_STREAM,
 };
 pub use manager_error::ModelLoadError;

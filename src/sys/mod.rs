@@ -120,6 +120,20 @@ pub(crate) fn exited_unreaped(pid: i32) -> bool {
     r != 0 || unsafe { info.si_pid() } != 0 || zombie(pid)
 }
 
+/// The resident memory of process `pid` (`VmRSS`), when it can be read.
+pub(crate) fn rss_bytes(pid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 /// Whether `pid`'s leader thread has exited. A multi-threaded process (llama-server) is not
 /// waitable until its last thread is gone, which takes a while after a SIGKILL, but its leader
 /// shows as a zombie at once.

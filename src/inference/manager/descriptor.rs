@@ -131,3 +131,36 @@ impl Default for ManagerOptions {
         }
     }
 }
+
+/// Whether a model's server is up or still starting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelState {
+    /// Healthy and serving.
+    Loaded,
+    /// Its server is starting and not yet healthy.
+    Loading,
+}
+
+/// One model in [`super::DefaultModelManager::status`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ModelStatus {
+    /// The model's id.
+    pub model_id: String,
+    /// Loaded or loading.
+    pub state: ModelState,
+    /// The server's pid, once it serves.
+    pub pid: Option<u32>,
+    /// The port it listens on.
+    pub port: u16,
+    /// When it unloads by itself.
+    pub residency: ResidencyMode,
+    /// When it became healthy, in milliseconds since the Unix epoch.
+    pub loaded_at_ms: Option<u64>,
+    /// For a DYNAMIC model with nothing in flight: milliseconds until its idle unload.
+    pub idle_expires_in_ms: Option<u64>,
+    /// Inferences running on it.
+    pub in_flight: u32,
+    /// The server's resident memory, read from `/proc`.
+    pub rss_bytes: Option<u64>,
+}

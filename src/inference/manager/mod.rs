@@ -16,7 +16,7 @@ mod provider;
 mod residency;
 mod server;
 
-pub use descriptor::{ManagerOptions, ModelDescriptor, ResidencyMode};
+pub use descriptor::{ManagerOptions, ModelDescriptor, ModelState, ModelStatus, ResidencyMode};
 pub use provider::ManagedInferenceProvider;
 
 use residency::idle_timer;
@@ -79,6 +79,7 @@ struct Running {
     child: Child,
     generation: u64,
     provider: LlamaCppInferenceProvider,
+    loaded_at: std::time::SystemTime,
 }
 
 #[derive(Default)]
@@ -87,8 +88,8 @@ struct State {
     /// Bumped at every spawn; timers and watchers carry the generation they belong to.
     generation: u64,
     in_flight: u32,
-    /// A load is spawning or health-polling a server, with the lock released.
-    loading: bool,
+    /// The model a load is spawning or health-polling a server for, with the lock released.
+    loading: Option<ModelDescriptor>,
     idle: Option<(Instant, u64)>,
     shutdown: bool,
 }
@@ -185,6 +186,47 @@ impl DefaultModelManager {
     pub fn loaded_tokenizer(&self) -> Option<LlamaCppTokenizer> {
         let st = self.inner.state.lock();
         st.current.as_ref().map(|_| self.inner.tokenizer.clone())
+    }
+
+    /// What is loaded or loading, like Ollama's `/api/ps`: answers at once, also during a load.
+    pub fn status(&self) -> Vec<ModelStatus> {
+        let st = self.inner.state.lock();
+        let mut out = Vec::new();
+        if let Some(r) = &st.current {
+            let idle_expires_in_ms = st.idle.and_then(|(at, generation)| {
+                (generation == r.generation)
+                    .then(|| at.saturating_duration_since(Instant::now()).as_millis() as u64)
+            });
+            out.push(ModelStatus {
+                model_id: r.descriptor.model_id.clone(),
+                state: ModelState::Loaded,
+                pid: Some(r.child.id()),
+                port: self.inner.options.port,
+                residency: r.descriptor.residency,
+                loaded_at_ms: r
+                    .loaded_at
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .ok()
+                    .map(|d| d.as_millis() as u64),
+                idle_expires_in_ms,
+                in_flight: st.in_flight,
+                rss_bytes: sys::rss_bytes(r.child.id() as i32),
+            });
+        }
+        if let Some(d) = &st.loading {
+            out.push(ModelStatus {
+                model_id: d.model_id.clone(),
+                state: ModelState::Loading,
+                pid: None,
+                port: self.inner.options.port,
+                residency: d.residency,
+                loaded_at_ms: None,
+                idle_expires_in_ms: None,
+                in_flight: 0,
+                rss_bytes: None,
+            });
+        }
+        out
     }
 
     /// The port the server listens on.
@@ -330,7 +372,7 @@ fn wait_for_load(
     st: &mut MutexGuard<'_, State>,
     cancel: &CancelToken,
 ) -> Result<(), ModelLoadError> {
-    while st.loading {
+    while st.loading.is_some() {
         if cancel.is_cancelled() {
             return Err(ModelLoadError::Cancelled);
         }
@@ -479,11 +521,11 @@ fn load_locked(
     let started = Instant::now();
     // Spawning and health polling are the slow part: the lock is released for them, so status,
     // health and inference on other calls answer at once; other loads wait for this one.
-    st.loading = true;
+    st.loading = Some(d.clone());
     let spawned = MutexGuard::unlocked(st, || {
         start_and_wait_healthy(inner, d, &bin, &alias, generation, log_file, addr, cancel)
     });
-    st.loading = false;
+    st.loading = None;
     inner.settled.notify_all();
     let mut child = spawned?;
     if st.shutdown {
@@ -497,6 +539,7 @@ fn load_locked(
         child,
         generation,
         provider,
+        loaded_at: std::time::SystemTime::now(),
     });
     let event = DomainEvent::ModelLoaded {
         model_id: d.model_id.clone(),
