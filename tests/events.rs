@@ -52,6 +52,8 @@ fn every_domain_event() -> Vec<DomainEvent> {
         DomainEvent::ModelUnloaded {
             model_id: "gemma".into(),
             reason: UnloadReason::Crashed,
+            pid: Some(42),
+            port: Some(10000),
         },
         DomainEvent::ToolExecutionStarted {
             session_id: "s".into(),
@@ -791,4 +793,23 @@ fn two_appending_processes_and_a_restarted_subscriber_see_everything_once() -> T
     let ids: HashSet<&str> = all.iter().map(|(_, id)| id.as_str()).collect();
     assert_eq!(ids.len(), 2000, "an event was delivered twice or missed");
     Ok(())
+}
+
+#[test]
+fn an_unload_recorded_before_pid_and_port_still_reads() {
+    let old: Result<DomainEvent, _> = serde_json::from_value(json!({
+        "type": "model.unloaded",
+        "data": {"model_id": "gemma", "reason": "idle"}
+    }));
+    assert!(
+        matches!(
+            old,
+            Ok(DomainEvent::ModelUnloaded {
+                pid: None,
+                port: None,
+                ..
+            })
+        ),
+        "{old:?}"
+    );
 }

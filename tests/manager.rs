@@ -139,6 +139,9 @@ fn load_is_idempotent_and_a_swap_restarts_the_server() -> TestResult {
         ]
     );
     assert_eq!(events[0].payload["pid"], pid_a);
+    // The unload names the server it stopped.
+    assert_eq!(events[2].payload["pid"], pid_a);
+    assert_eq!(events[2].payload["port"], s.port);
     s.manager.unload("model-b")?;
     assert!(!alive(pid_b));
     assert_eq!(s.manager.current_model(), None);

@@ -45,6 +45,12 @@ pub enum DomainEvent {
         model_id: String,
         /// Why.
         reason: UnloadReason,
+        /// The server's pid (absent in events written before it was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<u32>,
+        /// The port it listened on (absent in events written before it was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        port: Option<u16>,
     },
     /// A tool invocation passed approval and is about to run.
     #[serde(rename = "tool.execution_started")]
@@ -163,8 +169,12 @@ impl DomainEvent {
             DomainEvent::ModelLoaded { model_id, pid, load_ms, .. } => {
                 format!("model {model_id} loaded (pid {pid}, {load_ms} ms)")
             }
-            DomainEvent::ModelUnloaded { model_id, reason } => {
-                format!("model {model_id} unloaded ({})", serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default())
+            DomainEvent::ModelUnloaded { model_id, reason, pid, .. } => {
+                let reason = serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+                match pid {
+                    Some(pid) => format!("model {model_id} unloaded ({reason}, pid {pid})"),
+                    None => format!("model {model_id} unloaded ({reason})"),
+                }
             }
             DomainEvent::ToolExecutionStarted { tool_name, tier, invocation_id, .. } => {
                 format!("{tool_name} (T{tier}) started, invocation {invocation_id}")

@@ -352,6 +352,8 @@ fn unload_locked(
     let event = DomainEvent::ModelUnloaded {
         model_id: running.descriptor.model_id.clone(),
         reason,
+        pid: Some(running.child.id()),
+        port: Some(inner.options.port),
     };
     append_domain(inner.events.as_ref(), MODEL_STREAM, &event).map_err(ModelLoadError::Events)?;
     Ok(())
