@@ -41,6 +41,11 @@ impl CancelToken {
     /// the wake-ups it runs are a syscall each.
     pub fn cancel(&self) {
         self.0.cancelled.store(true, Ordering::SeqCst);
+        self.wake_all();
+    }
+
+    /// Runs (and drops) every registered wake-up.
+    fn wake_all(&self) {
         let hooks = std::mem::take(&mut *self.0.hooks.lock());
         for (_, wake) in hooks {
             wake();
@@ -65,10 +70,7 @@ impl CancelToken {
         // A cancel between the push and this check has run (or is running) the hook; one
         // after it finds the hook registered. Either way the wake-up is not lost.
         if self.is_cancelled() {
-            let hooks = std::mem::take(&mut *self.0.hooks.lock());
-            for (_, wake) in hooks {
-                wake();
-            }
+            self.wake_all();
         }
         CancelHook {
             shared: Arc::clone(&self.0),

@@ -4,18 +4,24 @@
 /// The longest message correx hands out, in bytes.
 pub(crate) const MAX_MESSAGE: usize = 4096;
 
+/// The start of `text`, at most `max` bytes, cut at a character boundary.
+pub(crate) fn prefix(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// `message` cut to at most [`MAX_MESSAGE`] bytes (at a character boundary), saying how much
 /// was cut.
 pub(crate) fn bounded(message: impl Into<String>) -> String {
-    let mut message = message.into();
+    let mut message: String = message.into();
     if message.len() <= MAX_MESSAGE {
         return message;
     }
     let cut = message.len();
-    let mut end = MAX_MESSAGE - 64;
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = prefix(&message, MAX_MESSAGE - 64).len();
     message.truncate(end);
     message.push_str(&format!("… ({} more bytes cut)", cut - end));
     message

@@ -78,7 +78,7 @@ fn transport(url: &str, e: ureq::Error) -> InferenceError {
 }
 
 fn prefix(body: &str) -> String {
-    super::stream::prefix(body, BODY_PREFIX)
+    crate::text::prefix(body, BODY_PREFIX).to_owned()
 }
 
 /// Maps a non-2xx answer to an error, using the server's own `{"error": {...}}` when present.

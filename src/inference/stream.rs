@@ -19,13 +19,8 @@ const MAX_LINE: usize = 4 * 1024 * 1024;
 /// How much of a bad line an error quotes.
 const LINE_PREFIX: usize = 200;
 
-/// The start of `text`, cut at a character boundary.
-pub(crate) fn prefix(text: &str, max: usize) -> String {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
+fn prefix(text: &str, max: usize) -> String {
+    crate::text::prefix(text, max).to_owned()
 }
 
 /// A tool call from its parts; arguments that are not JSON are kept as a JSON string.
