@@ -426,27 +426,34 @@ int32_t correx_events_last_position(const struct correx_runtime *rt,
 int32_t correx_set_log_callback(correx_log_callback callback, void *user_data, int32_t max_level);
 
 /**
- * Loads a model (a no-op when it is loaded), replacing any other; appends `model.loaded`.
+ * Loads a model (a no-op when it is loaded with the same server settings) on its own server
+ * and port, evicting the least recently used idle model when `models.max_loaded` or
+ * `models.memory_budget_mb` requires it; appends `model.loaded`.
  *
  * # Parameters
  * - `descriptor_json`: `{"v": 1, "model_id": "gemma", "model_path": "/m.gguf",
  *   "residency": "persistent"|"dynamic"|"ephemeral", "idle_timeout_ms": 60000,
  *   "context_size": 8192, "extra_args": ["--no-jinja", "--chat-template", "gemma"],
- *   "threads": 2}`. `model_id` and `residency` are required; `model_path` defaults to the model
- *   `scripts/install-llama.sh` installed; unknown fields are refused.
+ *   "threads": 2}`, or for servers already running elsewhere `{"v": 1, "model_id": "far",
+ *   "residency": "persistent", "endpoints": ["http://10.0.0.5:8080", ...]}` (nothing is
+ *   spawned or killed; requests fail over between them). `model_id` and `residency` are
+ *   required; `model_path` defaults to the model `scripts/install-llama.sh` installed;
+ *   unknown fields are refused.
  * - `cancel`: optional; triggering it stops the load (`CORREX_E_CANCELLED`, server killed).
  *
  * # Returns
  * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_MODEL` (the message
- * carries the server's last log lines), `CORREX_E_BUSY` (the loaded model it would replace
- * still had inferences running after `models.drain_timeout_ms`; nothing changed),
- * `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
+ * carries the server's last log lines; also a model alone over the memory budget, or remote
+ * endpoints none of which answers), `CORREX_E_BUSY` (no model could be evicted: every one
+ * still had inferences running after `models.drain_timeout_ms`, or `models.max_queued` loads
+ * already waited; nothing changed), `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
  *
  * # Blocking and threads
- * Replacing another model first waits for its running inferences to finish (they are never
- * killed; at most the drain timeout, default 120 s). Then blocks until the server is healthy
- * (about a second for a small model; the health deadline defaults to 30 s). Any thread; loads
- * are serialized.
+ * When the bounds are full, first waits for a model to have nothing in flight (running
+ * inferences are never killed; at most the drain timeout, default 120 s). Then blocks until
+ * the server is healthy (about a second for a small model; the health deadline defaults to
+ * 30 s). Any thread; loads of different models run at once, a load of a model being loaded
+ * waits for that load.
  *
  * # Safety
  * Pointers are NULL or valid as documented.
@@ -477,7 +484,8 @@ int32_t correx_model_unload(const struct correx_runtime *rt,
                             struct correx_error **err);
 
 /**
- * The loaded model: `{"v": 1, "model": null}` or `{"v": 1, "model": {descriptor}}`.
+ * The most recently used loaded model: `{"v": 1, "model": null}` or `{"v": 1, "model":
+ * {descriptor}}`; `correx_models_status` lists them all.
  *
  * # Memory and lifetimes
  * `*out_json` receives a string the caller frees with `correx_string_free`; untouched on error.
@@ -493,14 +501,15 @@ int32_t correx_model_current(const struct correx_runtime *rt,
                              struct correx_error **err);
 
 /**
- * Whether the loaded model's server answers: `{"v": 1, "healthy": true}` or
- * `{"v": 1, "healthy": false, "reason": "..."}`.
+ * Whether every loaded model's server answers: `{"v": 1, "healthy": true}` or
+ * `{"v": 1, "healthy": false, "reason": "model_id: ..."}` naming the first that does not.
  *
  * # Memory and lifetimes
  * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
  *
  * # Blocking and threads
- * Blocks for one local HTTP call (at most the health timeout, 2 s). Any thread.
+ * Blocks for one HTTP call per loaded model (each at most the health timeout, 2 s). Any
+ * thread.
  *
  * # Safety
  * Pointers are NULL or valid as documented.
@@ -633,10 +642,12 @@ int32_t correx_count_tokens(const struct correx_runtime *rt,
                             struct correx_error **err);
 
 /**
- * What is loaded or loading, like Ollama's `/api/ps`: `{"v": 1, "models": [{"model_id",
- * "state": "loaded"|"loading", "pid", "port", "residency", "loaded_at_ms",
- * "idle_expires_in_ms", "in_flight", "rss_bytes"}]}` (`pid`, `loaded_at_ms`,
- * `idle_expires_in_ms` and `rss_bytes` may be null).
+ * What is loaded, loading or unloading, like Ollama's `/api/ps`, sorted by model id:
+ * `{"v": 1, "models": [{"model_id", "state": "loaded"|"loading"|"unloading", "pid", "port",
+ * "residency", "loaded_at_ms", "idle_expires_in_ms", "in_flight", "rss_bytes",
+ * "estimated_bytes"}]}` (`pid`, `port`, `loaded_at_ms`, `idle_expires_in_ms`, `rss_bytes` and
+ * `estimated_bytes` may be null); a remote model also has `"endpoints": [{"url", "healthy",
+ * "in_flight"}]` and no pid or port.
  *
  * # Returns
  * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
@@ -660,7 +671,8 @@ int32_t correx_models_status(const struct correx_runtime *rt,
  * # Parameters
  * - `config_json`: `{"v": 1, "event_log": "/path/events.db", "durability": "full"|"normal",
  *   "sandbox_root": "/path", "tools": {"shell": {...}, "file_read": {...}, "file_write": {...},
- *   "file_edit": {...}}, "models": {"server_bin", "port", "health_timeout_ms", "log_dir",
+ *   "file_edit": {...}}, "models": {"server_bin", "port", "port_count", "max_loaded",
+ *   "memory_budget_mb", "max_queued", "liveness_interval_ms", "health_timeout_ms", "log_dir",
  *   "read_timeout_ms", "drain_timeout_ms"}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
  *   everything. See the README for every field.
  * - `out`: receives the new runtime.

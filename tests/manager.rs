@@ -8,17 +8,17 @@ use std::io::BufRead;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+pub(crate) type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-struct Setup {
-    _tmp: TempDir,
-    store: Arc<SqliteEventStore>,
-    manager: DefaultModelManager,
-    install: LlamaInstall,
-    port: u16,
+pub(crate) struct Setup {
+    pub _tmp: TempDir,
+    pub store: Arc<SqliteEventStore>,
+    pub manager: DefaultModelManager,
+    pub install: LlamaInstall,
+    pub port: u16,
 }
 
-fn setup_with(
+pub(crate) fn setup_with(
     install: LlamaInstall,
     tweak: impl FnOnce(&mut ManagerOptions),
 ) -> Result<Setup, Box<dyn std::error::Error>> {
@@ -42,7 +42,11 @@ fn setup_with(
     })
 }
 
-fn descriptor(install: &LlamaInstall, id: &str, residency: ResidencyMode) -> ModelDescriptor {
+pub(crate) fn descriptor(
+    install: &LlamaInstall,
+    id: &str,
+    residency: ResidencyMode,
+) -> ModelDescriptor {
     let mut d = ModelDescriptor::new(id, &install.model, residency);
     d.context_size = 1024;
     d.threads = Some(2);
@@ -54,11 +58,13 @@ fn descriptor(install: &LlamaInstall, id: &str, residency: ResidencyMode) -> Mod
     d
 }
 
-fn model_events(store: &SqliteEventStore) -> Result<Vec<RecordedEvent>, correx::EventStoreError> {
+pub(crate) fn model_events(
+    store: &SqliteEventStore,
+) -> Result<Vec<RecordedEvent>, correx::EventStoreError> {
     store.read_stream(MODEL_STREAM, 1, 1000)
 }
 
-fn kinds(events: &[RecordedEvent]) -> Vec<String> {
+pub(crate) fn kinds(events: &[RecordedEvent]) -> Vec<String> {
     events
         .iter()
         .map(|e| match e.type_id.as_str() {
@@ -69,14 +75,14 @@ fn kinds(events: &[RecordedEvent]) -> Vec<String> {
         .collect()
 }
 
-fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     // A zombie still has a /proc entry; look at its state.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
         .unwrap_or(false)
 }
 
-fn ask(max_tokens: u32) -> InferenceRequest {
+pub(crate) fn ask(max_tokens: u32) -> InferenceRequest {
     InferenceRequest {
         context: ContextPack {
             task: Some("Tell me about the sea.".into()),
@@ -91,7 +97,7 @@ fn ask(max_tokens: u32) -> InferenceRequest {
     }
 }
 
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> TestResult {
+pub(crate) fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> TestResult {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if f() {
@@ -134,7 +140,7 @@ fn load_is_idempotent_and_a_swap_restarts_the_server() -> TestResult {
         [
             "loaded:model-a",
             "inference.completed",
-            "unloaded:replaced",
+            "unloaded:evicted",
             "loaded:model-b"
         ]
     );
@@ -224,7 +230,8 @@ fn a_port_held_by_another_listener_is_a_clear_error_with_no_event() -> TestResul
     let Some(install) = llama_install() else {
         return Ok(());
     };
-    let s = setup_with(install, |_| {})?;
+    // A range of one port: with more, the manager moves on to the next free one.
+    let s = setup_with(install, |o| o.port_count = 1)?;
     let _squatter = std::net::TcpListener::bind(("127.0.0.1", s.port))?;
     let d = descriptor(&s.install, "m", ResidencyMode::Persistent);
     match s.manager.load(&d).err() {
@@ -329,7 +336,7 @@ fn dynamic_idle_timer_resets_on_each_inference() -> TestResult {
         );
     }
     wait_for("the idle unload", Duration::from_secs(5), || {
-        s.manager.current_model().is_none()
+        s.manager.status().is_empty()
     })?;
     let k = kinds(&model_events(&s.store)?);
     assert_eq!(k.last().map(String::as_str), Some("unloaded:idle"));
@@ -353,7 +360,7 @@ fn dynamic_idle_shorter_than_an_inference_never_kills_it() -> TestResult {
     assert!(started.elapsed() > Duration::from_millis(100));
     assert!(r.usage.completion_tokens > 1);
     wait_for("the idle unload", Duration::from_secs(5), || {
-        s.manager.current_model().is_none()
+        s.manager.status().is_empty()
     })?;
     Ok(())
 }
@@ -419,17 +426,16 @@ fn eight_threads_loading_inferring_and_unloading_keep_one_server_and_alternating
         return Ok(());
     };
     let s = Arc::new(setup_with(install, |_| {})?);
-    let ids = ["x", "y"];
+    let ids = ["eight-x", "eight-y"];
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let port = s.port.to_string();
-    // Watch /proc for servers bound to this test's port.
+    // Watch /proc for servers of this test's models (their alias starts with the id).
     let watcher = {
-        let (stop, port) = (stop.clone(), port.clone());
+        let stop = stop.clone();
         std::thread::spawn(move || {
             let mut most = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let n = crate::tools_util::count_processes(|cmd| {
-                    cmd.contains("llama-server") && cmd.contains(&format!("--port {port} "))
+                    cmd.contains("llama-server") && cmd.contains("--alias eight-")
                 });
                 most = most.max(n);
                 std::thread::sleep(Duration::from_millis(5));
@@ -449,9 +455,8 @@ fn eight_threads_loading_inferring_and_unloading_keep_one_server_and_alternating
                     match i % 4 {
                         0 | 1 => {
                             let p = s.manager.provider(&d);
-                            // A concurrent swap may kill this server mid-request; that is an
-                            // error, never a hang.
-                            let _ = p.infer(&ask(2));
+                            // A concurrent swap or unload waits for it: nothing kills it.
+                            p.infer(&ask(2)).map_err(|e| e.to_string())?;
                         }
                         2 => {
                             s.manager.load(&d).map_err(|e| e.to_string())?;
@@ -641,7 +646,7 @@ fn a_dynamic_model_loaded_and_never_used_unloads_when_idle() -> TestResult {
     s.manager.load(&d)?;
     let pid = s.manager.server_pid().ok_or("no pid")?;
     wait_for("the idle unload", Duration::from_secs(20), || {
-        s.manager.current_model().is_none()
+        s.manager.status().is_empty()
     })?;
     assert!(!alive(pid));
     assert_eq!(
@@ -705,7 +710,7 @@ fn a_swap_waits_for_the_running_inference_to_finish() -> TestResult {
         [
             "loaded:model-a",
             "inference.completed",
-            "unloaded:replaced",
+            "unloaded:evicted",
             "loaded:model-b"
         ]
     );
@@ -811,7 +816,7 @@ fn status_and_health_answer_while_another_call_loads() -> TestResult {
         assert_eq!(m.state, correx::ModelState::Loaded);
         assert_eq!(
             (m.pid, m.port, m.in_flight),
-            (s.manager.server_pid(), s.port, 0)
+            (s.manager.server_pid(), Some(s.port), 0)
         );
         assert!(m.rss_bytes.is_some_and(|b| b > 10 << 20), "{m:?}");
         assert!(m.loaded_at_ms.is_some() && m.idle_expires_in_ms.is_none());

@@ -13,4 +13,5 @@ mod inference;
 mod install;
 mod manager;
 mod sandbox;
+mod scheduler;
 mod tools;

@@ -16,8 +16,13 @@ pub enum UnloadReason {
     Ephemeral,
     /// The server died on its own.
     Crashed,
-    /// Another model was loaded in its place.
+    /// The same id was loaded with other server settings.
     Replaced,
+    /// Its slot or memory was needed for another model (least recently used, nothing in
+    /// flight).
+    Evicted,
+    /// Its server stopped answering health checks and was killed.
+    Unresponsive,
 }
 
 /// The events correx appends, each with a fixed type id and schema version.
@@ -29,14 +34,32 @@ pub enum DomainEvent {
     ModelLoaded {
         /// The model's id.
         model_id: String,
-        /// The GGUF file.
+        /// The GGUF file (empty for a remote model).
         model_path: String,
-        /// The server's port.
-        port: u16,
-        /// The server's process id.
-        pid: u32,
-        /// Spawn to healthy, in milliseconds.
+        /// The server's port (absent for a remote model).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        port: Option<u16>,
+        /// The server's process id (absent for a remote model).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<u32>,
+        /// Spawn (or, for a remote model, the first check) to healthy, in milliseconds.
         load_ms: u64,
+        /// A remote model's endpoints.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        endpoints: Vec<String>,
+    },
+    /// A request to a remote model's endpoint failed before any answer arrived, and went to
+    /// another endpoint.
+    #[serde(rename = "model.endpoint_failover")]
+    ModelEndpointFailover {
+        /// The model.
+        model_id: String,
+        /// The endpoint that failed.
+        from: String,
+        /// The endpoint tried next.
+        to: String,
+        /// What failed.
+        error: String,
     },
     /// A model's server was stopped and reaped.
     #[serde(rename = "model.unloaded")]
@@ -151,6 +174,7 @@ macro_rules! type_ids {
 type_ids! {
     ModelLoaded => "model.loaded",
     ModelUnloaded => "model.unloaded",
+    ModelEndpointFailover => "model.endpoint_failover",
     ToolExecutionStarted => "tool.execution_started",
     ToolExecutionCompleted => "tool.execution_completed",
     ToolExecutionFailed => "tool.execution_failed",
@@ -166,8 +190,13 @@ impl DomainEvent {
     /// One line for people: what happened, e.g. `file_write (T2) started in session s1`.
     pub fn summary(&self) -> String {
         match self {
-            DomainEvent::ModelLoaded { model_id, pid, load_ms, .. } => {
-                format!("model {model_id} loaded (pid {pid}, {load_ms} ms)")
+            DomainEvent::ModelLoaded { model_id, pid, port, load_ms, endpoints, .. } => match (pid, port) {
+                (Some(pid), Some(port)) => format!("model {model_id} loaded (pid {pid}, port {port}, {load_ms} ms)"),
+                _ => format!("model {model_id} reachable at {} ({load_ms} ms)", endpoints.join(", ")),
+            },
+            DomainEvent::ModelEndpointFailover { model_id, from, to, error } => {
+                let short: String = error.chars().take(120).collect();
+                format!("model {model_id}: {from} failed ({short}); trying {to}")
             }
             DomainEvent::ModelUnloaded { model_id, reason, pid, .. } => {
                 let reason = serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();

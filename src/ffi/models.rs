@@ -28,7 +28,10 @@ fn model_failure(e: ModelLoadError) -> Failure {
         | ModelLoadError::ExitedWhileLoading { .. }
         | ModelLoadError::Timeout { .. }
         | ModelLoadError::ManagerGone
+        | ModelLoadError::OverBudget { .. }
+        | ModelLoadError::EndpointsDown { .. }
         | ModelLoadError::Events(_) => CORREX_E_MODEL,
+        ModelLoadError::InvalidDescriptor { .. } => CORREX_E_INVALID_ARGUMENT,
     };
     Failure::new(code, e.to_string())
 }
@@ -52,7 +55,7 @@ fn inference_failure(e: InferenceError) -> Failure {
 
 fn descriptor_from(map: serde_json::Map<String, Value>) -> FfiResult<ModelDescriptor> {
     let mut map = map;
-    if !map.contains_key("model_path") {
+    if !map.contains_key("model_path") && !map.contains_key("endpoints") {
         let install = crate::LlamaInstall::locate().ok_or_else(|| {
             Failure::new(
                 CORREX_E_INVALID_ARGUMENT,
@@ -68,27 +71,34 @@ fn descriptor_from(map: serde_json::Map<String, Value>) -> FfiResult<ModelDescri
         .map_err(|e| Failure::new(CORREX_E_INVALID_ARGUMENT, format!("model descriptor: {e}")))
 }
 
-/// Loads a model (a no-op when it is loaded), replacing any other; appends `model.loaded`.
+/// Loads a model (a no-op when it is loaded with the same server settings) on its own server
+/// and port, evicting the least recently used idle model when `models.max_loaded` or
+/// `models.memory_budget_mb` requires it; appends `model.loaded`.
 ///
 /// # Parameters
 /// - `descriptor_json`: `{"v": 1, "model_id": "gemma", "model_path": "/m.gguf",
 ///   "residency": "persistent"|"dynamic"|"ephemeral", "idle_timeout_ms": 60000,
 ///   "context_size": 8192, "extra_args": ["--no-jinja", "--chat-template", "gemma"],
-///   "threads": 2}`. `model_id` and `residency` are required; `model_path` defaults to the model
-///   `scripts/install-llama.sh` installed; unknown fields are refused.
+///   "threads": 2}`, or for servers already running elsewhere `{"v": 1, "model_id": "far",
+///   "residency": "persistent", "endpoints": ["http://10.0.0.5:8080", ...]}` (nothing is
+///   spawned or killed; requests fail over between them). `model_id` and `residency` are
+///   required; `model_path` defaults to the model `scripts/install-llama.sh` installed;
+///   unknown fields are refused.
 /// - `cancel`: optional; triggering it stops the load (`CORREX_E_CANCELLED`, server killed).
 ///
 /// # Returns
 /// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_MODEL` (the message
-/// carries the server's last log lines), `CORREX_E_BUSY` (the loaded model it would replace
-/// still had inferences running after `models.drain_timeout_ms`; nothing changed),
-/// `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
+/// carries the server's last log lines; also a model alone over the memory budget, or remote
+/// endpoints none of which answers), `CORREX_E_BUSY` (no model could be evicted: every one
+/// still had inferences running after `models.drain_timeout_ms`, or `models.max_queued` loads
+/// already waited; nothing changed), `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
 ///
 /// # Blocking and threads
-/// Replacing another model first waits for its running inferences to finish (they are never
-/// killed; at most the drain timeout, default 120 s). Then blocks until the server is healthy
-/// (about a second for a small model; the health deadline defaults to 30 s). Any thread; loads
-/// are serialized.
+/// When the bounds are full, first waits for a model to have nothing in flight (running
+/// inferences are never killed; at most the drain timeout, default 120 s). Then blocks until
+/// the server is healthy (about a second for a small model; the health deadline defaults to
+/// 30 s). Any thread; loads of different models run at once, a load of a model being loaded
+/// waits for that load.
 ///
 /// # Safety
 /// Pointers are NULL or valid as documented.
@@ -143,7 +153,8 @@ pub unsafe extern "C" fn correx_model_unload(
     unsafe { with_runtime(rt, err, body) }
 }
 
-/// The loaded model: `{"v": 1, "model": null}` or `{"v": 1, "model": {descriptor}}`.
+/// The most recently used loaded model: `{"v": 1, "model": null}` or `{"v": 1, "model":
+/// {descriptor}}`; `correx_models_status` lists them all.
 ///
 /// # Memory and lifetimes
 /// `*out_json` receives a string the caller frees with `correx_string_free`; untouched on error.
@@ -170,14 +181,15 @@ pub unsafe extern "C" fn correx_model_current(
     unsafe { with_runtime(rt, err, body) }
 }
 
-/// Whether the loaded model's server answers: `{"v": 1, "healthy": true}` or
-/// `{"v": 1, "healthy": false, "reason": "..."}`.
+/// Whether every loaded model's server answers: `{"v": 1, "healthy": true}` or
+/// `{"v": 1, "healthy": false, "reason": "model_id: ..."}` naming the first that does not.
 ///
 /// # Memory and lifetimes
 /// `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
 ///
 /// # Blocking and threads
-/// Blocks for one local HTTP call (at most the health timeout, 2 s). Any thread.
+/// Blocks for one HTTP call per loaded model (each at most the health timeout, 2 s). Any
+/// thread.
 ///
 /// # Safety
 /// Pointers are NULL or valid as documented.
@@ -465,10 +477,12 @@ pub unsafe extern "C" fn correx_count_tokens(
     unsafe { with_runtime(rt, err, body) }
 }
 
-/// What is loaded or loading, like Ollama's `/api/ps`: `{"v": 1, "models": [{"model_id",
-/// "state": "loaded"|"loading", "pid", "port", "residency", "loaded_at_ms",
-/// "idle_expires_in_ms", "in_flight", "rss_bytes"}]}` (`pid`, `loaded_at_ms`,
-/// `idle_expires_in_ms` and `rss_bytes` may be null).
+/// What is loaded, loading or unloading, like Ollama's `/api/ps`, sorted by model id:
+/// `{"v": 1, "models": [{"model_id", "state": "loaded"|"loading"|"unloading", "pid", "port",
+/// "residency", "loaded_at_ms", "idle_expires_in_ms", "in_flight", "rss_bytes",
+/// "estimated_bytes"}]}` (`pid`, `port`, `loaded_at_ms`, `idle_expires_in_ms`, `rss_bytes` and
+/// `estimated_bytes` may be null); a remote model also has `"endpoints": [{"url", "healthy",
+/// "in_flight"}]` and no pid or port.
 ///
 /// # Returns
 /// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.

@@ -153,7 +153,8 @@ pub(super) unsafe fn with_runtime(
 /// # Parameters
 /// - `config_json`: `{"v": 1, "event_log": "/path/events.db", "durability": "full"|"normal",
 ///   "sandbox_root": "/path", "tools": {"shell": {...}, "file_read": {...}, "file_write": {...},
-///   "file_edit": {...}}, "models": {"server_bin", "port", "health_timeout_ms", "log_dir",
+///   "file_edit": {...}}, "models": {"server_bin", "port", "port_count", "max_loaded",
+///   "memory_budget_mb", "max_queued", "liveness_interval_ms", "health_timeout_ms", "log_dir",
 ///   "read_timeout_ms", "drain_timeout_ms"}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
 ///   everything. See the README for every field.
 /// - `out`: receives the new runtime.

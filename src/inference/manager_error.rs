@@ -70,6 +70,29 @@ pub enum ModelLoadError {
     },
     /// The state changed but the event could not be recorded; the change was rolled back.
     Events(EventStoreError),
+    /// The descriptor cannot describe a model (no path or endpoints, an empty id, a bad URL).
+    InvalidDescriptor {
+        /// The model's id as given.
+        model_id: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The model alone needs more memory than the manager's budget allows.
+    OverBudget {
+        /// The model.
+        model_id: String,
+        /// Its estimate: GGUF size plus KV cache at its context size.
+        estimated_bytes: u64,
+        /// The budget.
+        budget_bytes: u64,
+    },
+    /// None of a remote model's endpoints answered its health check.
+    EndpointsDown {
+        /// The model.
+        model_id: String,
+        /// What each endpoint answered.
+        detail: String,
+    },
 }
 
 fn tail(f: &mut fmt::Formatter<'_>, lines: &[String]) -> fmt::Result {
@@ -138,6 +161,23 @@ impl fmt::Display for ModelLoadError {
             ),
             ModelLoadError::ManagerGone => f.write_str("the model manager was dropped"),
             ModelLoadError::Events(e) => write!(f, "could not record the model event: {e}"),
+            ModelLoadError::InvalidDescriptor { model_id, detail } => {
+                write!(f, "model {model_id:?} is not a valid descriptor: {detail}")
+            }
+            ModelLoadError::OverBudget {
+                model_id,
+                estimated_bytes,
+                budget_bytes,
+            } => write!(
+                f,
+                "model {model_id} needs about {} MiB, more than the whole memory budget of {} MiB; raise models.memory_budget_mb or use a smaller context",
+                estimated_bytes >> 20,
+                budget_bytes >> 20
+            ),
+            ModelLoadError::EndpointsDown { model_id, detail } => write!(
+                f,
+                "no endpoint of model {model_id} answers ({detail}); check that its servers run and are reachable"
+            ),
         }
     }
 }
@@ -156,6 +196,9 @@ impl std::error::Error for ModelLoadError {
             | ModelLoadError::Timeout { .. }
             | ModelLoadError::Cancelled
             | ModelLoadError::Busy { .. }
+            | ModelLoadError::InvalidDescriptor { .. }
+            | ModelLoadError::OverBudget { .. }
+            | ModelLoadError::EndpointsDown { .. }
             | ModelLoadError::ManagerGone => None,
         }
     }

@@ -79,8 +79,18 @@ pub struct ToolConfig {
 pub struct ModelsConfig {
     /// llama-server; default: the installed one, else `llama-server` on the fixed PATH.
     pub server_bin: Option<PathBuf>,
-    /// Port; default 10000.
+    /// First port of the servers' range; default 10000.
     pub port: Option<u16>,
+    /// Ports in the range; default 16.
+    pub port_count: Option<u16>,
+    /// Spawned models resident at once; default 1.
+    pub max_loaded: Option<usize>,
+    /// Memory budget of the resident servers, in MiB; default none.
+    pub memory_budget_mb: Option<u64>,
+    /// Loads that may wait for room at once; default 16.
+    pub max_queued: Option<usize>,
+    /// Interval of the servers' liveness checks; default 5 s.
+    pub liveness_interval: Option<Duration>,
     /// Health deadline; default 30 s.
     pub health_timeout: Option<Duration>,
     /// Log directory; default `$XDG_DATA_HOME/correx/logs`.
@@ -459,7 +469,22 @@ impl RuntimeConfig {
                     "log_dir",
                     "read_timeout_ms",
                     "drain_timeout_ms",
+                    "port_count",
+                    "max_loaded",
+                    "memory_budget_mb",
+                    "max_queued",
+                    "liveness_interval_ms",
                 ])?;
+                let port_count = match m.positive("port_count")? {
+                    None => None,
+                    Some(n) if n <= 65535 => Some(n as u16),
+                    Some(n) => {
+                        return Err(err(
+                            "models.port_count",
+                            format!("{n} is more ports than exist (at most 65535)"),
+                        ))
+                    }
+                };
                 let port = match m.u64("port")? {
                     None => None,
                     Some(p) if (1..=65535).contains(&p) => Some(p as u16),
@@ -474,6 +499,13 @@ impl RuntimeConfig {
                     log_dir: m.path("log_dir")?,
                     read_timeout: m.positive("read_timeout_ms")?.map(Duration::from_millis),
                     drain_timeout: m.positive("drain_timeout_ms")?.map(Duration::from_millis),
+                    port_count,
+                    max_loaded: m.positive("max_loaded")?.map(|n| n as usize),
+                    memory_budget_mb: m.positive("memory_budget_mb")?,
+                    max_queued: m.u64("max_queued")?.map(|n| n as usize),
+                    liveness_interval: m
+                        .positive("liveness_interval_ms")?
+                        .map(Duration::from_millis),
                 }
             }
         };
@@ -484,5 +516,45 @@ impl RuntimeConfig {
             tools,
             models,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scheduler_fields_parse_and_bad_values_are_named() {
+        let c = RuntimeConfig::from_json(
+            r#"{"v": 1, "event_log": "/tmp/e.db", "models": {"port": 20000, "port_count": 4,
+                "max_loaded": 2, "memory_budget_mb": 4096, "max_queued": 0,
+                "liveness_interval_ms": 250}}"#,
+        )
+        .expect("valid config");
+        let m = &c.models;
+        assert_eq!(
+            (
+                m.port,
+                m.port_count,
+                m.max_loaded,
+                m.memory_budget_mb,
+                m.max_queued
+            ),
+            (Some(20000), Some(4), Some(2), Some(4096), Some(0))
+        );
+        assert_eq!(m.liveness_interval, Some(Duration::from_millis(250)));
+        for (field, bad) in [
+            ("max_loaded", "0"),
+            ("port_count", "70000"),
+            ("memory_budget_mb", "-1"),
+            ("liveness_interval_ms", "0"),
+        ] {
+            let text =
+                format!(r#"{{"v": 1, "event_log": "/e.db", "models": {{"{field}": {bad}}}}}"#);
+            let e = RuntimeConfig::from_json(&text)
+                .expect_err(field)
+                .to_string();
+            assert!(e.contains(&format!("models.{field}")), "{e}");
+        }
     }
 }

@@ -168,6 +168,21 @@ impl Runtime {
         if let Some(t) = m.drain_timeout {
             options.drain_timeout = t;
         }
+        if let Some(n) = m.port_count {
+            options.port_count = n;
+        }
+        if let Some(n) = m.max_loaded {
+            options.max_loaded = n;
+        }
+        if let Some(mb) = m.memory_budget_mb {
+            options.memory_budget = Some(mb.saturating_mul(1 << 20));
+        }
+        if let Some(n) = m.max_queued {
+            options.max_queued = n;
+        }
+        if let Some(t) = m.liveness_interval {
+            options.liveness_interval = t;
+        }
         options.log_dir = m.log_dir.clone();
         let models = DefaultModelManager::new(store, options);
         Ok(Runtime {

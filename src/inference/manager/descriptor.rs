@@ -22,7 +22,8 @@ pub struct ModelDescriptor {
     /// The model's id; loading the same id again is a no-op unless the server would differ
     /// (see [`ModelDescriptor::same_server`]).
     pub model_id: String,
-    /// The GGUF file.
+    /// The GGUF file; empty for a model served by [`ModelDescriptor::endpoints`].
+    #[serde(default)]
     pub model_path: PathBuf,
     /// When it unloads by itself.
     pub residency: ResidencyMode,
@@ -42,6 +43,13 @@ pub struct ModelDescriptor {
     /// Threads for generation; default: llama-server's own choice.
     #[serde(default)]
     pub threads: Option<u32>,
+    /// URLs of llama-servers already running elsewhere (e.g. `http://10.0.0.5:8080`) that
+    /// serve this model, instead of a `model_path` to spawn: nothing is spawned or killed;
+    /// requests go to the healthy endpoint with the fewest in flight and fail over to the
+    /// next when one stops answering. Such models take no slot of `max_loaded` and no memory
+    /// budget.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<String>,
 }
 
 pub(super) fn default_idle_ms() -> Duration {
@@ -74,6 +82,50 @@ impl ModelDescriptor {
             && self.context_size == other.context_size
             && self.threads == other.threads
             && self.extra_args == other.extra_args
+            && self.endpoints == other.endpoints
+    }
+
+    /// Whether this model is served by running servers elsewhere rather than spawned.
+    pub fn is_remote(&self) -> bool {
+        !self.endpoints.is_empty()
+    }
+
+    /// Checks the descriptor before anything is spawned.
+    ///
+    /// # Errors
+    /// [`ModelLoadError::InvalidDescriptor`] naming the problem.
+    pub fn validate(&self) -> Result<(), ModelLoadError> {
+        let bad = |detail: String| {
+            Err(ModelLoadError::InvalidDescriptor {
+                model_id: self.model_id.clone(),
+                detail,
+            })
+        };
+        if self.model_id.trim().is_empty() {
+            return bad("model_id is empty".into());
+        }
+        let has_path = !self.model_path.as_os_str().is_empty();
+        match (has_path, self.is_remote()) {
+            (false, false) => return bad("give a model_path or endpoints".into()),
+            (true, true) => {
+                return bad("give a model_path or endpoints, not both".into());
+            }
+            _ => {}
+        }
+        for url in &self.endpoints {
+            let rest = url
+                .strip_prefix("http://")
+                .or_else(|| url.strip_prefix("https://"));
+            if rest.is_none_or(|r| r.trim_end_matches('/').is_empty()) {
+                return bad(format!(
+                    "endpoint {url:?} is not an http:// or https:// URL"
+                ));
+            }
+        }
+        if self.context_size == 0 {
+            return bad("context_size is 0".into());
+        }
+        Ok(())
     }
 
     /// A descriptor with the defaults (60 s idle timeout, 8192 context, no extra arguments).
@@ -90,6 +142,16 @@ impl ModelDescriptor {
             context_size: default_ctx(),
             extra_args: Vec::new(),
             threads: None,
+            endpoints: Vec::new(),
+        }
+    }
+
+    /// A model served by llama-servers already running at `endpoints` (see
+    /// [`ModelDescriptor::endpoints`]); PERSISTENT, since nothing is spawned.
+    pub fn remote(model_id: impl Into<String>, endpoints: Vec<String>) -> Self {
+        ModelDescriptor {
+            endpoints,
+            ..ModelDescriptor::new(model_id, PathBuf::new(), ResidencyMode::Persistent)
         }
     }
 }
@@ -99,15 +161,36 @@ impl ModelDescriptor {
 pub struct ManagerOptions {
     /// The llama-server binary; default `llama-server` as found by [`crate::LlamaInstall`].
     pub server_bin: PathBuf,
-    /// Address the server binds; default `127.0.0.1`.
+    /// Address the servers bind; default `127.0.0.1`.
     pub host: String,
-    /// Port the server binds; default 10000.
+    /// The first port of the range servers bind, default 10000: each loaded model gets the
+    /// first port of `port..port + port_count` that no other model of this manager uses and
+    /// nothing else listens on. 0: a free port chosen by the kernel for each.
     pub port: u16,
+    /// How many ports the range has; default 16.
+    pub port_count: u16,
+    /// How many spawned models may be resident at once (servers starting or stopping count);
+    /// default 1. A load beyond it first evicts the least recently used model with nothing in
+    /// flight, else waits (see `max_queued`).
+    pub max_loaded: usize,
+    /// Memory the resident servers may use, in bytes; default none. Decisions use each loaded
+    /// server's measured RSS (from `/proc`, its estimate while that is unknown) plus the
+    /// estimate for the model to load: the GGUF size plus its KV cache at the context size,
+    /// read from the file's metadata.
+    pub memory_budget: Option<u64>,
+    /// How many loads may wait at once for a model to become evictable; a load beyond it
+    /// fails at once with [`ModelLoadError::Busy`]. Default 16.
+    pub max_queued: usize,
+    /// How often loaded servers are health-checked (each check waits at most
+    /// `http.health_timeout`); default 5 s. A spawned server that fails 3 checks in a row is
+    /// killed and recorded as `unresponsive`, and loads again on its next use; a remote
+    /// endpoint that fails one is skipped until it passes again.
+    pub liveness_interval: Duration,
     /// How long a load waits for `/health`; default 30 s.
     pub health_timeout: Duration,
-    /// How long replacing or unloading a model waits for its running inferences to finish
-    /// (they are never killed); after it the call fails with [`ModelLoadError::Busy`].
-    /// Default 120 s.
+    /// How long replacing, evicting or unloading a model waits for its running inferences to
+    /// finish (they are never killed), and how long a queued load waits for a slot; after it
+    /// the call fails with [`ModelLoadError::Busy`]. Default 120 s.
     pub drain_timeout: Duration,
     /// Where `llama-server.log` goes; default `$XDG_DATA_HOME/correx/logs`
     /// (`~/.local/share/correx/logs`).
@@ -124,6 +207,11 @@ impl Default for ManagerOptions {
                 .unwrap_or_else(|| PathBuf::from("llama-server")),
             host: "127.0.0.1".into(),
             port: 10000,
+            port_count: 16,
+            max_loaded: 1,
+            memory_budget: None,
+            max_queued: 16,
+            liveness_interval: Duration::from_secs(5),
             health_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(120),
             log_dir: None,
@@ -140,6 +228,8 @@ pub enum ModelState {
     Loaded,
     /// Its server is starting and not yet healthy.
     Loading,
+    /// Its server is being stopped.
+    Unloading,
 }
 
 /// One model in [`super::DefaultModelManager::status`].
@@ -149,10 +239,13 @@ pub struct ModelStatus {
     pub model_id: String,
     /// Loaded or loading.
     pub state: ModelState,
-    /// The server's pid, once it serves.
+    /// The server's pid, once it serves (none for a remote model).
     pub pid: Option<u32>,
-    /// The port it listens on.
-    pub port: u16,
+    /// The port it listens on (none for a remote model).
+    pub port: Option<u16>,
+    /// A remote model's endpoints, each with whether its last check passed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<EndpointStatus>,
     /// When it unloads by itself.
     pub residency: ResidencyMode,
     /// When it became healthy, in milliseconds since the Unix epoch.
@@ -163,4 +256,17 @@ pub struct ModelStatus {
     pub in_flight: u32,
     /// The server's resident memory, read from `/proc`.
     pub rss_bytes: Option<u64>,
+    /// The memory estimated before loading (GGUF size plus KV cache).
+    pub estimated_bytes: Option<u64>,
+}
+
+/// One endpoint of a remote model in [`ModelStatus`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct EndpointStatus {
+    /// Its URL.
+    pub url: String,
+    /// Whether its last health check or request succeeded.
+    pub healthy: bool,
+    /// Requests running on it.
+    pub in_flight: u32,
 }

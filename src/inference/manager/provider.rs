@@ -8,7 +8,41 @@ pub struct ManagedInferenceProvider {
     manager: Weak<Inner>,
     descriptor: ModelDescriptor,
     id: ProviderId,
-    tokenizer: LlamaCppTokenizer,
+    tokenizer: ManagedTokenizer,
+}
+
+/// The tokenizer of whichever server serves the model now; with none loaded, `tokenize`
+/// fails and `count` approximates characters / 4, so nothing goes to another listener.
+#[derive(Debug)]
+struct ManagedTokenizer {
+    manager: Weak<Inner>,
+    model_id: String,
+}
+
+impl ManagedTokenizer {
+    fn current(&self) -> Option<LlamaCppTokenizer> {
+        let inner = self.manager.upgrade()?;
+        let st = inner.state.lock();
+        st.models.get(&self.model_id).and_then(Running::tokenizer)
+    }
+}
+
+impl Tokenizer for ManagedTokenizer {
+    fn tokenize(&self, text: &str) -> Result<Vec<i64>, InferenceError> {
+        match self.current() {
+            Some(t) => t.tokenize(text),
+            None => Err(InferenceError::ModelUnavailable {
+                detail: format!("{} is not loaded; load it before tokenizing", self.model_id),
+            }),
+        }
+    }
+
+    fn count(&self, text: &str) -> usize {
+        match self.current() {
+            Some(t) => t.count(text),
+            None => text.chars().count() / 4,
+        }
+    }
 }
 
 impl std::fmt::Debug for ManagedInferenceProvider {
@@ -21,9 +55,9 @@ impl std::fmt::Debug for ManagedInferenceProvider {
 
 impl ManagedInferenceProvider {
     pub(super) fn new(manager: Weak<Inner>, descriptor: ModelDescriptor) -> Self {
-        let tokenizer = match manager.upgrade() {
-            Some(i) => i.tokenizer.clone(),
-            None => LlamaCppTokenizer::new("http://127.0.0.1:0", &HttpOptions::default()),
+        let tokenizer = ManagedTokenizer {
+            manager: manager.clone(),
+            model_id: descriptor.model_id.clone(),
         };
         ManagedInferenceProvider {
             id: ProviderId::from_string(format!("llama-cpp:{}", descriptor.model_id)),
@@ -48,7 +82,68 @@ impl ManagedInferenceProvider {
         request: &InferenceRequest,
         cancel: &CancelToken,
     ) -> Result<InferenceResponse, InferenceError> {
-        self.infer_stream(request, cancel, &mut |_| StreamControl::Continue)
+        // Nobody sees the pieces: a remote answer cut off midway may start again elsewhere.
+        self.run(request, cancel, &mut |_| StreamControl::Continue, true)
+    }
+
+    fn run(
+        &self,
+        request: &InferenceRequest,
+        cancel: &CancelToken,
+        on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
+        restartable: bool,
+    ) -> Result<InferenceResponse, InferenceError> {
+        let inner = self
+            .manager
+            .upgrade()
+            .ok_or_else(|| InferenceError::ModelUnavailable {
+                detail: ModelLoadError::ManagerGone.to_string(),
+            })?;
+        let (target, generation) = {
+            let mut st = inner.state.lock();
+            ensure_loaded(&inner, &mut st, &self.descriptor, cancel).map_err(|e| match e {
+                ModelLoadError::Cancelled => InferenceError::Cancelled,
+                other => InferenceError::ModelUnavailable {
+                    detail: other.to_string(),
+                },
+            })?;
+            let uses = st.touch();
+            let r = st
+                .models
+                .get_mut(&self.descriptor.model_id)
+                .ok_or_else(|| InferenceError::ModelUnavailable {
+                    detail: "the model vanished while loading".into(),
+                })?;
+            r.in_flight += 1;
+            r.idle = None;
+            r.last_used = uses;
+            (r.target(), r.generation)
+        };
+        // The call runs on this thread: a cancel shuts its socket, so it returns at once and
+        // the server stops generating; no worker is left behind.
+        let flight = InFlight {
+            inner: &inner,
+            descriptor: &self.descriptor,
+            generation,
+            finished: false,
+        };
+        let result = match &target {
+            Target::Local(p) => p.infer_stream(request, cancel, on_chunk),
+            Target::Remote(set) => set.infer_stream(
+                inner.events.as_ref(),
+                request,
+                cancel,
+                on_chunk,
+                restartable,
+            ),
+        };
+        let result = result.map(|mut r| {
+            r.model = self.descriptor.model_id.clone();
+            r
+        });
+        // Recorded before the caller sees the answer.
+        flight.finish(&result);
+        result
     }
 }
 
@@ -81,7 +176,8 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// After an inference: the in-flight count, the event, and the residency policy.
+/// After an inference: the in-flight count, the event, and the residency policy (the latest
+/// load's, which is this provider's unless another load of the id changed it since).
 pub(super) fn finish_inference(
     inner: &Inner,
     descriptor: &ModelDescriptor,
@@ -89,10 +185,17 @@ pub(super) fn finish_inference(
     result: &Result<InferenceResponse, InferenceError>,
 ) {
     let mut st = inner.state.lock();
-    st.in_flight = st.in_flight.saturating_sub(1);
-    if st.in_flight == 0 {
-        inner.settled.notify_all();
+    let id = descriptor.model_id.as_str();
+    let mut residency = None;
+    if let Some(r) = st.models.get_mut(id).filter(|r| r.generation == generation) {
+        r.in_flight = r.in_flight.saturating_sub(1);
+        if r.in_flight == 0 {
+            residency = Some((r.descriptor.residency, r.descriptor.idle_timeout));
+        }
     }
+    inner.settled.notify_all();
+    // Recorded while the model is still loaded: an unload or eviction, which waits for this
+    // count, is always after it in the log.
     if let Ok(r) = result {
         let event = DomainEvent::InferenceCompleted {
             model_id: descriptor.model_id.clone(),
@@ -104,20 +207,19 @@ pub(super) fn finish_inference(
             log::error!("recording an inference: {e}");
         }
     }
-    let ours = st.current.as_ref().map(|r| r.generation) == Some(generation);
-    if ours && st.in_flight == 0 {
-        match descriptor.residency {
-            ResidencyMode::Persistent => {}
-            ResidencyMode::Dynamic => {
-                st.idle = Some((Instant::now() + descriptor.idle_timeout, generation));
-                inner.timer.notify_all();
+    match residency {
+        Some((ResidencyMode::Dynamic, timeout)) => {
+            if let Some(r) = st.models.get_mut(id) {
+                r.idle = Some(Instant::now() + timeout);
             }
-            ResidencyMode::Ephemeral => {
-                if let Err(e) = unload_locked(inner, &mut st, UnloadReason::Ephemeral) {
-                    log::error!("ephemeral unload: {e}");
-                }
+            inner.timer.notify_all();
+        }
+        Some((ResidencyMode::Ephemeral, _)) => {
+            if let Err(e) = stop_model(inner, &mut st, id, UnloadReason::Ephemeral) {
+                log::error!("ephemeral unload: {e}");
             }
         }
+        Some((ResidencyMode::Persistent, _)) | None => {}
     }
 }
 
@@ -136,48 +238,7 @@ impl InferenceProvider for ManagedInferenceProvider {
         cancel: &CancelToken,
         on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
     ) -> Result<InferenceResponse, InferenceError> {
-        let inner = self
-            .manager
-            .upgrade()
-            .ok_or_else(|| InferenceError::ModelUnavailable {
-                detail: ModelLoadError::ManagerGone.to_string(),
-            })?;
-        let (provider, generation) = {
-            let mut st = inner.state.lock();
-            load_locked(&inner, &mut st, &self.descriptor, cancel).map_err(|e| match e {
-                ModelLoadError::Cancelled => InferenceError::Cancelled,
-                other => InferenceError::ModelUnavailable {
-                    detail: other.to_string(),
-                },
-            })?;
-            let r = st
-                .current
-                .as_ref()
-                .ok_or_else(|| InferenceError::ModelUnavailable {
-                    detail: "the model vanished while loading".into(),
-                })?;
-            let picked = (r.provider.clone(), r.generation);
-            st.in_flight += 1;
-            st.idle = None;
-            picked
-        };
-        // The call runs on this thread: a cancel shuts its socket, so it returns at once and
-        // the server stops generating; no worker is left behind.
-        let flight = InFlight {
-            inner: &inner,
-            descriptor: &self.descriptor,
-            generation,
-            finished: false,
-        };
-        let result = provider
-            .infer_stream(request, cancel, on_chunk)
-            .map(|mut r| {
-                r.model = self.descriptor.model_id.clone();
-                r
-            });
-        // Recorded before the caller sees the answer.
-        flight.finish(&result);
-        result
+        self.run(request, cancel, on_chunk, false)
     }
 
     fn health_check(&self) -> ProviderHealth {
@@ -186,18 +247,22 @@ impl InferenceProvider for ManagedInferenceProvider {
                 reason: "the model manager was dropped".into(),
             };
         };
-        let provider = {
-            let st = inner.state.lock();
-            match st.current.as_ref() {
-                Some(r) if r.descriptor.model_id == self.descriptor.model_id => r.provider.clone(),
-                _ => {
-                    return ProviderHealth::Unhealthy {
-                        reason: format!("{} is not loaded", self.descriptor.model_id),
-                    }
-                }
-            }
-        };
-        provider.health_check()
+        let target = inner
+            .state
+            .lock()
+            .models
+            .get(&self.descriptor.model_id)
+            .map(Running::target);
+        match target {
+            Some(Target::Local(p)) => p.health_check(),
+            Some(Target::Remote(set)) => match set.check_all() {
+                Ok(()) => ProviderHealth::Healthy,
+                Err(reason) => ProviderHealth::Unhealthy { reason },
+            },
+            None => ProviderHealth::Unhealthy {
+                reason: format!("{} is not loaded", self.descriptor.model_id),
+            },
+        }
     }
 
     fn capabilities(&self) -> Vec<CapabilityScore> {

@@ -64,12 +64,14 @@ pub(super) fn served_alias(agent: &ureq::Agent, base: &str) -> Option<String> {
 pub(super) fn start_log_drain(
     inner: &Arc<Inner>,
     child: &mut Child,
+    model_id: &str,
     generation: u64,
     log: std::fs::File,
+    tail: &Arc<LogTail>,
 ) {
     let mut handles = Vec::with_capacity(3);
     let weak = Arc::downgrade(inner);
-    let tail = Arc::clone(&inner.tail);
+    let prefix: Arc<str> = Arc::from(format!("[{model_id}] "));
     let log = Arc::new(Mutex::new(log));
     let pidfd = sys::pidfd_open(child.id() as i32);
     let pipes: Vec<Box<dyn std::io::Read + Send>> = [
@@ -86,22 +88,23 @@ pub(super) fn start_log_drain(
     .flatten()
     .collect();
     for pipe in pipes {
-        let (tail, log) = (Arc::clone(&tail), Arc::clone(&log));
+        let (tail, log, prefix) = (Arc::clone(tail), Arc::clone(&log), Arc::clone(&prefix));
         let drain = std::thread::Builder::new()
             .name("correx-server-log".into())
             .spawn(move || {
                 for line in BufReader::new(pipe).lines() {
                     let Ok(line) = line else { break };
-                    let _ = writeln!(log.lock(), "{line}");
+                    let _ = writeln!(log.lock(), "{prefix}{line}");
                     tail.push(line);
                 }
             });
         handles.extend(drain.ok());
     }
     let pid = child.id() as i32;
+    let id = model_id.to_owned();
     let watch = std::thread::Builder::new()
         .name("correx-server-watch".into())
-        .spawn(move || watch_exit(weak, pidfd, pid, generation));
+        .spawn(move || watch_exit(weak, pidfd, pid, &id, generation));
     handles.extend(watch.ok());
     // Kept so that dropping the manager can join them: no correx thread outlives it.
     let mut helpers = inner.helpers.lock();
@@ -109,61 +112,167 @@ pub(super) fn start_log_drain(
     helpers.extend(handles);
 }
 
-pub(super) fn watch_exit(weak: Weak<Inner>, pidfd: Option<OwnedFd>, pid: i32, generation: u64) {
-    match &pidfd {
-        Some(fd) => loop {
-            let mut p = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd; a timeout lets us notice a dropped manager.
-            let n = unsafe { libc::poll(&mut p, 1, 500) };
-            if n > 0 {
-                break;
-            }
-            let Some(inner) = weak.upgrade() else { return };
-            let st = inner.state.lock();
-            let ours = st
-                .current
-                .as_ref()
-                .is_some_and(|r| r.generation == generation);
-            let loading = st.current.is_none() && st.generation == generation;
-            if !ours && !loading {
-                return; // unloaded or replaced: nothing to watch
-            }
-        },
-        // Without pidfds, poll the state every 100 ms.
-        None => loop {
-            std::thread::sleep(Duration::from_millis(100));
-            let Some(inner) = weak.upgrade() else { return };
-            let mut st = inner.state.lock();
-            // SAFETY: kill with signal 0 only checks that the process exists.
-            let gone = unsafe { libc::kill(pid, 0) } != 0;
-            if st.shutdown || (st.current.is_none() && gone) {
-                return;
-            }
-            let loading = st.current.is_none() && st.generation == generation;
-            let exited = match st.current.as_mut() {
-                Some(r) if r.generation == generation => !matches!(r.child.try_wait(), Ok(None)),
-                _ if loading => false,
-                _ => return,
-            };
-            if exited {
-                break;
-            }
-        },
-    }
-    let Some(inner) = weak.upgrade() else { return };
-    let mut st = inner.state.lock();
-    if st
-        .current
-        .as_ref()
+/// Whether the server of `generation` is still the one loading or serving `id`.
+fn current(st: &State, id: &str, generation: u64) -> bool {
+    st.models
+        .get(id)
         .is_some_and(|r| r.generation == generation)
-    {
-        log::warn!("llama-server exited on its own; recording a crash");
-        if let Err(e) = unload_locked(&inner, &mut st, UnloadReason::Crashed) {
-            log::error!("recording the crash: {e}");
+        || st
+            .loading
+            .get(id)
+            .is_some_and(|p| p.generation == generation)
+}
+
+pub(super) fn watch_exit(
+    weak: Weak<Inner>,
+    pidfd: Option<OwnedFd>,
+    pid: i32,
+    id: &str,
+    generation: u64,
+) {
+    loop {
+        let exited = match &pidfd {
+            Some(fd) => {
+                let mut p = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; a timeout lets us notice a dropped manager.
+                unsafe { libc::poll(&mut p, 1, 500) > 0 }
+            }
+            // Without pidfds, look every 100 ms.
+            None => {
+                std::thread::sleep(Duration::from_millis(100));
+                sys::exited_unreaped(pid)
+            }
+        };
+        let Some(inner) = weak.upgrade() else { return };
+        let mut st = inner.state.lock();
+        if st.shutdown || !current(&st, id, generation) {
+            return; // unloaded or replaced: nothing to watch
+        }
+        if exited
+            && st
+                .models
+                .get(id)
+                .is_some_and(|r| r.generation == generation)
+        {
+            log::warn!("llama-server for {id} exited on its own; recording a crash");
+            if let Err(e) = stop_model(&inner, &mut st, id, UnloadReason::Crashed) {
+                log::error!("recording the crash: {e}");
+            }
+            return;
+        }
+        if exited {
+            return; // died while loading: the load reports it
         }
     }
+}
+
+/// Starts the server for `d` on `port` and polls it until it is healthy and ours; called
+/// without the state lock.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn start_and_wait_healthy(
+    inner: &Arc<Inner>,
+    d: &ModelDescriptor,
+    bin: &std::path::Path,
+    alias: &str,
+    generation: u64,
+    log_file: std::fs::File,
+    port: u16,
+    cancel: &CancelToken,
+) -> Result<Child, ModelLoadError> {
+    let host = &inner.options.host;
+    let mut cmd = Command::new(bin);
+    cmd.arg("--model")
+        .arg(&d.model_path)
+        .args(["--ctx-size", &d.context_size.to_string()])
+        .args(["--host", host])
+        .args(["--port", &port.to_string()])
+        .args(["--alias", alias]);
+    if let Some(t) = d.threads {
+        cmd.args(["--threads", &t.to_string()]);
+    }
+    cmd.args(&d.extra_args);
+    // Cleared environment, own group, parent-death signal, no inherited host descriptors.
+    sys::fence(&mut cmd);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let (tx, rx) = mpsc::channel();
+    let sent = inner.spawner.lock().send(SpawnRequest {
+        command: cmd,
+        reply: tx,
+    });
+    let spawned = match sent {
+        Ok(()) => rx
+            .recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("spawner thread is gone"))),
+        Err(_) => Err(std::io::Error::other("spawner thread is gone")),
+    };
+    let mut child = spawned.map_err(|source| ModelLoadError::Spawn {
+        path: bin.to_path_buf(),
+        source,
+    })?;
+    let tail = Arc::new(LogTail::default());
+    start_log_drain(inner, &mut child, &d.model_id, generation, log_file, &tail);
+
+    let base = inner.base_url(port);
+    let probe = super::super::llama::agent(&HttpOptions {
+        connect_timeout: Duration::from_millis(200),
+        read_timeout: Duration::from_secs(2),
+        ..HttpOptions::default()
+    });
+    let started = Instant::now();
+    let fail = |child: &mut Child, e: ModelLoadError| {
+        stop_child(child);
+        Err(e)
+    };
+    loop {
+        if cancel.is_cancelled() {
+            return fail(&mut child, ModelLoadError::Cancelled);
+        }
+        if inner.state.lock().shutdown {
+            return fail(&mut child, ModelLoadError::ManagerGone);
+        }
+        if exited_unreaped(&child) {
+            kill_group(child.id() as i32);
+            let status = child
+                .wait()
+                .map(|s| s.to_string())
+                .unwrap_or_else(|e| e.to_string());
+            // Give the drain thread a moment to collect the last lines.
+            std::thread::sleep(Duration::from_millis(50));
+            return Err(ModelLoadError::ExitedWhileLoading {
+                status,
+                log_tail: tail.lines(),
+            });
+        }
+        if started.elapsed() > inner.options.health_timeout {
+            let waited_ms = started.elapsed().as_millis() as u64;
+            return fail(
+                &mut child,
+                ModelLoadError::Timeout {
+                    waited_ms,
+                    log_tail: tail.lines(),
+                },
+            );
+        }
+        if let Ok(resp) = probe.get(&format!("{base}/health")).call() {
+            if resp.status().as_u16() == 200 {
+                match served_alias(&probe, &base) {
+                    Some(a) if a == alias => break,
+                    other => {
+                        let detail = format!(
+                            "a server answered health checks but serves {:?}, not ours",
+                            other.unwrap_or_default()
+                        );
+                        let addr = format!("{host}:{port}");
+                        return fail(&mut child, ModelLoadError::PortInUse { addr, detail });
+                    }
+                }
+            }
+        }
+        std::thread::sleep(HEALTH_POLL);
+    }
+    Ok(child)
 }

@@ -1,0 +1,545 @@
+//! The scheduler's decisions: whether a model needs a server, whether there is room for one,
+//! which model to evict, and the steps of loading and stopping, each taken with the state lock
+//! held and released for the slow part.
+//!
+//! The rules: a running inference is never killed (a swap, an eviction or an unload waits for
+//! the model's in-flight count to reach zero, at most the drain timeout); the victim of an
+//! eviction is the least recently used spawned model with nothing in flight; when nothing can
+//! be evicted, the load waits in a bounded queue. Servers starting or stopping count towards
+//! `max_loaded`, so never more servers exist than it allows.
+
+use super::*;
+use estimate::estimate_bytes;
+
+/// Loads `d` unless it is loaded as it is. Called with the lock held; returns with it held.
+pub(super) fn ensure_loaded(
+    inner: &Arc<Inner>,
+    st: &mut MutexGuard<'_, State>,
+    d: &ModelDescriptor,
+    cancel: &CancelToken,
+) -> Result<(), ModelLoadError> {
+    d.validate()?;
+    let mut queued = false;
+    let result = ensure_loaded_queued(inner, st, d, cancel, &mut queued);
+    if queued {
+        st.queued -= 1;
+    }
+    result
+}
+
+/// What a load may do about the bounds.
+enum Room {
+    Yes,
+    Evict(String),
+    Wait,
+}
+
+fn ensure_loaded_queued(
+    inner: &Arc<Inner>,
+    st: &mut MutexGuard<'_, State>,
+    d: &ModelDescriptor,
+    cancel: &CancelToken,
+    queued: &mut bool,
+) -> Result<(), ModelLoadError> {
+    let started = Instant::now();
+    let deadline = started + inner.options.drain_timeout;
+    let id = d.model_id.as_str();
+    // Checked before anything waits or is evicted: a load that cannot work changes nothing.
+    let local = if d.is_remote() {
+        None
+    } else {
+        Some(prepare_local(inner, st, d)?)
+    };
+    loop {
+        if st.shutdown {
+            return Err(ModelLoadError::ManagerGone);
+        }
+        if cancel.is_cancelled() {
+            return Err(ModelLoadError::Cancelled);
+        }
+        if st.loading.contains_key(id) || st.stopping.contains_key(id) {
+            // Another call is changing this model: its outcome decides what this one does.
+            inner.settled.wait_for(st, WAIT_SLICE);
+            continue;
+        }
+        let uses = st.touch();
+        if let Some(r) = st.models.get_mut(id) {
+            if !r.alive() {
+                stop_model(inner, st, id, UnloadReason::Crashed)?;
+                continue;
+            }
+            if r.descriptor.same_server(d) {
+                adopt_residency(inner, r, d);
+                r.last_used = uses;
+                return Ok(());
+            }
+            if r.in_flight > 0 {
+                let in_flight = r.in_flight;
+                wait_or_busy(inner, st, deadline, started, |_| (id.to_owned(), in_flight))?;
+                continue;
+            }
+            stop_model(inner, st, id, UnloadReason::Replaced)?;
+            continue;
+        }
+        let Some((bin, estimate)) = &local else {
+            return connect_remote(inner, st, d, cancel);
+        };
+        match room(inner, st, *estimate) {
+            Room::Yes => return spawn_local(inner, st, d, bin, *estimate, cancel),
+            Room::Evict(victim) => {
+                stop_model(inner, st, &victim, UnloadReason::Evicted)?;
+            }
+            Room::Wait => {
+                if !*queued {
+                    if st.queued >= inner.options.max_queued {
+                        let (model_id, in_flight) = busy_models(st);
+                        return Err(ModelLoadError::Busy {
+                            model_id,
+                            in_flight,
+                            waited_ms: 0,
+                        });
+                    }
+                    st.queued += 1;
+                    *queued = true;
+                }
+                wait_or_busy(inner, st, deadline, started, busy_models)?;
+            }
+        }
+    }
+}
+
+/// The latest load's residency applies; it needs no new server.
+fn adopt_residency(inner: &Inner, r: &mut Running, d: &ModelDescriptor) {
+    r.descriptor.residency = d.residency;
+    r.descriptor.idle_timeout = d.idle_timeout;
+    if d.residency != ResidencyMode::Dynamic {
+        r.idle = None;
+    } else if r.in_flight == 0 {
+        r.idle = Some(Instant::now() + d.idle_timeout);
+        inner.timer.notify_all();
+    }
+}
+
+/// The models with work in flight, as a Busy error names them, and their in-flight total.
+fn busy_models(st: &State) -> (String, u32) {
+    let mut ids: Vec<&str> = st
+        .models
+        .iter()
+        .filter(|(_, r)| r.in_flight > 0 && r.is_local())
+        .map(|(id, _)| id.as_str())
+        .collect();
+    ids.sort_unstable();
+    let total = st.models.values().map(|r| r.in_flight).sum();
+    (ids.join(", "), total)
+}
+
+/// Waits one slice for the state to change, or fails with Busy after the deadline.
+fn wait_or_busy(
+    inner: &Inner,
+    st: &mut MutexGuard<'_, State>,
+    deadline: Instant,
+    started: Instant,
+    busy: impl FnOnce(&State) -> (String, u32),
+) -> Result<(), ModelLoadError> {
+    let now = Instant::now();
+    if now >= deadline {
+        let (model_id, in_flight) = busy(st);
+        return Err(ModelLoadError::Busy {
+            model_id,
+            in_flight,
+            waited_ms: started.elapsed().as_millis() as u64,
+        });
+    }
+    inner.settled.wait_until(st, deadline.min(now + WAIT_SLICE));
+    Ok(())
+}
+
+/// Whether one more spawned server fits, which model to evict if not.
+fn room(inner: &Inner, st: &State, estimate: Option<u64>) -> Room {
+    let servers = st.models.values().filter(|r| r.is_local()).count()
+        + st.loading.values().filter(|p| p.port.is_some()).count()
+        + st.stopping.len();
+    let over_count = servers + 1 > inner.options.max_loaded;
+    // Loaded servers count with their measured RSS, the new one with its estimate (the
+    // estimate alone was checked against the budget before).
+    let over_memory = inner.options.memory_budget.is_some_and(|budget| {
+        let used: u64 = st.models.values().map(Running::memory).sum::<u64>()
+            + st.loading.values().filter_map(|p| p.estimate).sum::<u64>()
+            + st.stopping.values().filter_map(|s| s.estimate).sum::<u64>();
+        used + estimate.unwrap_or(0) > budget
+    });
+    if !over_count && !over_memory {
+        return Room::Yes;
+    }
+    let victim = st
+        .models
+        .iter()
+        .filter(|(_, r)| r.is_local() && r.in_flight == 0)
+        .min_by_key(|(_, r)| r.last_used)
+        .map(|(id, _)| id.clone());
+    victim.map_or(Room::Wait, Room::Evict)
+}
+
+/// The binary and the memory estimate for a spawned model; fails at once when either file is
+/// missing. The estimate is read (once per file and context size) with the lock released.
+fn prepare_local(
+    inner: &Inner,
+    st: &mut MutexGuard<'_, State>,
+    d: &ModelDescriptor,
+) -> Result<(PathBuf, Option<u64>), ModelLoadError> {
+    let bin = &inner.options.server_bin;
+    let bin = if bin.components().count() == 1 {
+        sys::resolve_executable(&bin.to_string_lossy())
+            .ok_or_else(|| ModelLoadError::BinaryNotFound { path: bin.clone() })?
+    } else if bin.is_file() {
+        bin.clone()
+    } else {
+        return Err(ModelLoadError::BinaryNotFound { path: bin.clone() });
+    };
+    if !d.model_path.is_file() {
+        return Err(ModelLoadError::ModelFileMissing {
+            path: d.model_path.clone(),
+        });
+    }
+    let key = (d.model_path.clone(), d.context_size);
+    let cached = inner.estimates.lock().get(&key).copied();
+    let estimate = match cached {
+        Some(e) => e,
+        None => {
+            let e = MutexGuard::unlocked(st, || estimate_bytes(&d.model_path, d.context_size));
+            inner.estimates.lock().insert(key, e);
+            e
+        }
+    };
+    if let (Some(budget), Some(want)) = (inner.options.memory_budget, estimate) {
+        if want > budget {
+            return Err(ModelLoadError::OverBudget {
+                model_id: d.model_id.clone(),
+                estimated_bytes: want,
+                budget_bytes: budget,
+            });
+        }
+    }
+    Ok((bin, estimate))
+}
+
+/// A port for a new server: the first of the range that no server of this manager uses and
+/// that can be bound now; with port 0, one the kernel picks.
+fn pick_port(inner: &Inner, st: &State) -> Result<u16, ModelLoadError> {
+    let host = &inner.options.host;
+    let first = inner.options.port;
+    if first == 0 {
+        let listener = std::net::TcpListener::bind((host.as_str(), 0)).map_err(|e| {
+            ModelLoadError::PortInUse {
+                addr: format!("{host}:0"),
+                detail: e.to_string(),
+            }
+        })?;
+        return listener
+            .local_addr()
+            .map(|a| a.port())
+            .map_err(|e| ModelLoadError::PortInUse {
+                addr: format!("{host}:0"),
+                detail: e.to_string(),
+            });
+    }
+    let ours: Vec<u16> = st
+        .models
+        .values()
+        .filter_map(Running::port)
+        .chain(st.loading.values().filter_map(|p| p.port))
+        .chain(st.stopping.values().map(|s| s.port))
+        .collect();
+    let last = first.saturating_add(inner.options.port_count - 1);
+    let mut detail = String::new();
+    for port in first..=last {
+        if ours.contains(&port) {
+            continue;
+        }
+        match std::net::TcpListener::bind((host.as_str(), port)) {
+            Ok(l) => {
+                drop(l);
+                return Ok(port);
+            }
+            Err(e) => detail = e.to_string(),
+        }
+    }
+    let addr = if first == last {
+        format!("{host}:{first}")
+    } else {
+        format!("{host}:{first}-{last}")
+    };
+    if detail.is_empty() {
+        detail = "every port of the range serves another model of this manager".into();
+    }
+    Err(ModelLoadError::PortInUse { addr, detail })
+}
+
+fn spawn_local(
+    inner: &Arc<Inner>,
+    st: &mut MutexGuard<'_, State>,
+    d: &ModelDescriptor,
+    bin: &std::path::Path,
+    estimate: Option<u64>,
+    cancel: &CancelToken,
+) -> Result<(), ModelLoadError> {
+    let port = pick_port(inner, st)?;
+    let log_path = inner.log_path();
+    if let Some(dir) = log_path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| ModelLoadError::Log {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|source| ModelLoadError::Log {
+            path: log_path.clone(),
+            source,
+        })?;
+    st.generation += 1;
+    let generation = st.generation;
+    // A unique alias: a 200 from a server that is not ours is caught by /v1/models.
+    let alias = format!("{}#correx-{}-{generation}", d.model_id, std::process::id());
+    let base = inner.base_url(port);
+    let started = Instant::now();
+    st.loading.insert(
+        d.model_id.clone(),
+        Pending {
+            descriptor: d.clone(),
+            port: Some(port),
+            generation,
+            estimate,
+        },
+    );
+    // The slow part, with the lock released: status, health and inference on other models
+    // answer meanwhile; calls for this id wait for it.
+    let spawned = MutexGuard::unlocked(st, || {
+        server::start_and_wait_healthy(inner, d, bin, &alias, generation, log_file, port, cancel)
+    });
+    st.loading.remove(&d.model_id);
+    inner.settled.notify_all();
+    let mut child = spawned?;
+    if st.shutdown {
+        stop_child(&mut child);
+        return Err(ModelLoadError::ManagerGone);
+    }
+    let load_ms = started.elapsed().as_millis() as u64;
+    let pid = child.id();
+    let provider = Arc::new(LlamaCppInferenceProvider::new(
+        &d.model_id,
+        &base,
+        &inner.options.http,
+    ));
+    let tokenizer = LlamaCppTokenizer::new(&base, &inner.options.http);
+    let uses = st.touch();
+    st.models.insert(
+        d.model_id.clone(),
+        Running {
+            descriptor: d.clone(),
+            backend: Backend::Local {
+                child,
+                port,
+                provider,
+                tokenizer,
+            },
+            generation,
+            in_flight: 0,
+            idle: None,
+            last_used: uses,
+            loaded_at: SystemTime::now(),
+            estimate,
+            misses: 0,
+        },
+    );
+    let event = DomainEvent::ModelLoaded {
+        model_id: d.model_id.clone(),
+        model_path: d.model_path.display().to_string(),
+        port: Some(port),
+        pid: Some(pid),
+        load_ms,
+        endpoints: Vec::new(),
+    };
+    record_loaded(inner, st, d, event)
+}
+
+/// Appends `model.loaded`, rolling the load back when it cannot be recorded; starts the
+/// DYNAMIC idle clock (a model loaded and never used unloads too).
+fn record_loaded(
+    inner: &Inner,
+    st: &mut MutexGuard<'_, State>,
+    d: &ModelDescriptor,
+    event: DomainEvent,
+) -> Result<(), ModelLoadError> {
+    if let Err(e) = append_domain(inner.events.as_ref(), MODEL_STREAM, &event) {
+        // The log must not say a model is loaded when it could not record it.
+        if let Some(Running {
+            backend: Backend::Local { mut child, .. },
+            ..
+        }) = st.models.remove(&d.model_id)
+        {
+            stop_child(&mut child);
+        }
+        inner.settled.notify_all();
+        return Err(ModelLoadError::Events(e));
+    }
+    if d.residency == ResidencyMode::Dynamic {
+        if let Some(r) = st.models.get_mut(&d.model_id) {
+            r.idle = Some(Instant::now() + d.idle_timeout);
+            inner.timer.notify_all();
+        }
+    }
+    Ok(())
+}
+
+/// A remote model: its endpoints are checked (lock released) and at least one must answer.
+fn connect_remote(
+    inner: &Arc<Inner>,
+    st: &mut MutexGuard<'_, State>,
+    d: &ModelDescriptor,
+    cancel: &CancelToken,
+) -> Result<(), ModelLoadError> {
+    st.generation += 1;
+    let generation = st.generation;
+    st.loading.insert(
+        d.model_id.clone(),
+        Pending {
+            descriptor: d.clone(),
+            port: None,
+            generation,
+            estimate: None,
+        },
+    );
+    let started = Instant::now();
+    let set = Arc::new(EndpointSet::new(d, &inner.options.http));
+    let checked = MutexGuard::unlocked(st, || set.check_all());
+    st.loading.remove(&d.model_id);
+    inner.settled.notify_all();
+    if st.shutdown {
+        return Err(ModelLoadError::ManagerGone);
+    }
+    if cancel.is_cancelled() {
+        return Err(ModelLoadError::Cancelled);
+    }
+    checked.map_err(|detail| ModelLoadError::EndpointsDown {
+        model_id: d.model_id.clone(),
+        detail,
+    })?;
+    let uses = st.touch();
+    st.models.insert(
+        d.model_id.clone(),
+        Running {
+            descriptor: d.clone(),
+            backend: Backend::Remote(set),
+            generation,
+            in_flight: 0,
+            idle: None,
+            last_used: uses,
+            loaded_at: SystemTime::now(),
+            estimate: None,
+            misses: 0,
+        },
+    );
+    let event = DomainEvent::ModelLoaded {
+        model_id: d.model_id.clone(),
+        model_path: String::new(),
+        port: None,
+        pid: None,
+        load_ms: started.elapsed().as_millis() as u64,
+        endpoints: d.endpoints.clone(),
+    };
+    record_loaded(inner, st, d, event)
+}
+
+/// Stops `id`'s server now (the caller has drained it or it is dead) and records the unload
+/// after it is reaped. The lock is released while the server stops; meanwhile the id is
+/// `stopping`, so a load of it waits, and the server still counts towards `max_loaded`.
+pub(super) fn stop_model(
+    inner: &Inner,
+    st: &mut MutexGuard<'_, State>,
+    id: &str,
+    reason: UnloadReason,
+) -> Result<(), ModelLoadError> {
+    let Some(running) = st.models.remove(id) else {
+        return Ok(());
+    };
+    let residency = running.descriptor.residency;
+    let estimate = running.estimate;
+    let (reason, pid, port) = match running.backend {
+        Backend::Remote(_) => (reason, None, None),
+        Backend::Local {
+            mut child, port, ..
+        } => {
+            // A server that died on its own is a crash, whichever call noticed it first.
+            let reason = if exited_unreaped(&child) {
+                UnloadReason::Crashed
+            } else {
+                reason
+            };
+            let pid = child.id();
+            st.stopping.insert(
+                id.to_owned(),
+                Stopping {
+                    residency,
+                    pid,
+                    port,
+                    estimate,
+                },
+            );
+            MutexGuard::unlocked(st, || {
+                if reason == UnloadReason::Unresponsive {
+                    // A stopped or hung process handles no SIGTERM: no grace.
+                    kill_group(pid as i32);
+                    let _ = child.wait();
+                } else {
+                    stop_child(&mut child);
+                }
+            });
+            (reason, Some(pid), Some(port))
+        }
+    };
+    let event = DomainEvent::ModelUnloaded {
+        model_id: id.to_owned(),
+        reason,
+        pid,
+        port,
+    };
+    let recorded = append_domain(inner.events.as_ref(), MODEL_STREAM, &event);
+    st.stopping.remove(id);
+    inner.settled.notify_all();
+    recorded.map(|_| ()).map_err(ModelLoadError::Events)
+}
+
+/// An explicit unload: waits for a load or stop of the id in progress, then for its running
+/// inferences (at most the drain timeout), then stops it.
+pub(super) fn unload_model(
+    inner: &Inner,
+    st: &mut MutexGuard<'_, State>,
+    id: &str,
+    cancel: &CancelToken,
+) -> Result<(), ModelLoadError> {
+    let started = Instant::now();
+    let deadline = started + inner.options.drain_timeout;
+    loop {
+        if st.shutdown {
+            return Err(ModelLoadError::ManagerGone);
+        }
+        if cancel.is_cancelled() {
+            return Err(ModelLoadError::Cancelled);
+        }
+        if st.loading.contains_key(id) || st.stopping.contains_key(id) {
+            inner.settled.wait_for(st, WAIT_SLICE);
+            continue;
+        }
+        match st.models.get(id) {
+            None => return Ok(()),
+            Some(r) if r.in_flight > 0 => {
+                let in_flight = r.in_flight;
+                wait_or_busy(inner, st, deadline, started, |_| (id.to_owned(), in_flight))?;
+            }
+            Some(_) => return stop_model(inner, st, id, UnloadReason::Requested),
+        }
+    }
+}
