@@ -155,6 +155,11 @@
 #define CORREX_ABI_VERSION (((CORREX_ABI_VERSION_MAJOR << 16) | (CORREX_ABI_VERSION_MINOR << 8)) | CORREX_ABI_VERSION_PATCH)
 
 /**
+ * Its size in bytes.
+ */
+#define LlamaInstall_MODEL_BYTES 253113024
+
+/**
  * A cancellation flag for blocking calls (`correx_model_load`, `correx_infer`,
  * `correx_infer_stream`, `correx_tool_execute_with_cancel`). Trigger it from any thread.
  */

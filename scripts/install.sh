@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Installs libcorrex (shared and static), include/correx.h and a pkg-config file under PREFIX
-# (default /usr/local): `pkg-config --cflags --libs correx` then links against it.
+# Installs libcorrex (shared and static), include/correx.h, a pkg-config file and the `correx`
+# command under PREFIX (default /usr/local): `pkg-config --cflags --libs correx` then links
+# against it, and `correx log show DB` reads a log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PREFIX="${1:-/usr/local}"
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 
-cargo build --release --lib
-install -d "$PREFIX/lib/pkgconfig" "$PREFIX/include"
+cargo build --release --lib --bin correx
+install -d "$PREFIX/lib/pkgconfig" "$PREFIX/include" "$PREFIX/bin"
+install -m 0755 target/release/correx "$PREFIX/bin/"
 install -m 0644 target/release/libcorrex.a "$PREFIX/lib/"
 install -m 0755 target/release/libcorrex.so "$PREFIX/lib/"
 install -m 0644 include/correx.h "$PREFIX/include/"

@@ -12,6 +12,12 @@ pub struct LlamaInstall {
 }
 
 impl LlamaInstall {
+    /// The SHA-256 of the model `scripts/install-llama.sh` installs (the script checks it too).
+    pub const MODEL_SHA256: &'static str =
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
+    /// Its size in bytes.
+    pub const MODEL_BYTES: u64 = 253_113_024;
+
     /// The install named by `CORREX_LLAMA_SERVER` and `CORREX_MODEL`, else the one recorded by
     /// the install script in `$CORREX_CACHE/env` (default `~/.cache/correx/env`). `None` when
     /// neither exists on disk.

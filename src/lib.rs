@@ -15,6 +15,7 @@ pub mod ffi;
 mod ids;
 mod inference;
 mod install;
+mod platform;
 mod private_dir;
 mod runtime;
 mod sandbox;
@@ -28,9 +29,9 @@ pub use approvals::{
 };
 pub use cancel::CancelToken;
 pub use events::{
-    append_domain, format_rfc3339_ms, AppendResult, DomainEvent, Durability, EventStore,
-    EventStoreError, ExpectedVersion, NewEvent, RecordedEvent, SqliteEventStore, StoreOptions,
-    Subscription, UnloadReason,
+    append_domain, format_rfc3339_ms, verify_log, AppendResult, DomainEvent, Durability,
+    EventStore, EventStoreError, ExpectedVersion, LogProblem, LogReport, NewEvent, RecordedEvent,
+    SqliteEventStore, StoreOptions, Subscription, UnloadReason,
 };
 pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
 pub use inference::{
@@ -43,6 +44,7 @@ pub use inference::{
     TokenUsage, Tokenizer, ToolCall, ToolChoice, ToolSpec, MODEL_STREAM,
 };
 pub use install::LlamaInstall;
+pub use platform::{kernel_features, KernelFeatures};
 pub use runtime::{
     build_registry, ConfigError, FileToolConfig, ModelsConfig, Runtime, RuntimeConfig,
     RuntimeError, ShellConfig, ToolConfig, CONFIG_VERSION,

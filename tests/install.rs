@@ -140,3 +140,26 @@ fn install_leaves_no_scratch_folders_in_the_cache() {
         cache.display()
     );
 }
+
+/// The library's idea of the installed model (which `correx doctor` checks) is the script's.
+#[test]
+fn the_model_checksum_the_library_knows_is_the_install_scripts() {
+    let script = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install-llama.sh"),
+    )
+    .expect("read the install script");
+    let value = |key: &str| {
+        script
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        value("MODEL_SHA256").as_deref(),
+        Some(correx::LlamaInstall::MODEL_SHA256)
+    );
+    assert_eq!(
+        value("MODEL_BYTES").and_then(|b| b.parse::<u64>().ok()),
+        Some(correx::LlamaInstall::MODEL_BYTES)
+    );
+}

@@ -5,6 +5,7 @@ mod stub;
 mod tools_util;
 mod util;
 
+mod cli;
 mod confined;
 mod events;
 mod ffi;

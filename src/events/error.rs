@@ -57,6 +57,14 @@ pub enum EventStoreError {
         /// What is wrong with it.
         detail: String,
     },
+    /// The file is not a correx event log (not SQLite, or no `events` table); nothing was
+    /// written to it.
+    NotALog {
+        /// The file.
+        path: PathBuf,
+        /// What it is instead.
+        detail: String,
+    },
     /// SQLite did not accept the durability or journal settings the store needs.
     Settings {
         /// The pragma.
@@ -81,6 +89,7 @@ impl EventStoreError {
             | EventStoreError::Busy { .. }
             | EventStoreError::CommitFailed { .. }
             | EventStoreError::CorruptEvent { .. }
+            | EventStoreError::NotALog { .. }
             | EventStoreError::Settings { .. } => false,
         }
     }
@@ -99,6 +108,7 @@ impl EventStoreError {
             | EventStoreError::InvalidAppend { .. }
             | EventStoreError::IdempotencyConflict { .. }
             | EventStoreError::CorruptEvent { .. }
+            | EventStoreError::NotALog { .. }
             | EventStoreError::Settings { .. } => false,
         }
     }
@@ -147,6 +157,11 @@ impl fmt::Display for EventStoreError {
             EventStoreError::CorruptEvent { position, detail } => {
                 write!(f, "event at position {position} is corrupt: {detail}")
             }
+            EventStoreError::NotALog { path, detail } => write!(
+                f,
+                "{} is not a correx event log ({detail}); check the path",
+                path.display()
+            ),
             EventStoreError::Settings {
                 pragma,
                 wanted,
@@ -171,6 +186,7 @@ impl std::error::Error for EventStoreError {
             | EventStoreError::InvalidAppend { .. }
             | EventStoreError::IdempotencyConflict { .. }
             | EventStoreError::CorruptEvent { .. }
+            | EventStoreError::NotALog { .. }
             | EventStoreError::Settings { .. } => None,
         }
     }

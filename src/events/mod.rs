@@ -25,12 +25,14 @@ mod error;
 mod sqlite;
 mod subscription;
 mod time;
+mod verify;
 
 pub use domain::{DomainEvent, UnloadReason};
 pub use error::EventStoreError;
 pub use sqlite::{Durability, SqliteEventStore, StoreOptions};
 pub use subscription::Subscription;
 pub use time::format_rfc3339_ms;
+pub use verify::{verify_log, LogProblem, LogReport};
 
 use crate::ids::EventId;
 use serde::{Deserialize, Serialize};

@@ -335,6 +335,17 @@ impl SqliteEventStore {
         })
     }
 
+    /// Opens the log at `path` only if it exists and is a correx log: nothing is created in a
+    /// missing file, nor a table added to another program's database.
+    ///
+    /// # Errors
+    /// [`EventStoreError::NotALog`] naming what the file is instead; otherwise as
+    /// [`SqliteEventStore::open`].
+    pub fn open_existing<P: AsRef<Path>>(path: P, options: StoreOptions) -> Result<Self> {
+        drop(super::verify::open_log_read_only(path.as_ref())?);
+        Self::open_with(path, options)
+    }
+
     /// The file this store writes.
     pub fn path(&self) -> &Path {
         &self.path

@@ -22,6 +22,7 @@ pub(super) fn store_failure(e: EventStoreError) -> Failure {
         | EventStoreError::Busy { .. }
         | EventStoreError::CommitFailed { .. }
         | EventStoreError::CorruptEvent { .. }
+        | EventStoreError::NotALog { .. }
         | EventStoreError::Settings { .. } => CORREX_E_EVENT_STORE,
     };
     Failure::new(code, e.to_string())

@@ -327,7 +327,7 @@ fn walk_beneath(root: RawFd, rel: &Path, flags: i32, mode: u32) -> io::Result<Ow
     openat(cur, OsStr::new("."), flags & !libc::O_CREAT, 0)
 }
 
-fn openat2_supported(dir: RawFd) -> bool {
+pub(crate) fn openat2_supported(dir: RawFd) -> bool {
     match openat2_beneath(dir, OsStr::new("."), libc::O_PATH, 0) {
         Ok(_) => true,
         Err(e) => !matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)),

@@ -7,6 +7,7 @@
 //! with several hard links.
 
 mod confine;
+pub(crate) use confine::openat2_supported;
 mod ops;
 mod patch;
 

@@ -1,0 +1,495 @@
+//! `correx log show|tail|verify|audit`.
+
+use crate::args::Args;
+use crate::style::{colour_of, line, Format};
+use crate::Failure;
+use correx::{
+    format_rfc3339_ms, verify_log, EventStore, EventStoreError, RecordedEvent, SqliteEventStore,
+    StoreOptions,
+};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Opens an existing log (never creating one).
+pub fn open(path: &str) -> Result<Arc<SqliteEventStore>, Failure> {
+    SqliteEventStore::open_existing(path, StoreOptions::default())
+        .map(Arc::new)
+        .map_err(store_failure)
+}
+
+pub fn store_failure(e: EventStoreError) -> Failure {
+    Failure::Run(e.to_string())
+}
+
+/// Every event after `after`, in pages.
+pub fn for_each_event(
+    store: &SqliteEventStore,
+    after: u64,
+    mut f: impl FnMut(RecordedEvent) -> bool,
+) -> Result<(), Failure> {
+    let mut from = after + 1;
+    loop {
+        let page = store.read_all(from, 1000).map_err(store_failure)?;
+        let Some(last) = page.last().map(|e| e.position) else {
+            return Ok(());
+        };
+        for e in page {
+            if !f(e) {
+                return Ok(());
+            }
+        }
+        from = last + 1;
+    }
+}
+
+/// One line for people: what happened.
+pub fn summary(e: &RecordedEvent) -> String {
+    match e.domain() {
+        Ok(Some(d)) => d.summary(),
+        Ok(None) | Err(_) => {
+            let text = e.payload.to_string();
+            let mut short: String = text.chars().take(100).collect();
+            if short.len() < text.len() {
+                short.push('…');
+            }
+            short
+        }
+    }
+}
+
+/// Prints events as a table (aligned to the widest stream and type of the batch) or JSON
+/// lines.
+pub fn print(events: &[RecordedEvent], format: Format) {
+    match format {
+        Format::JsonLines => {
+            for e in events {
+                let mut v = serde_json::to_value(e).unwrap_or_default();
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("time".into(), e.timestamp_rfc3339().into());
+                }
+                line(&v.to_string());
+            }
+        }
+        Format::Table { colour } => {
+            let pos_w = events
+                .iter()
+                .map(|e| e.position.to_string().len())
+                .max()
+                .unwrap_or(1);
+            let stream_w = events
+                .iter()
+                .map(|e| e.stream_id.len())
+                .max()
+                .unwrap_or(6)
+                .clamp(6, 40);
+            let type_w = events
+                .iter()
+                .map(|e| e.type_id.len())
+                .max()
+                .unwrap_or(4)
+                .clamp(4, 40);
+            for e in events {
+                let (on, off) = if colour {
+                    (colour_of(&e.type_id), "\x1b[0m")
+                } else {
+                    ("", "")
+                };
+                line(&format!(
+                    "{:>pos_w$}  {}  {:<stream_w$}  {on}{:<type_w$}{off}  {}",
+                    e.position,
+                    e.timestamp_rfc3339(),
+                    e.stream_id,
+                    e.type_id,
+                    summary(e)
+                ));
+            }
+        }
+    }
+}
+
+/// `--since`: RFC 3339 UTC, or an age such as `90s`, `10m`, `2h`, `1d`; milliseconds since
+/// the epoch.
+pub fn parse_since(text: &str) -> Result<i64, Failure> {
+    let bad = || {
+        Failure::Usage(format!(
+            "--since takes RFC 3339 (2026-12-01T12:00:00Z) or an age (90s, 10m, 2h, 1d), not {text:?}"
+        ))
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    if let Some(unit) = text.chars().last().filter(char::is_ascii_alphabetic) {
+        let n: i64 = text[..text.len() - 1].parse().map_err(|_| bad())?;
+        let ms = match unit {
+            's' => 1_000,
+            'm' => 60_000,
+            'h' => 3_600_000,
+            'd' => 86_400_000,
+            _ => return Err(bad()),
+        };
+        return Ok(now - n.saturating_mul(ms));
+    }
+    rfc3339_ms(text).ok_or_else(bad)
+}
+
+/// Parses `YYYY-MM-DDTHH:MM:SS[.fff](Z|±HH:MM)`.
+fn rfc3339_ms(t: &str) -> Option<i64> {
+    let b = t.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    let mut rest = &t[19..];
+    let mut ms = 0;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.chars().take_while(char::is_ascii_digit).count();
+        let f = &frac[..digits];
+        ms = format!("{f:0<3}")[..3].parse().ok()?;
+        rest = &frac[digits..];
+    }
+    let offset_min = match rest {
+        "Z" | "z" => 0,
+        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) => {
+            let sign = if o.starts_with('-') { -1 } else { 1 };
+            sign * (o[1..3].parse::<i64>().ok()? * 60 + o[4..6].parse::<i64>().ok()?)
+        }
+        _ => return None,
+    };
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y2, m2) = if mo <= 2 {
+        (y - 1, mo + 9)
+    } else {
+        (y, mo - 3)
+    };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let doy = (153 * m2 + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 24 + h) * 60 + mi - offset_min) * 60_000 + s * 1000 + ms)
+}
+
+pub fn show(args: Args) -> Result<(), Failure> {
+    let [db] = args.positionals(&["DB"])?[..] else {
+        unreachable!("positionals returns exactly one")
+    };
+    let stream = args.value("--stream").map(str::to_owned);
+    let type_id = args.value("--type").map(str::to_owned);
+    let after = args.number("--after")?.unwrap_or(0);
+    let limit = args.number("--limit")?.map(|n| n as usize);
+    let since = args.value("--since").map(parse_since).transpose()?;
+    let format = Format::choose(args.switch(&["--json"]));
+    let store = open(db)?;
+    let mut batch = Vec::new();
+    let mut shown = 0usize;
+    let mut result = Ok(());
+    let walked = for_each_event(&store, after, |e| {
+        if limit.is_some_and(|l| shown >= l) {
+            return false;
+        }
+        let keep = stream.as_deref().is_none_or(|s| e.stream_id == s)
+            && type_id.as_deref().is_none_or(|t| e.type_id == t)
+            && since.is_none_or(|t| e.timestamp_ms >= t);
+        if keep {
+            shown += 1;
+            batch.push(e);
+            if batch.len() == 200 {
+                print(&batch, format);
+                batch.clear();
+            }
+        }
+        true
+    });
+    if let Err(e) = walked {
+        result = Err(e);
+    }
+    print(&batch, format);
+    result
+}
+
+pub fn tail(args: Args) -> Result<(), Failure> {
+    let [db] = args.positionals(&["DB"])?[..] else {
+        unreachable!("positionals returns exactly one")
+    };
+    let n = args.number("-n")?.unwrap_or(10);
+    let follow = args.switch(&["-f", "--follow"]);
+    let format = Format::choose(args.switch(&["--json"]));
+    let store = open(db)?;
+    let last = store.last_position().map_err(store_failure)?;
+    let start = last.saturating_sub(n);
+    let mut recent = Vec::new();
+    for_each_event(&store, start, |e| {
+        recent.push(e);
+        true
+    })?;
+    print(&recent, format);
+    if !follow {
+        return Ok(());
+    }
+    let after = recent.last().map_or(start, |e| e.position);
+    let mut sub = store.subscribe(after).map_err(store_failure)?;
+    loop {
+        // Short waits keep a closed pipe noticed even when nothing is appended.
+        match sub.next_timeout(Duration::from_millis(500)) {
+            Ok(Some(e)) => print(&[e], format),
+            Ok(None) => {}
+            Err(e) => return Err(store_failure(e)),
+        }
+    }
+}
+
+pub fn verify(args: Args) -> Result<(), Failure> {
+    let [db] = args.positionals(&["DB"])?[..] else {
+        unreachable!("positionals returns exactly one")
+    };
+    let report = verify_log(Path::new(db)).map_err(store_failure)?;
+    for p in &report.problems {
+        match p.position {
+            Some(pos) => line(&format!("position {pos}: {}", p.detail)),
+            None => line(&p.detail),
+        }
+    }
+    if report.problems.is_empty() {
+        line(&format!(
+            "ok: {} events in {} streams, every stream gapless, every payload readable",
+            report.events, report.streams
+        ));
+        Ok(())
+    } else {
+        eprintln!(
+            "correx: {db}: {} problem(s) in {} events",
+            report.problems.len(),
+            report.events
+        );
+        Err(Failure::Found)
+    }
+}
+
+/// One tool run as the log tells it.
+#[derive(Default)]
+pub struct Run {
+    pub session: String,
+    pub tool: String,
+    pub tier: Option<i64>,
+    pub started_ms: Option<i64>,
+    pub ended_ms: Option<i64>,
+    pub approval: Option<String>,
+    pub outcome: Option<String>,
+}
+
+/// One residency of a model: from `model.loaded` to `model.unloaded`.
+pub struct Residency {
+    pub model: String,
+    pub from_ms: i64,
+    pub to_ms: Option<i64>,
+    pub reason: Option<String>,
+    pub pid: Option<u64>,
+    pub port: Option<u64>,
+    pub inferences: u64,
+}
+
+/// What the log says about models and tool runs, in log order.
+#[derive(Default)]
+pub struct History {
+    pub residencies: Vec<Residency>,
+    /// Tool runs by invocation id, in the order they first appear.
+    pub runs: Vec<(String, Run)>,
+    /// Inferences: model, end time, latency in ms.
+    pub inferences: Vec<(String, i64, i64)>,
+    /// Instants: time, model or session, what.
+    pub instants: Vec<(i64, String, String, bool)>,
+    pub last_ms: i64,
+}
+
+impl History {
+    pub fn read(store: &SqliteEventStore, session: Option<&str>) -> Result<History, Failure> {
+        let mut h = History::default();
+        let mut open: BTreeMap<String, usize> = BTreeMap::new();
+        for_each_event(store, 0, |e| {
+            h.last_ms = h.last_ms.max(e.timestamp_ms);
+            h.add(&e, session, &mut open);
+            true
+        })?;
+        Ok(h)
+    }
+
+    fn run(&mut self, id: &str) -> &mut Run {
+        match self.runs.iter().position(|(i, _)| i == id) {
+            Some(i) => &mut self.runs[i].1,
+            None => {
+                self.runs.push((id.to_owned(), Run::default()));
+                let last = self.runs.len() - 1;
+                &mut self.runs[last].1
+            }
+        }
+    }
+
+    fn add(
+        &mut self,
+        e: &RecordedEvent,
+        session: Option<&str>,
+        open: &mut BTreeMap<String, usize>,
+    ) {
+        let p = &e.payload;
+        let s = |k: &str| p[k].as_str().unwrap_or_default().to_owned();
+        let t = e.timestamp_ms;
+        match e.type_id.as_str() {
+            "model.loaded" => {
+                open.insert(s("model_id"), self.residencies.len());
+                self.residencies.push(Residency {
+                    model: s("model_id"),
+                    from_ms: t,
+                    to_ms: None,
+                    reason: None,
+                    pid: p["pid"].as_u64(),
+                    port: p["port"].as_u64(),
+                    inferences: 0,
+                });
+            }
+            "model.unloaded" => {
+                let reason = s("reason");
+                if let Some(i) = open.remove(&s("model_id")) {
+                    self.residencies[i].to_ms = Some(t);
+                    self.residencies[i].reason = Some(reason.clone());
+                }
+                if matches!(reason.as_str(), "crashed" | "unresponsive") {
+                    self.instants.push((
+                        t,
+                        s("model_id"),
+                        format!("{} {reason}", s("model_id")),
+                        true,
+                    ));
+                }
+            }
+            "model.endpoint_failover" => self.instants.push((
+                t,
+                s("model_id"),
+                format!("failover {} → {}", s("from"), s("to")),
+                true,
+            )),
+            "inference.completed" => {
+                if let Some(&i) = open.get(&s("model_id")) {
+                    self.residencies[i].inferences += 1;
+                }
+                self.inferences
+                    .push((s("model_id"), t, p["latency_ms"].as_i64().unwrap_or(0)));
+            }
+            ty if ty.starts_with("tool.") => {
+                let sess = s("session_id");
+                if session.is_some_and(|want| want != sess) {
+                    return;
+                }
+                let inv = s("invocation_id");
+                let tool = s("tool_name");
+                let run = self.run(&inv);
+                run.session = sess.clone();
+                run.tool = tool;
+                match ty {
+                    "tool.execution_started" => {
+                        run.started_ms = Some(t);
+                        run.tier = p["tier"].as_i64();
+                        if run.approval.is_none() {
+                            run.approval = Some(match run.tier {
+                                Some(0 | 1) => "not needed (tier below 2)".into(),
+                                _ => "approved".into(),
+                            });
+                        }
+                    }
+                    "tool.approval_decided" => {
+                        let by = p["decided_by"].as_str().unwrap_or("the approval engine");
+                        run.approval = Some(format!("{} by {by}", s("decision")));
+                    }
+                    "tool.execution_completed" => {
+                        run.ended_ms = Some(t);
+                        run.outcome = Some(format!("completed in {} ms", p["duration_ms"]));
+                    }
+                    "tool.execution_failed" => {
+                        run.ended_ms = Some(t);
+                        let reason: String = s("reason").chars().take(100).collect();
+                        run.outcome = Some(format!("failed: {reason}"));
+                    }
+                    "tool.execution_cancelled" => {
+                        run.ended_ms = Some(t);
+                        run.outcome = Some("cancelled (files restored)".into());
+                    }
+                    "tool.execution_rejected" => {
+                        run.tier = p["tier"].as_i64();
+                        run.approval = Some(format!("denied: {}", s("reason")));
+                        run.outcome = Some("never ran".into());
+                        let label = format!("{} rejected", run.tool);
+                        self.instants.push((t, sess, label, false));
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+pub fn audit(args: Args) -> Result<(), Failure> {
+    let [db] = args.positionals(&["DB"])?[..] else {
+        unreachable!("positionals returns exactly one")
+    };
+    let store = open(db)?;
+    let h = History::read(&store, args.value("--session"))?;
+    line("models:");
+    if h.residencies.is_empty() {
+        line("  none loaded");
+    }
+    for r in &h.residencies {
+        let until = match (r.to_ms, &r.reason) {
+            (Some(t), Some(reason)) => format!("{} ({reason})", format_rfc3339_ms(t)),
+            _ => "still loaded at the end of the log".into(),
+        };
+        let server = match (r.pid, r.port) {
+            (Some(pid), Some(port)) => format!("pid {pid}, port {port}"),
+            _ => "remote".into(),
+        };
+        line(&format!(
+            "  {:<20} {} → {until}; {server}; {} inference(s)",
+            r.model,
+            format_rfc3339_ms(r.from_ms),
+            r.inferences
+        ));
+    }
+    line("tool runs:");
+    if h.runs.is_empty() {
+        line("  none");
+    }
+    let mut open_runs = 0;
+    for (id, r) in &h.runs {
+        let outcome = match (&r.outcome, r.started_ms) {
+            (Some(o), _) => o.clone(),
+            (None, Some(_)) => {
+                open_runs += 1;
+                "STARTED WITHOUT AN OUTCOME".into()
+            }
+            (None, None) => "unknown".into(),
+        };
+        let when = r
+            .started_ms
+            .or(r.ended_ms)
+            .map(format_rfc3339_ms)
+            .unwrap_or_default();
+        line(&format!(
+            "  {when}  session {}  {} (T{})  invocation {id}\n      approval: {}; outcome: {outcome}",
+            r.session,
+            r.tool,
+            r.tier.map_or("?".into(), |t| t.to_string()),
+            r.approval.as_deref().unwrap_or("unknown"),
+        ));
+    }
+    if open_runs > 0 {
+        line(&format!("{open_runs} run(s) started without an outcome"));
+    }
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! `correx`: read, follow and verify the event log, check the machine, try a tool.
+//!
+//! Every failure is one line on stderr naming the problem, and a non-zero exit: 2 for a usage
+//! error, 1 for anything else (a missing file, a log that is not sound, a tool that failed).
+
+mod args;
+mod doctor;
+mod log;
+mod style;
+mod tool;
+mod trace;
+
+use args::{Args, UsageError};
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage:
+  correx log show DB [--stream S] [--type T] [--after POS] [--since TIME] [--limit N] [--json]
+  correx log tail DB [-f] [-n N] [--json]
+  correx log verify DB
+  correx log audit DB [--session S]
+  correx log trace DB [--session S] > trace.json
+  correx doctor [--config FILE] [--no-serve]
+  correx tool run --config FILE [--session S] TOOL JSON
+
+TIME is RFC 3339 (2026-12-01T12:00:00Z) or an age (90s, 10m, 2h, 1d).";
+
+/// What a command failed with.
+pub enum Failure {
+    /// The command line is wrong.
+    Usage(String),
+    /// The command ran and could not do its job.
+    Run(String),
+    /// The command did its job and found something wrong (already printed).
+    Found,
+}
+
+impl From<UsageError> for Failure {
+    fn from(e: UsageError) -> Self {
+        Failure::Usage(e.0)
+    }
+}
+
+fn main() -> ExitCode {
+    // A bug must still end in one line, not a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("correx: internal error: {info}");
+    }));
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    match run(&argv) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(msg)) => {
+            eprintln!("correx: {msg}; run `correx help` for usage");
+            ExitCode::from(2)
+        }
+        Err(Failure::Run(msg)) => {
+            eprintln!("correx: {msg}");
+            ExitCode::from(1)
+        }
+        Err(Failure::Found) => ExitCode::from(1),
+    }
+}
+
+fn run(argv: &[String]) -> Result<(), Failure> {
+    let words: Vec<&str> = argv.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        [] | ["help" | "--help" | "-h", ..] => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        ["log", "show", rest @ ..] => log::show(Args::parse(
+            rest,
+            &["--stream", "--type", "--after", "--since", "--limit"],
+            &["--json"],
+        )?),
+        ["log", "tail", rest @ ..] => {
+            log::tail(Args::parse(rest, &["-n"], &["-f", "--follow", "--json"])?)
+        }
+        ["log", "verify", rest @ ..] => log::verify(Args::parse(rest, &[], &[])?),
+        ["log", "audit", rest @ ..] => log::audit(Args::parse(rest, &["--session"], &[])?),
+        ["log", "trace", rest @ ..] => trace::trace(Args::parse(rest, &["--session"], &[])?),
+        ["doctor", rest @ ..] => doctor::doctor(Args::parse(rest, &["--config"], &["--no-serve"])?),
+        ["tool", "run", rest @ ..] => {
+            tool::run(Args::parse(rest, &["--config", "--session"], &[])?)
+        }
+        ["log", other, ..] => Err(Failure::Usage(format!("unknown log command {other:?}"))),
+        ["log"] => Err(Failure::Usage(
+            "`correx log` needs show, tail, verify, audit or trace".into(),
+        )),
+        ["tool", ..] => Err(Failure::Usage("`correx tool` has one command: run".into())),
+        [other, ..] => Err(Failure::Usage(format!("unknown command {other:?}"))),
+    }
+}
