@@ -106,11 +106,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(files.join("f.txt"), &content)?;
 
     let (mut sandboxed, mut bare, mut events, mut approval) = (vec![], vec![], vec![], vec![]);
-    let ask = ApprovalRequest {
-        tool_name: "file_write".into(),
-        tier: Tier::T2,
-        request: r.clone(),
-    };
+    let ask = ApprovalRequest::new(&r, Tier::T2, vec![files.join("f.txt")]);
     let ctx = ApprovalContext::new(SessionId::from("bench"));
     let stream = session_stream("bench");
     for _ in 0..9 {

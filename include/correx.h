@@ -94,9 +94,17 @@
 #define CORREX_E_BUSY 13
 
 /**
- * An approval callback's answer that approves. Any other value denies.
+ * An approval callback's answer that approves. Any value but this and
+ * `CORREX_APPROVE_FOR_SESSION` denies.
  */
 #define CORREX_APPROVE 1
+
+/**
+ * An approval callback's answer that approves this request and, for the rest of its session,
+ * every request of the same tool whose argv starts with this one's (every request of a tool
+ * without an argv): they are not asked about again.
+ */
+#define CORREX_APPROVE_FOR_SESSION 2
 
 /**
  * An approval callback's answer that denies.
@@ -204,9 +212,15 @@ typedef int32_t (*correx_chunk_fn)(void *user_data, int32_t kind, const char *te
 /**
  * An approval callback: asked for every T2 and T3 tool before it runs.
  *
- * `tool` is the tool's name, `tier` 0..3, `request_json` the full request
- * (`{"v":1,"invocation_id":..,"session_id":..,"tool_name":..,"parameters":{..}}`); both strings
- * live only during the call. Return `CORREX_APPROVE` to approve; any other value denies. It runs
+ * `tool` is the tool's name, `tier` 0..3, `request_json` the full request with its context
+ * (`{"v":1,"invocation_id":..,"session_id":..,"tool_name":..,"parameters":{..},"context":
+ * {"session_id":..,"stage_id":..|null,"mode":"interactive"|"auto"|"deny","invocation_id":..,
+ * "tier":2,"paths":["/abs/path",..],"argv":[..]|null}}`, `paths` being every file the tool may
+ * change and `argv` the shell's command line); both strings live only during the call.
+ * Return `CORREX_APPROVE` to approve, `CORREX_APPROVE_FOR_SESSION` to approve it and the same
+ * tool and argv prefix for the rest of the session; any other value denies. Rules in the
+ * config's `approvals.rules` are checked first: a request they allow or forbid never reaches
+ * the callback. It runs
  * on the thread that called `correx_tool_execute`, with no correx lock held, so it may block
  * (to ask a person) and may call correx (but not free the runtime).
  */
@@ -678,7 +692,8 @@ int32_t correx_models_status(const struct correx_runtime *rt,
  *   "sandbox_root": "/path", "tools": {"shell": {...}, "file_read": {...}, "file_write": {...},
  *   "file_edit": {...}}, "models": {"server_bin", "port", "port_count", "max_loaded",
  *   "memory_budget_mb", "max_queued", "liveness_interval_ms", "health_timeout_ms", "log_dir",
- *   "read_timeout_ms", "drain_timeout_ms"}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
+ *   "read_timeout_ms", "drain_timeout_ms"}, "approvals": {"engine": "callback"|"auto"|"deny",
+ *   "max_tier": 2, "rules": [{"tool", "argv_prefix", "action": "allow"|"ask"|"forbid"}]}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
  *   everything. See the README for every field.
  * - `out`: receives the new runtime.
  * - `err`: optional; receives an error on failure.

@@ -24,8 +24,8 @@ mod text;
 mod tools;
 
 pub use approvals::{
-    ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalMode, ApprovalRequest, AutoApprove,
-    CallbackApprover, DenyAll,
+    ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalMode, ApprovalPolicy,
+    ApprovalRequest, ApprovalRule, AutoApprove, CallbackApprover, Decided, DenyAll, RuleAction,
 };
 pub use cancel::CancelToken;
 pub use events::{
@@ -46,8 +46,8 @@ pub use inference::{
 pub use install::LlamaInstall;
 pub use platform::{kernel_features, KernelFeatures};
 pub use runtime::{
-    build_registry, ConfigError, FileToolConfig, ModelsConfig, Runtime, RuntimeConfig,
-    RuntimeError, ShellConfig, ToolConfig, CONFIG_VERSION,
+    build_registry, ApprovalsConfig, ConfigError, EngineChoice, FileToolConfig, ModelsConfig,
+    Runtime, RuntimeConfig, RuntimeError, ShellConfig, ToolConfig, CONFIG_VERSION,
 };
 pub use sandbox::{
     default_work_root, session_stream, Recovered, SandboxError, SandboxedToolExecutor,

@@ -45,6 +45,19 @@ fn write_log(path: &std::path::Path) -> Result<SqliteEventStore, Box<dyn std::er
     )?;
     pause();
     ev(
+        DomainEvent::ToolApprovalDecided {
+            session_id: "s1".into(),
+            invocation_id: "inv-1".into(),
+            tool_name: "file_write".into(),
+            tier: 2,
+            decision: "approved".into(),
+            decided_by: "host".into(),
+            wait_ms: 40,
+            reason: None,
+        },
+        "session-s1",
+    )?;
+    ev(
         DomainEvent::ToolExecutionStarted {
             session_id: "s1".into(),
             invocation_id: "inv-1".into(),
@@ -133,7 +146,7 @@ fn show_prints_json_lines_when_piped_and_filters() -> TestResult {
     let (code, out, err) = run(&["log", "show", &db])?;
     assert_eq!(code, 0, "{err}");
     let all = json_lines(&out)?;
-    assert_eq!(all.len(), 8);
+    assert_eq!(all.len(), 9);
     assert_eq!(all[0]["type_id"], "model.loaded");
     assert_eq!(all[0]["payload"]["pid"], 4242);
     assert!(all[0]["time"].as_str().is_some_and(|t| t.ends_with('Z')));
@@ -151,9 +164,9 @@ fn show_prints_json_lines_when_piped_and_filters() -> TestResult {
     assert_eq!(some.len(), 2);
     assert!(some.iter().all(|e| e["stream_id"] == "session-s1"));
     let (_, out, _) = run(&["log", "show", &db, "--after", "6"])?;
-    assert_eq!(json_lines(&out)?.len(), 2);
+    assert_eq!(json_lines(&out)?.len(), 3);
     let (_, out, _) = run(&["log", "show", &db, "--since", "1h"])?;
-    assert_eq!(json_lines(&out)?.len(), 8);
+    assert_eq!(json_lines(&out)?.len(), 9);
     let (_, out, _) = run(&["log", "show", &db, "--since", "2999-01-01T00:00:00Z"])?;
     assert!(out.is_empty());
     Ok(())
@@ -285,18 +298,18 @@ fn verify_passes_a_sound_log_and_names_each_problem_of_a_damaged_one() -> TestRe
     let dbs = db.to_string_lossy().into_owned();
     let (code, out, err) = run(&["log", "verify", &dbs])?;
     assert_eq!(code, 0, "{err}");
-    assert!(out.starts_with("ok: 8 events in 4 streams"), "{out}");
+    assert!(out.starts_with("ok: 9 events in 4 streams"), "{out}");
     {
         let conn = rusqlite::Connection::open(&db)?;
         // A gap in session-s1 (its version 2 is gone), a payload that is not JSON, and a known
         // type whose payload does not match its schema.
         conn.execute("DELETE FROM events WHERE position = 3", [])?;
         conn.execute(
-            "UPDATE events SET payload = 'not json' WHERE position = 4",
+            "UPDATE events SET payload = 'not json' WHERE position = 5",
             [],
         )?;
         conn.execute(
-            "UPDATE events SET payload = '{\"model_id\": 3}' WHERE position = 8",
+            "UPDATE events SET payload = '{\"model_id\": 3}' WHERE position = 9",
             [],
         )?;
     }
@@ -306,15 +319,15 @@ fn verify_passes_a_sound_log_and_names_each_problem_of_a_damaged_one() -> TestRe
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 3, "{out}");
     assert!(
-        lines[0].starts_with("position 4:") && lines[0].contains("not JSON"),
+        lines[0].starts_with("position 4:") && lines[0].contains("session-s1"),
         "{out}"
     );
     assert!(
-        lines[1].starts_with("position 5:") && lines[1].contains("session-s1"),
+        lines[1].starts_with("position 5:") && lines[1].contains("not JSON"),
         "{out}"
     );
     assert!(
-        lines[2].starts_with("position 8:") && lines[2].contains("model.unloaded"),
+        lines[2].starts_with("position 9:") && lines[2].contains("model.unloaded"),
         "{out}"
     );
     Ok(())
@@ -332,7 +345,9 @@ fn audit_tells_residency_and_every_run_with_its_approval_and_flags_open_ones() -
         "{out}"
     );
     assert!(
-        out.contains("file_write (T2)") && out.contains("completed in 15 ms"),
+        out.contains("file_write (T2)")
+            && out.contains("completed in 15 ms")
+            && out.contains("approved by host after 40 ms"),
         "{out}"
     );
     assert!(out.contains("denied: denied by the approver"), "{out}");
@@ -353,7 +368,7 @@ fn trace_is_chrome_trace_json_whose_spans_match_the_log() -> TestResult {
     let trace: Value = serde_json::from_str(&out)?;
     let events = trace["traceEvents"].as_array().ok_or("no traceEvents")?;
     let spans: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X").collect();
-    // Spans on one track never overlap (so they nest trivially).
+    // Spans on one track nest: any two are apart, or one holds the other.
     let mut by_track: std::collections::BTreeMap<(u64, u64), Vec<(i64, i64)>> = Default::default();
     for s in &spans {
         let key = (
@@ -366,10 +381,13 @@ fn trace_is_chrome_trace_json_whose_spans_match_the_log() -> TestResult {
             .or_default()
             .push((ts, ts + s["dur"].as_i64().ok_or("dur")?));
     }
-    for (track, mut v) in by_track {
-        v.sort();
-        for w in v.windows(2) {
-            assert!(w[0].1 <= w[1].0, "spans overlap on {track:?}: {w:?}");
+    for (track, v) in by_track {
+        for a in &v {
+            for b in &v {
+                let apart = a.1 <= b.0 || b.1 <= a.0;
+                let holds = (a.0 <= b.0 && b.1 <= a.1) || (b.0 <= a.0 && a.1 <= b.1);
+                assert!(apart || holds, "spans cross on {track:?}: {a:?} {b:?}");
+            }
         }
     }
     let log = store.read_all(1, 100)?;
@@ -378,14 +396,33 @@ fn trace_is_chrome_trace_json_whose_spans_match_the_log() -> TestResult {
             .find(|e| e.type_id == ty && e.payload["invocation_id"] == inv)
             .map(|e| e.timestamp_ms * 1000)
     };
-    let write = spans
-        .iter()
-        .find(|s| s["name"] == "file_write")
-        .ok_or("no file_write span")?;
     let start = at("tool.execution_started", "inv-1").ok_or("no start")?;
     let end = at("tool.execution_completed", "inv-1").ok_or("no end")?;
-    assert_eq!(write["ts"].as_i64(), Some(start));
-    assert_eq!(write["dur"].as_i64(), Some(end - start));
+    let decided = at("tool.approval_decided", "inv-1").ok_or("no decision")?;
+    let write = spans
+        .iter()
+        .find(|s| s["name"] == "file_write" && s["args"]["invocation_id"] == "inv-1")
+        .ok_or("no file_write span")?;
+    let of_run = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s["name"] == name && s["tid"] == write["tid"] && s["pid"] == 2)
+            .copied()
+    };
+    let running = of_run("running").ok_or("no running span")?;
+    let approval = of_run("approval").ok_or("no approval span")?;
+    // The run starts when it was asked (the decision less its 40 ms wait) and ends with its
+    // outcome; it ran from its start event.
+    let (wts, wdur) = (
+        write["ts"].as_i64().unwrap_or(0),
+        write["dur"].as_i64().unwrap_or(0),
+    );
+    assert_eq!(wts, decided - 40_000);
+    assert_eq!(wts + wdur, end);
+    assert_eq!(approval["ts"], write["ts"]);
+    assert_eq!(approval["dur"].as_i64(), Some(40_000));
+    assert_eq!(running["ts"].as_i64(), Some(start));
+    assert_eq!(running["dur"].as_i64(), Some(end - start));
     let resident = spans
         .iter()
         .find(|s| s["name"] == "gemma resident")
@@ -514,7 +551,9 @@ fn tool_run_asks_on_the_terminal_and_records_a_denial_and_an_approval() -> TestR
     assert_eq!(
         types,
         [
+            "tool.approval_decided",
             "tool.execution_rejected",
+            "tool.approval_decided",
             "tool.execution_started",
             "tool.execution_completed"
         ]
@@ -548,11 +587,11 @@ fn show_on_a_terminal_is_aligned_and_coloured_unless_no_color() -> TestResult {
     let plain = in_pty(true)?;
     assert!(!plain.contains('\x1b'), "{plain:?}");
     let rows: Vec<&str> = plain.lines().filter(|l| !l.is_empty()).collect();
-    assert_eq!(rows.len(), 8, "{plain}");
+    assert_eq!(rows.len(), 9, "{plain}");
     // The summary column starts at the same place on every row.
     let summary_at = |row: &str, text: &str| row.find(text);
     let first = summary_at(rows[0], "model gemma loaded").ok_or("no summary")?;
-    let last = summary_at(rows[7], "model gemma unloaded").ok_or("no summary")?;
+    let last = summary_at(rows[8], "model gemma unloaded").ok_or("no summary")?;
     assert_eq!(first, last, "{plain}");
     Ok(())
 }

@@ -70,6 +70,16 @@ fn every_domain_event() -> Vec<DomainEvent> {
             pid: Some(42),
             port: Some(10000),
         },
+        DomainEvent::ToolApprovalDecided {
+            session_id: "s".into(),
+            invocation_id: "i".into(),
+            tool_name: "shell".into(),
+            tier: 2,
+            decision: "denied".into(),
+            decided_by: "rule: shell [\"rm\"] forbid".into(),
+            wait_ms: 0,
+            reason: Some("forbidden".into()),
+        },
         DomainEvent::ToolExecutionStarted {
             session_id: "s".into(),
             invocation_id: "i".into(),

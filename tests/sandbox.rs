@@ -106,7 +106,16 @@ impl Rig {
         )?)
     }
 
+    /// The session's events but approval decisions (the approval tests read those).
     fn events(&self) -> Result<Vec<RecordedEvent>, correx::EventStoreError> {
+        let all = self.all_events()?;
+        Ok(all
+            .into_iter()
+            .filter(|e| e.type_id != "tool.approval_decided")
+            .collect())
+    }
+
+    fn all_events(&self) -> Result<Vec<RecordedEvent>, correx::EventStoreError> {
         self.store.read_stream(&session_stream("s"), 1, 1000)
     }
 
@@ -135,8 +144,13 @@ fn req(tool: &str, params: serde_json::Value) -> ToolRequest {
     )
 }
 
+/// The run's types without its approval decision (the approval tests look at those).
 fn types(events: &[RecordedEvent]) -> Vec<&str> {
-    events.iter().map(|e| e.type_id.as_str()).collect()
+    events
+        .iter()
+        .map(|e| e.type_id.as_str())
+        .filter(|t| *t != "tool.approval_decided")
+        .collect()
 }
 
 #[test]
@@ -156,7 +170,12 @@ fn a_denied_tool_is_recorded_as_rejected_and_never_runs() -> TestResult {
         }
     ));
     assert_eq!(tool.calls.load(Ordering::SeqCst), 0);
-    assert_eq!(types(&rig.events()?), ["tool.execution_rejected"]);
+    let events = rig.all_events()?;
+    assert_eq!(types(&events), ["tool.execution_rejected"]);
+    // The decision is recorded first, in the same transaction, naming who decided.
+    assert_eq!(events[0].type_id, "tool.approval_decided");
+    assert_eq!(events[0].payload["decision"], "denied");
+    assert_eq!(events.len(), 2);
     Ok(())
 }
 
@@ -477,7 +496,9 @@ fn every_invocation_logs_started_then_one_end_or_rejected_alone() -> TestResult 
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        by_invocation.entry(inv).or_default().push(e.type_id);
+        if e.type_id != "tool.approval_decided" {
+            by_invocation.entry(inv).or_default().push(e.type_id);
+        }
     }
     assert_eq!(by_invocation.len(), 60);
     for (inv, seq) in by_invocation {
@@ -817,5 +838,111 @@ fn a_cancel_before_the_start_rejects_and_one_during_the_run_restores() -> TestRe
         ["tool.execution_started", "tool.execution_cancelled"]
     );
     rig.assert_clean(&rig.tmp.join(""))?;
+    Ok(())
+}
+
+/// The config's engines and rules, through a whole runtime: `auto` up to a tier, `deny`, and
+/// rules in front of either; each decision recorded with who decided, in the transaction of
+/// the start or rejection it led to.
+#[test]
+fn config_engines_and_rules_decide_and_every_decision_is_recorded() -> TestResult {
+    let tmp = TempDir::new("approvals-config");
+    let work = tmp.join("work");
+    std::fs::create_dir_all(&work)?;
+    let runtime_with =
+        |engine: &str, log: &str| -> Result<correx::Runtime, Box<dyn std::error::Error>> {
+            let config = RuntimeConfig::from_json(
+                &json!({"v": 1, "event_log": tmp.join(log), "sandbox_root": tmp.join("sb"),
+                "tools": {"file_write": {"enabled": true, "allowed_paths": [work]},
+                          "file_edit": {"enabled": true, "allowed_paths": [work]}},
+                "approvals": {"engine": engine, "max_tier": 2, "rules": [
+                    {"tool": "file_edit", "action": "forbid"}]}})
+                .to_string(),
+            )?;
+            // The host's engine is never asked: the config chose another.
+            let host = Arc::new(CallbackApprover::new(|_, _| {
+                Err("the host was asked".into())
+            }));
+            Ok(correx::Runtime::new(&config, host)?)
+        };
+    let write = ToolRequest::new(
+        SessionId::from("s"),
+        "file_write",
+        json!({"operation": "write", "path": work.join("a.txt"), "content": "a"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    );
+    let edit = ToolRequest::new(
+        SessionId::from("s"),
+        "file_edit",
+        json!({"operation": "append", "path": work.join("a.txt"), "content": "b"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    );
+    let decisions =
+        |rt: &correx::Runtime| -> Result<Vec<(String, String)>, correx::EventStoreError> {
+            Ok(rt
+                .events()
+                .read_stream(&session_stream("s"), 1, 100)?
+                .into_iter()
+                .filter(|e| e.type_id == "tool.approval_decided")
+                .map(|e| {
+                    (
+                        e.payload["decision"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
+                        e.payload["decided_by"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
+                    )
+                })
+                .collect())
+        };
+    let auto = runtime_with("auto", "auto.db")?;
+    assert!(auto.executor().execute(&write).is_success());
+    assert!(!auto.executor().execute(&edit).is_success());
+    assert_eq!(
+        decisions(&auto)?,
+        [
+            ("approved".to_owned(), "auto up to T2".to_owned()),
+            ("denied".to_owned(), "rule: file_edit forbid".to_owned())
+        ]
+    );
+    // Each decision shares its transaction with what followed: they are adjacent versions.
+    let all = auto.events().read_stream(&session_stream("s"), 1, 100)?;
+    let kinds: Vec<&str> = all.iter().map(|e| e.type_id.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "tool.approval_decided",
+            "tool.execution_started",
+            "tool.execution_completed",
+            "tool.approval_decided",
+            "tool.execution_rejected"
+        ]
+    );
+    drop(auto);
+    let deny = runtime_with("deny", "deny.db")?;
+    assert!(!deny.executor().execute(&write).is_success());
+    assert_eq!(
+        decisions(&deny)?,
+        [("denied".to_owned(), "deny_all".to_owned())]
+    );
+    for (engine, field) in [
+        ("sometimes", "approvals.engine"),
+        ("auto", "approvals.rules[0].action"),
+    ] {
+        let text = json!({"v": 1, "event_log": "/e.db", "approvals": {"engine": engine,
+            "rules": [{"tool": "shell", "action": "maybe"}]}})
+        .to_string();
+        let e = RuntimeConfig::from_json(&text)
+            .err()
+            .ok_or("accepted a bad config")?;
+        assert_eq!(e.field, field, "{e}");
+    }
     Ok(())
 }

@@ -26,6 +26,10 @@ impl ApprovalEngine for AutoApprove {
             ))
         }
     }
+
+    fn name(&self) -> String {
+        format!("auto up to {}", self.max)
+    }
 }
 
 /// Denies everything it is asked.
@@ -36,11 +40,17 @@ impl ApprovalEngine for DenyAll {
     fn evaluate(&self, request: &ApprovalRequest, _context: &ApprovalContext) -> ApprovalDecision {
         ApprovalDecision::denied(format!("{} denied: approvals are off", request.tool_name))
     }
+
+    fn name(&self) -> String {
+        "deny_all".into()
+    }
 }
 
 /// The host's own answer, as a boxed closure.
-type ApproverFn =
-    dyn Fn(&ApprovalRequest, &ApprovalContext) -> Result<bool, String> + Send + Sync + 'static;
+type ApproverFn = dyn Fn(&ApprovalRequest, &ApprovalContext) -> Result<ApprovalDecision, String>
+    + Send
+    + Sync
+    + 'static;
 
 /// Asks the host through a callback. Fails closed: `Ok(true)` approves; `Ok(false)`, an error or
 /// a panic inside the callback denies.
@@ -53,6 +63,28 @@ impl CallbackApprover {
     pub fn new<F>(callback: F) -> Self
     where
         F: Fn(&ApprovalRequest, &ApprovalContext) -> Result<bool, String> + Send + Sync + 'static,
+    {
+        Self::with_answer(move |r, c| {
+            callback(r, c).map(|yes| {
+                if yes {
+                    ApprovalDecision::Approved
+                } else {
+                    ApprovalDecision::denied(format!(
+                        "{} ({}) denied by the host",
+                        r.tool_name, r.tier
+                    ))
+                }
+            })
+        })
+    }
+
+    /// Wraps `callback`, which answers with a decision (so it can approve for the session).
+    pub fn with_answer<F>(callback: F) -> Self
+    where
+        F: Fn(&ApprovalRequest, &ApprovalContext) -> Result<ApprovalDecision, String>
+            + Send
+            + Sync
+            + 'static,
     {
         CallbackApprover {
             callback: Box::new(callback),
@@ -69,11 +101,7 @@ impl std::fmt::Debug for CallbackApprover {
 impl ApprovalEngine for CallbackApprover {
     fn evaluate(&self, request: &ApprovalRequest, context: &ApprovalContext) -> ApprovalDecision {
         match catch_unwind(AssertUnwindSafe(|| (self.callback)(request, context))) {
-            Ok(Ok(true)) => ApprovalDecision::Approved,
-            Ok(Ok(false)) => ApprovalDecision::denied(format!(
-                "{} ({}) denied by the host",
-                request.tool_name, request.tier
-            )),
+            Ok(Ok(decision)) => decision,
             Ok(Err(e)) => ApprovalDecision::denied(format!(
                 "{} denied: the approver failed: {e}",
                 request.tool_name
@@ -83,6 +111,10 @@ impl ApprovalEngine for CallbackApprover {
                 request.tool_name
             )),
         }
+    }
+
+    fn name(&self) -> String {
+        "host".into()
     }
 }
 
@@ -95,11 +127,7 @@ mod tests {
     fn ask(tier: Tier) -> (ApprovalRequest, ApprovalContext) {
         let request = ToolRequest::new(SessionId::from("s"), "t", Default::default());
         (
-            ApprovalRequest {
-                tool_name: "t".into(),
-                tier,
-                request,
-            },
+            ApprovalRequest::new(&request, tier, Vec::new()),
             ApprovalContext::new(SessionId::from("s")),
         )
     }

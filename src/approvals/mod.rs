@@ -8,14 +8,16 @@
 //!              SessionId, Tier, ToolRequest};
 //! let engine = AutoApprove::up_to(Tier::T2);
 //! let request = ToolRequest::new(SessionId::from("s1"), "file_write", Default::default());
-//! let ask = ApprovalRequest { tool_name: "file_write".into(), tier: Tier::T2, request };
+//! let ask = ApprovalRequest::new(&request, Tier::T2, Vec::new());
 //! let ctx = ApprovalContext::new(SessionId::from("s1"));
 //! assert_eq!(engine.evaluate(&ask, &ctx), ApprovalDecision::Approved);
 //! ```
 
 mod engines;
+mod policy;
 
 pub use engines::{AutoApprove, CallbackApprover, DenyAll};
+pub use policy::{ApprovalPolicy, ApprovalRule, Decided, RuleAction};
 
 use crate::ids::{SessionId, StageId};
 use crate::tools::{Tier, ToolRequest};
@@ -43,6 +45,31 @@ pub struct ApprovalRequest {
     pub tier: Tier,
     /// The full request, parameters included.
     pub request: ToolRequest,
+    /// Every path the tool may change (empty for tools that change no file).
+    #[serde(default)]
+    pub paths: Vec<std::path::PathBuf>,
+    /// The command line, for a tool that takes one (the shell's `argv`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
+}
+
+impl ApprovalRequest {
+    /// The question for `request` of a tool of `tier` that may change `paths`; the argv is the
+    /// request's `argv` parameter when it is an array of strings.
+    pub fn new(request: &ToolRequest, tier: Tier, paths: Vec<std::path::PathBuf>) -> Self {
+        let argv = request
+            .parameters
+            .get("argv")
+            .and_then(|v| v.as_array())
+            .and_then(|a| a.iter().map(|w| w.as_str().map(str::to_owned)).collect());
+        ApprovalRequest {
+            tool_name: request.tool_name.clone(),
+            tier,
+            request: request.clone(),
+            paths,
+            argv,
+        }
+    }
 }
 
 /// What the engine knows about where the request comes from.
@@ -73,6 +100,9 @@ impl ApprovalContext {
 pub enum ApprovalDecision {
     /// The tool may run.
     Approved,
+    /// The tool may run, and so may the same tool for the rest of the session when its argv
+    /// starts with this request's (any request of the tool, for one without an argv).
+    ApprovedForSession,
     /// The tool must not run.
     Denied {
         /// Why, for the event log and the model.
@@ -90,7 +120,19 @@ impl ApprovalDecision {
 
     /// Whether this approves.
     pub fn is_approved(&self) -> bool {
-        matches!(self, ApprovalDecision::Approved)
+        matches!(
+            self,
+            ApprovalDecision::Approved | ApprovalDecision::ApprovedForSession
+        )
+    }
+
+    /// How the log names it: `approved`, `approved_for_session` or `denied`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ApprovalDecision::Approved => "approved",
+            ApprovalDecision::ApprovedForSession => "approved_for_session",
+            ApprovalDecision::Denied { .. } => "denied",
+        }
     }
 }
 
@@ -98,4 +140,9 @@ impl ApprovalDecision {
 pub trait ApprovalEngine: Send + Sync {
     /// Approves or denies `request`. Implementations must fail closed.
     fn evaluate(&self, request: &ApprovalRequest, context: &ApprovalContext) -> ApprovalDecision;
+
+    /// How the log names this engine in `tool.approval_decided`'s `decided_by`.
+    fn name(&self) -> String {
+        "engine".into()
+    }
 }

@@ -75,6 +75,30 @@ pub enum DomainEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         port: Option<u16>,
     },
+    /// A policy rule, an earlier session answer or the approval engine decided whether a tool
+    /// invocation may run; appended in one transaction with the start or the rejection it led
+    /// to.
+    #[serde(rename = "tool.approval_decided")]
+    ToolApprovalDecided {
+        /// The session.
+        session_id: String,
+        /// The invocation.
+        invocation_id: String,
+        /// The tool.
+        tool_name: String,
+        /// The tool's tier, 0..=3.
+        tier: i32,
+        /// `approved`, `approved_for_session` or `denied`.
+        decision: String,
+        /// Who decided: `rule: shell ["rm"] forbid`, `session`, `host`, `auto up to T2`,
+        /// `deny_all`.
+        decided_by: String,
+        /// How long the decision took (a person's answer, through the host), in milliseconds.
+        wait_ms: u64,
+        /// A denial's reason.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     /// A tool invocation passed approval and is about to run.
     #[serde(rename = "tool.execution_started")]
     ToolExecutionStarted {
@@ -175,6 +199,7 @@ type_ids! {
     ModelLoaded => "model.loaded",
     ModelUnloaded => "model.unloaded",
     ModelEndpointFailover => "model.endpoint_failover",
+    ToolApprovalDecided => "tool.approval_decided",
     ToolExecutionStarted => "tool.execution_started",
     ToolExecutionCompleted => "tool.execution_completed",
     ToolExecutionFailed => "tool.execution_failed",
@@ -204,6 +229,9 @@ impl DomainEvent {
                     Some(pid) => format!("model {model_id} unloaded ({reason}, pid {pid})"),
                     None => format!("model {model_id} unloaded ({reason})"),
                 }
+            }
+            DomainEvent::ToolApprovalDecided { tool_name, tier, decision, decided_by, wait_ms, invocation_id, .. } => {
+                format!("{tool_name} (T{tier}) {decision} by {decided_by} after {wait_ms} ms, invocation {invocation_id}")
             }
             DomainEvent::ToolExecutionStarted { tool_name, tier, invocation_id, .. } => {
                 format!("{tool_name} (T{tier}) started, invocation {invocation_id}")

@@ -69,8 +69,13 @@ pub const CORREX_E_TOOL_SETUP: i32 = 12;
 /// after the drain timeout; nothing was changed.
 pub const CORREX_E_BUSY: i32 = 13;
 
-/// An approval callback's answer that approves. Any other value denies.
+/// An approval callback's answer that approves. Any value but this and
+/// `CORREX_APPROVE_FOR_SESSION` denies.
 pub const CORREX_APPROVE: i32 = 1;
+/// An approval callback's answer that approves this request and, for the rest of its session,
+/// every request of the same tool whose argv starts with this one's (every request of a tool
+/// without an argv): they are not asked about again.
+pub const CORREX_APPROVE_FOR_SESSION: i32 = 2;
 /// An approval callback's answer that denies.
 pub const CORREX_DENY: i32 = 0;
 

@@ -4,8 +4,8 @@
 use super::convert::{out_arg, str_arg};
 use super::tools::tool_request_json;
 use super::{
-    correx_error, guard, Failure, FfiResult, CORREX_APPROVE, CORREX_E_CONFIG, CORREX_E_EVENT_STORE,
-    CORREX_E_NULL, CORREX_E_TOOL_SETUP, CORREX_E_UNUSABLE,
+    correx_error, guard, Failure, FfiResult, CORREX_APPROVE, CORREX_APPROVE_FOR_SESSION,
+    CORREX_E_CONFIG, CORREX_E_EVENT_STORE, CORREX_E_NULL, CORREX_E_TOOL_SETUP, CORREX_E_UNUSABLE,
 };
 use crate::approvals::{ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalRequest};
 use crate::inference::ModelDescriptor;
@@ -18,9 +18,15 @@ use std::sync::Arc;
 
 /// An approval callback: asked for every T2 and T3 tool before it runs.
 ///
-/// `tool` is the tool's name, `tier` 0..3, `request_json` the full request
-/// (`{"v":1,"invocation_id":..,"session_id":..,"tool_name":..,"parameters":{..}}`); both strings
-/// live only during the call. Return `CORREX_APPROVE` to approve; any other value denies. It runs
+/// `tool` is the tool's name, `tier` 0..3, `request_json` the full request with its context
+/// (`{"v":1,"invocation_id":..,"session_id":..,"tool_name":..,"parameters":{..},"context":
+/// {"session_id":..,"stage_id":..|null,"mode":"interactive"|"auto"|"deny","invocation_id":..,
+/// "tier":2,"paths":["/abs/path",..],"argv":[..]|null}}`, `paths` being every file the tool may
+/// change and `argv` the shell's command line); both strings live only during the call.
+/// Return `CORREX_APPROVE` to approve, `CORREX_APPROVE_FOR_SESSION` to approve it and the same
+/// tool and argv prefix for the rest of the session; any other value denies. Rules in the
+/// config's `approvals.rules` are checked first: a request they allow or forbid never reaches
+/// the callback. It runs
 /// on the thread that called `correx_tool_execute`, with no correx lock held, so it may block
 /// (to ask a person) and may call correx (but not free the runtime).
 pub type correx_approve_fn = Option<
@@ -61,14 +67,14 @@ impl Drop for HostApprover {
 struct SwitchApprover(RwLock<Option<Arc<HostApprover>>>);
 
 impl ApprovalEngine for SwitchApprover {
-    fn evaluate(&self, request: &ApprovalRequest, _context: &ApprovalContext) -> ApprovalDecision {
+    fn evaluate(&self, request: &ApprovalRequest, context: &ApprovalContext) -> ApprovalDecision {
         // Clone out of the lock: the callback runs with no correx lock held.
         let Some(host) = self.0.read().clone() else {
             return ApprovalDecision::denied("no approval callback is registered");
         };
         let (Ok(tool), Ok(req)) = (
             CString::new(request.tool_name.clone()),
-            CString::new(tool_request_json(&request.request).to_string()),
+            CString::new(approval_json(request, context).to_string()),
         ) else {
             return ApprovalDecision::denied("the request cannot be shown to the approver");
         };
@@ -82,12 +88,33 @@ impl ApprovalEngine for SwitchApprover {
                 req.as_ptr(),
             )
         };
-        if answer == CORREX_APPROVE {
-            ApprovalDecision::Approved
-        } else {
-            ApprovalDecision::denied(format!("denied by the host approver (answer {answer})"))
+        match answer {
+            CORREX_APPROVE => ApprovalDecision::Approved,
+            CORREX_APPROVE_FOR_SESSION => ApprovalDecision::ApprovedForSession,
+            other => {
+                ApprovalDecision::denied(format!("denied by the host approver (answer {other})"))
+            }
         }
     }
+
+    fn name(&self) -> String {
+        "host".into()
+    }
+}
+
+/// The request as the host's approver sees it: the tool request and its context.
+fn approval_json(request: &ApprovalRequest, context: &ApprovalContext) -> serde_json::Value {
+    let mut v = tool_request_json(&request.request);
+    v["context"] = serde_json::json!({
+        "session_id": context.session_id,
+        "stage_id": context.stage_id,
+        "mode": context.mode,
+        "invocation_id": request.request.invocation_id,
+        "tier": request.tier.as_i32(),
+        "paths": request.paths,
+        "argv": request.argv,
+    });
+    v
 }
 
 /// A correx runtime: the event log, the model manager and the sandboxed tools. Share one
@@ -155,7 +182,8 @@ pub(super) unsafe fn with_runtime(
 ///   "sandbox_root": "/path", "tools": {"shell": {...}, "file_read": {...}, "file_write": {...},
 ///   "file_edit": {...}}, "models": {"server_bin", "port", "port_count", "max_loaded",
 ///   "memory_budget_mb", "max_queued", "liveness_interval_ms", "health_timeout_ms", "log_dir",
-///   "read_timeout_ms", "drain_timeout_ms"}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
+///   "read_timeout_ms", "drain_timeout_ms"}, "approvals": {"engine": "callback"|"auto"|"deny",
+///   "max_tier": 2, "rules": [{"tool", "argv_prefix", "action": "allow"|"ask"|"forbid"}]}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
 ///   everything. See the README for every field.
 /// - `out`: receives the new runtime.
 /// - `err`: optional; receives an error on failure.

@@ -1,6 +1,7 @@
 //! The runtime's configuration, read from JSON with the spec's defaults: every tool disabled,
 //! empty allowlists deny everything. Errors name the field.
 
+use crate::approvals::{ApprovalRule, RuleAction};
 use crate::events::Durability;
 use crate::tools::{
     IsolationMode, IsolationOptions, ResourceLimits, ShellOptions, DEFAULT_MAX_READ_BYTES,
@@ -101,6 +102,121 @@ pub struct ModelsConfig {
     pub drain_timeout: Option<Duration>,
 }
 
+/// Which engine decides approvals the rules leave open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngineChoice {
+    /// The host's engine (in C, the callback set with `correx_runtime_set_approver`).
+    #[default]
+    Callback,
+    /// Approve tiers up to `max_tier`, deny the rest.
+    Auto,
+    /// Deny everything that needs approval.
+    Deny,
+}
+
+/// How approvals are decided (config `approvals`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApprovalsConfig {
+    /// The engine; default the host's callback.
+    pub engine: EngineChoice,
+    /// For `auto`: the highest tier approved; default 2.
+    pub max_tier: crate::tools::Tier,
+    /// Rules checked before the engine.
+    pub rules: Vec<ApprovalRule>,
+}
+
+impl Default for ApprovalsConfig {
+    fn default() -> Self {
+        ApprovalsConfig {
+            engine: EngineChoice::Callback,
+            max_tier: crate::tools::Tier::T2,
+            rules: Vec::new(),
+        }
+    }
+}
+
+fn approvals(o: Option<Obj<'_>>) -> Result<ApprovalsConfig, ConfigError> {
+    let Some(o) = o else {
+        return Ok(ApprovalsConfig::default());
+    };
+    o.only(&["engine", "max_tier", "rules"])?;
+    let engine = match o.string("engine")?.as_deref() {
+        None | Some("callback") => EngineChoice::Callback,
+        Some("auto") => EngineChoice::Auto,
+        Some("deny") => EngineChoice::Deny,
+        Some(other) => {
+            return Err(err(
+                &o.field("engine"),
+                format!("{other:?} is not \"callback\", \"auto\" or \"deny\""),
+            ))
+        }
+    };
+    let max_tier = match o.u64("max_tier")? {
+        None => crate::tools::Tier::T2,
+        Some(n @ 0..=3) => crate::tools::Tier::from_i32(n as i32),
+        Some(n) => {
+            return Err(err(
+                &o.field("max_tier"),
+                format!("{n} is not a tier (0-3)"),
+            ))
+        }
+    };
+    let mut rules = Vec::new();
+    match o.get("rules") {
+        None => {}
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                let r = Obj::new(&format!("{}[{i}]", o.field("rules")), item)?;
+                r.only(&["tool", "argv_prefix", "action"])?;
+                let tool = r.string("tool")?.filter(|t| !t.is_empty()).ok_or_else(|| {
+                    err(&r.field("tool"), "missing; name the tool the rule is about")
+                })?;
+                let argv_prefix = match r.get("argv_prefix") {
+                    None => None,
+                    Some(_) => {
+                        let p = r.strings("argv_prefix")?;
+                        if p.is_empty() {
+                            return Err(err(
+                                &r.field("argv_prefix"),
+                                "must not be empty; leave it out to match every request",
+                            ));
+                        }
+                        Some(p)
+                    }
+                };
+                let action = match r.string("action")?.as_deref() {
+                    Some("allow") => RuleAction::Allow,
+                    Some("ask") => RuleAction::Ask,
+                    Some("forbid") => RuleAction::Forbid,
+                    Some(other) => {
+                        return Err(err(
+                            &r.field("action"),
+                            format!("{other:?} is not \"allow\", \"ask\" or \"forbid\""),
+                        ))
+                    }
+                    None => return Err(err(&r.field("action"), "missing: allow, ask or forbid")),
+                };
+                rules.push(ApprovalRule {
+                    tool,
+                    argv_prefix,
+                    action,
+                });
+            }
+        }
+        Some(v) => {
+            return Err(err(
+                &o.field("rules"),
+                format!("must be an array of rules, got {}", kind(v)),
+            ))
+        }
+    }
+    Ok(ApprovalsConfig {
+        engine,
+        max_tier,
+        rules,
+    })
+}
+
 /// Everything a [`crate::Runtime`] needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RuntimeConfig {
@@ -114,6 +230,8 @@ pub struct RuntimeConfig {
     pub tools: ToolConfig,
     /// Models.
     pub models: ModelsConfig,
+    /// Approvals.
+    pub approvals: ApprovalsConfig,
 }
 
 struct Obj<'a> {
@@ -413,11 +531,12 @@ impl RuntimeConfig {
             sandbox_root: None,
             tools: ToolConfig::default(),
             models: ModelsConfig::default(),
+            approvals: ApprovalsConfig::default(),
         }
     }
 
     /// Parses a config JSON object: `{"v": 1, "event_log": "...", "durability": "full",
-    /// "sandbox_root": "...", "tools": {...}, "models": {...}}`.
+    /// "sandbox_root": "...", "tools": {...}, "models": {...}, "approvals": {...}}`.
     ///
     /// # Errors
     /// [`ConfigError`] naming the field (`json` when the text is not JSON).
@@ -431,6 +550,7 @@ impl RuntimeConfig {
             "sandbox_root",
             "tools",
             "models",
+            "approvals",
         ])?;
         match o.u64("v")? {
             Some(CONFIG_VERSION) => {}
@@ -515,6 +635,7 @@ impl RuntimeConfig {
             sandbox_root: o.path("sandbox_root")?,
             tools,
             models,
+            approvals: approvals(o.child("approvals")?)?,
         })
     }
 }

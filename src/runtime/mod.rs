@@ -4,11 +4,11 @@
 mod config;
 
 pub use config::{
-    ConfigError, FileToolConfig, ModelsConfig, RuntimeConfig, ShellConfig, ToolConfig,
-    CONFIG_VERSION,
+    ApprovalsConfig, ConfigError, EngineChoice, FileToolConfig, ModelsConfig, RuntimeConfig,
+    ShellConfig, ToolConfig, CONFIG_VERSION,
 };
 
-use crate::approvals::ApprovalEngine;
+use crate::approvals::{ApprovalEngine, ApprovalPolicy, AutoApprove, DenyAll};
 use crate::events::{EventStore, EventStoreError, SqliteEventStore, StoreOptions};
 use crate::inference::{DefaultModelManager, ManagerOptions};
 use crate::sandbox::{default_work_root, SandboxError, SandboxedToolExecutor};
@@ -140,10 +140,16 @@ impl Runtime {
         );
         let registry = build_registry(&config.tools)?;
         let store: Arc<dyn EventStore> = events.clone();
-        let executor = SandboxedToolExecutor::new(
+        // The config's engine, or the host's; the config's rules in front of it.
+        let engine: Arc<dyn ApprovalEngine> = match config.approvals.engine {
+            EngineChoice::Callback => approvals,
+            EngineChoice::Auto => Arc::new(AutoApprove::up_to(config.approvals.max_tier)),
+            EngineChoice::Deny => Arc::new(DenyAll),
+        };
+        let executor = SandboxedToolExecutor::with_policy(
             Arc::new(DispatchingToolExecutor::new(registry.clone())),
             registry,
-            approvals,
+            ApprovalPolicy::new(config.approvals.rules.clone(), engine),
             store.clone(),
             config
                 .sandbox_root

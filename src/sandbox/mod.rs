@@ -15,11 +15,11 @@
 
 mod backup;
 
-use crate::approvals::{ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalRequest};
+use crate::approvals::{ApprovalContext, ApprovalEngine, ApprovalPolicy, ApprovalRequest};
 use crate::cancel::CancelToken;
-use crate::events::{append_domain, DomainEvent, EventStore, EventStoreError};
+use crate::events::{append_domain, DomainEvent, EventStore, EventStoreError, ExpectedVersion};
 use crate::private_dir::PrivateDir;
-use crate::tools::{Tool, ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult};
+use crate::tools::{ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult};
 use backup::Manifest;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -86,7 +86,7 @@ pub struct Recovered {
 pub struct SandboxedToolExecutor {
     delegate: Arc<dyn ToolExecutor>,
     registry: ToolRegistry,
-    approvals: Arc<dyn ApprovalEngine>,
+    policy: ApprovalPolicy,
     events: Arc<dyn EventStore>,
     work_root: PathBuf,
     locks: Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
@@ -165,6 +165,27 @@ impl SandboxedToolExecutor {
         events: Arc<dyn EventStore>,
         work_root: PathBuf,
     ) -> Result<Self, SandboxError> {
+        Self::with_policy(
+            delegate,
+            registry,
+            ApprovalPolicy::new(Vec::new(), approvals),
+            events,
+            work_root,
+        )
+    }
+
+    /// As [`SandboxedToolExecutor::new`], deciding approvals with `policy` (rules and session
+    /// answers in front of its engine).
+    ///
+    /// # Errors
+    /// As [`SandboxedToolExecutor::new`].
+    pub fn with_policy(
+        delegate: Arc<dyn ToolExecutor>,
+        registry: ToolRegistry,
+        policy: ApprovalPolicy,
+        events: Arc<dyn EventStore>,
+        work_root: PathBuf,
+    ) -> Result<Self, SandboxError> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -178,7 +199,7 @@ impl SandboxedToolExecutor {
         let mut ex = SandboxedToolExecutor {
             delegate,
             registry,
-            approvals,
+            policy,
             events,
             work_root,
             locks: Mutex::new(HashMap::new()),
@@ -284,20 +305,33 @@ impl SandboxedToolExecutor {
         };
         let stream = session_stream(request.session_id.as_str());
         let record = |e: DomainEvent| append_domain(self.events.as_ref(), &stream, &e);
+        // The decision goes into the same transaction as the start or rejection it led to.
+        let record_with = |decided: Option<DomainEvent>, e: DomainEvent| {
+            let events: Vec<_> = decided
+                .iter()
+                .chain(std::iter::once(&e))
+                .map(DomainEvent::to_new_event)
+                .collect();
+            self.events.append(&stream, ExpectedVersion::Any, &events)
+        };
         let base = (
             request.session_id.to_string(),
             request.invocation_id.to_string(),
             request.tool_name.clone(),
         );
+        let tier = tool.tier().as_i32();
         // Records the rejection and returns the failure the caller gets.
-        let reject = |reason: String, shown: String| {
-            let recorded = record(DomainEvent::ToolExecutionRejected {
-                session_id: base.0.clone(),
-                invocation_id: base.1.clone(),
-                tool_name: base.2.clone(),
-                tier: tool.tier().as_i32(),
-                reason,
-            });
+        let reject = |decided: Option<DomainEvent>, reason: String, shown: String| {
+            let recorded = record_with(
+                decided,
+                DomainEvent::ToolExecutionRejected {
+                    session_id: base.0.clone(),
+                    invocation_id: base.1.clone(),
+                    tool_name: base.2.clone(),
+                    tier,
+                    reason,
+                },
+            );
             let note = match recorded {
                 Ok(_) => String::new(),
                 Err(e) => format!(" (and the rejection could not be recorded: {e})"),
@@ -307,31 +341,56 @@ impl SandboxedToolExecutor {
         // A malformed request fails at once, before any approver (a person) is asked about it.
         if let ValidationResult::Invalid { reason } = tool.validate_request(request) {
             let reason = format!("invalid request: {reason}");
-            return reject(reason.clone(), reason);
+            return reject(None, reason.clone(), reason);
         }
-        if tool.tier().needs_approval() {
-            let ask = ApprovalRequest {
-                tool_name: request.tool_name.clone(),
-                tier: tool.tier(),
-                request: request.clone(),
-            };
-            if let ApprovalDecision::Denied { reason } = self.approvals.evaluate(&ask, context) {
-                let shown = format!("not approved: {reason}");
-                return reject(reason, shown);
+        let paths = match tool.as_file_affecting().map(|f| f.affected_paths(request)) {
+            Some(Ok(p)) => p,
+            Some(Err(reason)) => {
+                let reason = format!("invalid request: {reason}");
+                return reject(None, reason.clone(), reason);
             }
+            None => Vec::new(),
+        };
+        let ask = ApprovalRequest::new(request, tool.tier(), paths.clone());
+        let decided = self.policy.decide(&ask, context);
+        let decided_event = decided.as_ref().map(|d| DomainEvent::ToolApprovalDecided {
+            session_id: base.0.clone(),
+            invocation_id: base.1.clone(),
+            tool_name: base.2.clone(),
+            tier,
+            decision: d.decision.as_str().to_owned(),
+            decided_by: d.decided_by.clone(),
+            wait_ms: d.wait_ms,
+            reason: match &d.decision {
+                crate::approvals::ApprovalDecision::Denied { reason } => Some(reason.clone()),
+                _ => None,
+            },
+        });
+        if let Some(crate::approvals::ApprovalDecision::Denied { reason }) =
+            decided.as_ref().map(|d| &d.decision)
+        {
+            let shown = format!("not approved: {reason}");
+            return reject(decided_event, reason.clone(), shown);
         }
         // The approver may have taken long; a cancel meanwhile means the host no longer wants it.
         if cancel.is_cancelled() {
             let reason = "cancelled by the host before it ran".to_owned();
-            return reject(reason.clone(), format!("{reason}; nothing was changed"));
+            return reject(
+                decided_event,
+                reason.clone(),
+                format!("{reason}; nothing was changed"),
+            );
         }
-        if let Err(e) = record(DomainEvent::ToolExecutionStarted {
-            session_id: base.0.clone(),
-            invocation_id: base.1.clone(),
-            tool_name: base.2.clone(),
-            tier: tool.tier().as_i32(),
-            isolation: tool.isolation(),
-        }) {
+        if let Err(e) = record_with(
+            decided_event,
+            DomainEvent::ToolExecutionStarted {
+                session_id: base.0.clone(),
+                invocation_id: base.1.clone(),
+                tool_name: base.2.clone(),
+                tier,
+                isolation: tool.isolation(),
+            },
+        ) {
             return ToolResult::failure(
                 id,
                 format!("the tool did not run: its start could not be recorded: {e}"),
@@ -339,7 +398,7 @@ impl SandboxedToolExecutor {
             );
         }
         let started = Instant::now();
-        let result = self.run_guarded(tool.as_ref(), request, cancel);
+        let result = self.run_guarded(request, paths, cancel);
         let event = match &result {
             ToolResult::Failure { .. } if cancel.is_cancelled() => {
                 DomainEvent::ToolExecutionCancelled {
@@ -376,8 +435,8 @@ impl SandboxedToolExecutor {
     /// Working dir, locks, backups, the tool itself, then commit or restore.
     fn run_guarded(
         &self,
-        tool: &dyn Tool,
         request: &ToolRequest,
+        paths: Vec<PathBuf>,
         cancel: &CancelToken,
     ) -> ToolResult {
         let id = &request.invocation_id;
@@ -399,13 +458,6 @@ impl SandboxedToolExecutor {
                     true,
                 )
             }
-        };
-        let paths = match tool.as_file_affecting() {
-            Some(f) => match f.affected_paths(request) {
-                Ok(p) => p,
-                Err(reason) => return ToolResult::failure(id, reason, false),
-            },
-            None => Vec::new(),
         };
         let _locks = self.lock_paths(&paths);
         let tag = &safe_component(id.as_str())[..safe_component(id.as_str()).len().min(40)];

@@ -237,9 +237,10 @@ pub fn tail(args: Args) -> Result<(), Failure> {
     let after = recent.last().map_or(start, |e| e.position);
     let mut sub = store.subscribe(after).map_err(store_failure)?;
     loop {
-        // Short waits keep a closed pipe noticed even when nothing is appended.
-        match sub.next_timeout(Duration::from_millis(500)) {
+        // Short waits, so a reader that went away is noticed while nothing is appended.
+        match sub.next_timeout(Duration::from_millis(200)) {
             Ok(Some(e)) => print(&[e], format),
+            Ok(None) if crate::style::reader_gone() => return Ok(()),
             Ok(None) => {}
             Err(e) => return Err(store_failure(e)),
         }
@@ -283,6 +284,9 @@ pub struct Run {
     pub ended_ms: Option<i64>,
     pub approval: Option<String>,
     pub outcome: Option<String>,
+    /// When the approval decision was recorded, and how long it took.
+    pub decided_ms: Option<i64>,
+    pub wait_ms: Option<i64>,
 }
 
 /// One residency of a model: from `model.loaded` to `model.unloaded`.
@@ -405,7 +409,11 @@ impl History {
                     }
                     "tool.approval_decided" => {
                         let by = p["decided_by"].as_str().unwrap_or("the approval engine");
-                        run.approval = Some(format!("{} by {by}", s("decision")));
+                        let wait = p["wait_ms"].as_i64().unwrap_or(0);
+                        run.tier = p["tier"].as_i64();
+                        run.approval = Some(format!("{} by {by} after {wait} ms", s("decision")));
+                        run.decided_ms = Some(t);
+                        run.wait_ms = Some(wait);
                     }
                     "tool.execution_completed" => {
                         run.ended_ms = Some(t);
@@ -422,6 +430,7 @@ impl History {
                     }
                     "tool.execution_rejected" => {
                         run.tier = p["tier"].as_i64();
+                        run.ended_ms = Some(t);
                         run.approval = Some(format!("denied: {}", s("reason")));
                         run.outcome = Some("never ran".into());
                         let label = format!("{} rejected", run.tool);

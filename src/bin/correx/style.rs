@@ -53,3 +53,16 @@ pub fn line(text: &str) {
         std::process::exit(1);
     }
 }
+
+/// Whether stdout is a pipe whose reader closed it (`| head` exited): such a pipe polls as
+/// an error even with nothing to write.
+pub fn reader_gone() -> bool {
+    let mut p = libc::pollfd {
+        fd: 1,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on our own stdout, no timeout; poll only reads and writes it.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) != 0
+}

@@ -5,14 +5,15 @@ use crate::args::Args;
 use crate::style::line;
 use crate::Failure;
 use correx::{
-    ApprovalContext, CallbackApprover, Runtime, RuntimeConfig, SessionId, ToolRequest, ToolResult,
+    ApprovalContext, ApprovalDecision, CallbackApprover, Runtime, RuntimeConfig, SessionId,
+    ToolRequest, ToolResult,
 };
 use std::io::{BufRead, Write};
 use std::sync::Arc;
 
 /// Asks on stderr and reads the answer from stdin: y approves, a approves (and says the
 /// session answer is not kept past this one run), anything else denies.
-fn ask(tool: &str, tier: i32, request: &str) -> Result<bool, String> {
+fn ask(tool: &str, tier: i32, request: &str) -> Result<ApprovalDecision, String> {
     let mut err = std::io::stderr().lock();
     let _ = write!(
         err,
@@ -25,15 +26,17 @@ fn ask(tool: &str, tier: i32, request: &str) -> Result<bool, String> {
         .read_line(&mut answer)
         .map_err(|e| format!("no answer: {e}"))?;
     match answer.trim() {
-        "y" | "Y" | "yes" => Ok(true),
+        "y" | "Y" | "yes" => Ok(ApprovalDecision::Approved),
         "a" | "A" | "always" => {
             eprintln!(
-                "correx: approved; this command runs one tool, so the session answer ends with it"
+                "correx: approved for the session; this command runs one tool, so the answer ends with it"
             );
-            Ok(true)
+            Ok(ApprovalDecision::ApprovedForSession)
         }
         "" => Err("no answer (end of input); denied".into()),
-        _ => Ok(false),
+        other => Ok(ApprovalDecision::denied(format!(
+            "denied on the terminal (answer {other:?})"
+        ))),
     }
 }
 
@@ -61,7 +64,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
             )))
         }
     };
-    let approver = CallbackApprover::new(|req, _ctx| {
+    let approver = CallbackApprover::with_answer(|req, _ctx| {
         let shown = serde_json::Value::Object(req.request.parameters.clone()).to_string();
         ask(&req.tool_name, req.tier.as_i32(), &shown)
     });

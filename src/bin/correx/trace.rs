@@ -4,8 +4,10 @@
 //! Process 1 holds the models: per model a track of its residencies (loaded to unloaded) and
 //! tracks of its inferences (each from its start, the completion time less its latency, to its
 //! completion; overlapping ones on separate tracks). Process 2 holds the sessions: per session
-//! tracks of its tool runs, from `tool.execution_started` to the outcome. Crashes, failovers
-//! and rejections are instant events. Spans on one track never overlap.
+//! tracks of its tool runs, each from the request (its approval decision less the wait) to
+//! the outcome, holding an `approval` span (the wait) and a `running` span (from
+//! `tool.execution_started` to the outcome). Crashes, failovers and rejections are instant
+//! events. Spans on one track nest: any two are apart or one holds the other.
 
 use crate::args::Args;
 use crate::log::{open, History};
@@ -92,9 +94,11 @@ pub fn trace(args: Args) -> Result<(), Failure> {
         ));
     }
     for (id, r) in &h.runs {
-        let (Some(start), Some(end)) = (r.started_ms, r.ended_ms.or(Some(h.last_ms))) else {
+        let asked = r.decided_ms.map(|d| d - r.wait_ms.unwrap_or(0));
+        let Some(start) = asked.or(r.started_ms) else {
             continue;
         };
+        let end = r.ended_ms.unwrap_or(h.last_ms).max(start);
         let tid = sessions.lane(&format!("session {}", r.session), start, end);
         events.push(span(
             2,
@@ -104,6 +108,27 @@ pub fn trace(args: Args) -> Result<(), Failure> {
             end,
             json!({"invocation_id": id, "tier": r.tier, "approval": r.approval, "outcome": r.outcome}),
         ));
+        if let Some(decided) = r.decided_ms {
+            let label = r.approval.as_deref().unwrap_or("approval");
+            events.push(span(
+                2,
+                tid,
+                "approval",
+                start,
+                decided.min(end),
+                json!({"decision": label}),
+            ));
+        }
+        if let Some(ran) = r.started_ms {
+            events.push(span(
+                2,
+                tid,
+                "running",
+                ran.max(start),
+                end,
+                json!({"outcome": r.outcome}),
+            ));
+        }
     }
     for (t, owner, what, is_model) in &h.instants {
         let (pid, tid) = if *is_model {
