@@ -845,9 +845,18 @@ void correx_subscription_free(struct correx_subscription *sub);
  * # Parameters
  * - `request_json`: `{"v": 1, "session_id": "s1", "tool_name": "file_write",
  *   "invocation_id": "optional, generated when absent", "parameters": {...}}`.
- * - `out_json`: receives `{"v": 1, "status": "success", "invocation_id", "output", "metadata"}`
- *   or `{"v": 1, "status": "failure", "invocation_id", "reason", "recoverable"}`. A tool that
- *   fails (or is denied, or unknown) is still `CORREX_OK`: the result says so.
+ * - `out_json`: receives `{"v": 1, "status": "success", "invocation_id", "output", "metadata",
+ *   "data"}` or `{"v": 1, "status": "failure", "invocation_id", "reason", "recoverable",
+ *   "kind", "data"}`. `kind` is stable for programs: `invalid_request`, `not_allowed`,
+ *   `escape`, `not_found`, `too_large`, `symlink_loop`, `wrong_kind`, `timed_out`,
+ *   `cancelled`, `non_zero_exit`, `signalled`, `io`, `other`. `data` (absent when the tool
+ *   gave none): the shell's `{"exit_code", "signal", "stdout", "stderr", "stdout_truncated",
+ *   "stderr_truncated", "stdout_dropped_bytes", "stderr_dropped_bytes", "timed_out",
+ *   "cancelled", "duration_ms"}` for every run, with `stdout_base64`/`stderr_base64` holding
+ *   the exact bytes of output that is not UTF-8; `file_read`'s `{"entries": [{"name",
+ *   "kind"}]}` (list), `{"exists": bool}`, `{"bytes", "utf8", "content_base64"?}` (read). The
+ *   shell takes an optional `timeout_ms`, at most the configured timeout. A tool that fails
+ *   (or is denied, or unknown) is still `CORREX_OK`: the result says so.
  *
  * # Returns
  * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_UNUSABLE`.

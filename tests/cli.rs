@@ -98,6 +98,7 @@ fn write_log(path: &std::path::Path) -> Result<SqliteEventStore, Box<dyn std::er
             tool_name: "shell".into(),
             tier: 2,
             reason: "denied by the approver".into(),
+            kind: None,
         },
         "session-s1",
     )?;

@@ -99,6 +99,7 @@ fn every_domain_event() -> Vec<DomainEvent> {
             tool_name: "file_write".into(),
             reason: "interrupted".into(),
             recoverable: false,
+            kind: Some("io".into()),
         },
         DomainEvent::ToolExecutionRejected {
             session_id: "s".into(),
@@ -106,6 +107,7 @@ fn every_domain_event() -> Vec<DomainEvent> {
             tool_name: "shell".into(),
             tier: 2,
             reason: "denied".into(),
+            kind: None,
         },
         DomainEvent::InferenceCompleted {
             model_id: "gemma".into(),

@@ -946,3 +946,34 @@ fn config_engines_and_rules_decide_and_every_decision_is_recorded() -> TestResul
     }
     Ok(())
 }
+
+/// A run that floods stderr keeps the log small: the event holds a bounded slice that says how
+/// much was cut, and its kind; the caller's result has the whole (capped) streams as data.
+#[test]
+fn an_output_flood_leaves_a_bounded_event_with_its_kind() -> TestResult {
+    let rig = Rig::new()?;
+    let shell = correx::ShellTool::new(correx::ShellOptions {
+        allowed_executables: vec!["sh".into()],
+        isolation: correx::IsolationOptions {
+            mode: correx::IsolationMode::BestEffort,
+            ..correx::IsolationOptions::default()
+        },
+        ..correx::ShellOptions::default()
+    })?;
+    let ex = rig.executor(vec![Arc::new(shell)], Arc::new(AutoApprove::up_to(Tier::T3)))?;
+    let r = ex.execute(&req(
+        "shell",
+        json!({"argv": ["sh", "-c", "head -c 1500000 /dev/zero | tr '\\0' e >&2; exit 4"]}),
+    ));
+    assert_eq!(r.error_kind(), Some(correx::ToolErrorKind::NonZeroExit));
+    let stderr = r.data().and_then(|d| d["stderr"].as_str()).unwrap_or_default();
+    assert_eq!(stderr.len(), 1_048_576, "the capped stream is in the data");
+    let events = rig.events()?;
+    let failed = events.last().ok_or("no events")?;
+    assert_eq!(failed.type_id, "tool.execution_failed");
+    let reason = failed.payload["reason"].as_str().unwrap_or_default();
+    assert!(reason.len() <= 4096, "{} bytes in the event", reason.len());
+    assert!(reason.contains("more bytes cut"), "{reason}");
+    assert_eq!(failed.payload["kind"], "non_zero_exit");
+    Ok(())
+}

@@ -432,6 +432,14 @@ fn traversal_cases(t: &Tree) -> Vec<(&'static str, String, Want)> {
             Refuse,
         ),
         ("read", "sub".into(), Refuse),
+        // A trailing "/" or "/." asks for a directory, as openat2 reads it.
+        ("read", "file.txt/".into(), Refuse),
+        ("read", "file.txt/.".into(), Refuse),
+        ("read", "sub/inner.txt/".into(), Refuse),
+        ("read", "link_in/".into(), Refuse),
+        ("list", "sub/".into(), Allow),
+        ("list", "sub/.".into(), Allow),
+        ("list", "link_sub/".into(), Allow),
         ("list", "sub".into(), Allow),
         ("list", ".".into(), Allow),
         ("list", "link_dir_out".into(), Refuse),
@@ -516,6 +524,203 @@ fn traversal_table_with_openat2() -> TestResult {
 #[test]
 fn traversal_table_with_the_nofollow_walk() -> TestResult {
     traversal_table(ResolveMode::Walk)
+}
+
+/// Each refusal has a stable kind, the same in both resolve modes, and no message names the
+/// root's absolute path.
+fn failure_kinds(mode: ResolveMode) -> TestResult {
+    let t = tree()?;
+    let open = || Roots::open_with_mode(std::slice::from_ref(&t.root), Some(mode));
+    let read = FileReadTool::with_roots(open()?, 4)?;
+    let write = FileWriteTool::with_roots(open()?);
+    let root = t.root.display().to_string();
+    let mut wrong = Vec::new();
+    for (op, path, want) in [
+        ("read", "loop1", "symlink_loop"),
+        ("read", "link_up", "escape"),
+        ("read", "../outside/secret.txt", "escape"),
+        ("read", "magic", "escape"),
+        ("read", "fd_link", "escape"),
+        ("read", "not-there.txt", "not_found"),
+        ("read", "file.txt", "too_large"),
+        ("read", "sub", "wrong_kind"),
+        ("read", "file.txt/", "wrong_kind"),
+        ("list", "file.txt", "wrong_kind"),
+        ("write", "link_in", "not_allowed"),
+        ("write", "hard.txt", "not_allowed"),
+        ("frobnicate", "file.txt", "invalid_request"),
+    ] {
+        let r = match op {
+            "frobnicate" => read.execute(&req("file_read", json!({"operation": op, "path": path}))),
+            _ => run_case(&read, &write, op, path),
+        };
+        let kind = r.error_kind().map(|k| k.as_str());
+        let reason = failure_reason(&r).unwrap_or_default();
+        if kind != Some(want) || reason.contains(&root) {
+            wrong.push(format!("{op} {path}: want {want}, got {kind:?}: {reason}"));
+        }
+    }
+    // A file asked for as a directory does not exist as one.
+    let r = read.execute(&req(
+        "file_read",
+        json!({"operation": "exists", "path": "file.txt/"}),
+    ));
+    if r.data() != Some(&json!({"exists": false})) {
+        wrong.push(format!("exists file.txt/: {r:?}"));
+    }
+    assert!(wrong.is_empty(), "{mode:?}:\n{}", wrong.join("\n"));
+    Ok(())
+}
+
+#[test]
+fn failure_kinds_with_openat2() -> TestResult {
+    failure_kinds(ResolveMode::Openat2)
+}
+
+#[test]
+fn failure_kinds_with_the_nofollow_walk() -> TestResult {
+    failure_kinds(ResolveMode::Walk)
+}
+
+#[test]
+fn list_exists_and_read_give_structured_data_and_keep_bytes_that_are_not_utf8() -> TestResult {
+    let t = tree()?;
+    std::fs::write(t.root.join("bin.dat"), [0xff, 0xfe, b'a'])?;
+    let read = FileReadTool::with_roots(Roots::open(std::slice::from_ref(&t.root))?, 1 << 20)?;
+    let r = read.execute(&req(
+        "file_read",
+        json!({"operation": "exists", "path": "file.txt"}),
+    ));
+    assert_eq!(r.data(), Some(&json!({"exists": true})));
+    let r = read.execute(&req(
+        "file_read",
+        json!({"operation": "list", "path": "sub"}),
+    ));
+    let entries = r
+        .data()
+        .and_then(|d| d["entries"].as_array())
+        .ok_or("no entries")?;
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["name"] == "inner.txt" && e["kind"] == "file"),
+        "{entries:?}"
+    );
+    let r = read.execute(&req(
+        "file_read",
+        json!({"operation": "read", "path": "bin.dat"}),
+    ));
+    let data = r.data().ok_or("no data")?;
+    assert_eq!(data["utf8"], false);
+    assert_eq!(data["content_base64"], "//5h");
+    assert_eq!(data["bytes"], 3);
+    // From Rust, one line builds a request.
+    let one = ToolRequest::json(
+        "s1",
+        "file_read",
+        json!({"operation": "exists", "path": "x"}),
+    )?;
+    assert_eq!(one.session_id.as_str(), "s1");
+    assert!(ToolRequest::json("s1", "file_read", json!(["not", "an", "object"])).is_err());
+    Ok(())
+}
+
+#[test]
+fn shell_results_carry_both_streams_exit_code_signal_and_truncation() -> TestResult {
+    let sh = ShellTool::new(ShellOptions {
+        allowed_executables: vec!["sh".into()],
+        timeout: Duration::from_secs(20),
+        output_cap: 64,
+        isolation: correx::IsolationOptions {
+            mode: correx::IsolationMode::BestEffort,
+            ..correx::IsolationOptions::default()
+        },
+        ..ShellOptions::default()
+    })?;
+    let run = |script: &str, extra: Value| {
+        let mut params = json!({"argv": ["sh", "-c", script]});
+        if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
+            p.extend(e.clone());
+        }
+        sh.execute(&req("shell", params))
+    };
+    let ok = run("echo out; echo err >&2", json!({}));
+    let d = ok.data().ok_or("no data on a success")?;
+    assert_eq!(
+        (d["exit_code"].clone(), d["signal"].clone()),
+        (json!(0), Value::Null)
+    );
+    assert_eq!(
+        (d["stdout"].as_str(), d["stderr"].as_str()),
+        (Some("out\n"), Some("err\n"))
+    );
+    let failed = run("echo partial; echo why >&2; exit 3", json!({}));
+    assert_eq!(
+        failed.error_kind().map(|k| k.as_str()),
+        Some("non_zero_exit")
+    );
+    let d = failed.data().ok_or("no data on an exit")?;
+    assert_eq!(d["exit_code"], 3);
+    assert_eq!(
+        (d["stdout"].as_str(), d["stderr"].as_str()),
+        (Some("partial\n"), Some("why\n"))
+    );
+    let killed = run("kill -9 $$", json!({}));
+    assert_eq!(killed.error_kind().map(|k| k.as_str()), Some("signalled"));
+    assert_eq!(killed.data().map(|d| d["signal"].clone()), Some(json!(9)));
+    let big = run("head -c 1000 /dev/zero | tr '\\0' x", json!({}));
+    let d = big.data().ok_or("no data")?;
+    assert_eq!(
+        (
+            d["stdout_truncated"].clone(),
+            d["stdout_dropped_bytes"].clone()
+        ),
+        (json!(true), json!(936))
+    );
+    let binary = run("printf '\\377\\376'", json!({}));
+    assert_eq!(
+        binary.data().map(|d| d["stdout_base64"].clone()),
+        Some(json!("//4="))
+    );
+    // A request's own timeout, bounded by the configured one.
+    let slow = run("echo started; sleep 5", json!({"timeout_ms": 300}));
+    assert_eq!(slow.error_kind().map(|k| k.as_str()), Some("timed_out"));
+    let d = slow.data().ok_or("no data on a timeout")?;
+    assert_eq!(
+        (d["timed_out"].clone(), d["stdout"].as_str()),
+        (json!(true), Some("started\n"))
+    );
+    assert!(d["duration_ms"].as_u64().is_some_and(|ms| ms < 4000), "{d}");
+    let bad = run("true", json!({"timeout_ms": "soon"}));
+    assert_eq!(
+        bad.error_kind().map(|k| k.as_str()),
+        Some("invalid_request")
+    );
+    // A cancel: the data is there too.
+    let token = correx::CancelToken::new();
+    let t2 = token.clone();
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        t2.cancel();
+    });
+    let cancelled = sh.execute_cancellable(
+        &req(
+            "shell",
+            json!({"argv": ["sh", "-c", "echo before; sleep 10"]}),
+        ),
+        &token,
+    );
+    let _ = canceller.join();
+    assert_eq!(
+        cancelled.error_kind().map(|k| k.as_str()),
+        Some("cancelled")
+    );
+    let d = cancelled.data().ok_or("no data on a cancel")?;
+    assert_eq!(
+        (d["cancelled"].clone(), d["stdout"].as_str()),
+        (json!(true), Some("before\n"))
+    );
+    Ok(())
 }
 
 #[test]

@@ -24,14 +24,21 @@ static void *cancel_soon(void *cancel) {
     return NULL;
 }
 
-static int run(correx_runtime *rt, const char *request, const char *want_status) {
+/* Runs one request; checks its status and, for a failure, its kind (NULL: any). */
+static int run_kind(correx_runtime *rt, const char *request, const char *want_status,
+                    const char *want_kind) {
     char *out = NULL;
-    char status[32] = "";
+    char status[32] = "", kind[32] = "";
     MUST("tool", correx_tool_execute(rt, request, &out, &err));
     mj_str(mj_get(out, "status"), status, sizeof status);
+    mj_str(mj_get(out, "kind"), kind, sizeof kind);
     printf("  %s\n", out);
     correx_string_free(out);
-    return strcmp(status, want_status) == 0;
+    return strcmp(status, want_status) == 0 && (!want_kind || strcmp(kind, want_kind) == 0);
+}
+
+static int run(correx_runtime *rt, const char *request, const char *want_status) {
+    return run_kind(rt, request, want_status, NULL);
 }
 
 int main(void) {
@@ -60,10 +67,21 @@ int main(void) {
                   "{\"operation\":\"read\",\"path\":\"hello.txt\"}}", "success");
     ok &= run(rt, "{\"v\":1,\"session_id\":\"t\",\"tool_name\":\"file_write\",\"parameters\":"
                   "{\"operation\":\"write\",\"path\":\"out.txt\",\"content\":\"written\"}}", "success");
-    ok &= run(rt, "{\"v\":1,\"session_id\":\"t\",\"tool_name\":\"file_write\",\"parameters\":"
-                  "{\"operation\":\"write\",\"path\":\"../escape.txt\",\"content\":\"x\"}}", "failure");
-    ok &= run(rt, "{\"v\":1,\"session_id\":\"t\",\"tool_name\":\"shell\",\"parameters\":"
-                  "{\"argv\":[\"ls\"]}}", "failure");
+    ok &= run_kind(rt, "{\"v\":1,\"session_id\":\"t\",\"tool_name\":\"file_write\",\"parameters\":"
+                       "{\"operation\":\"write\",\"path\":\"../escape.txt\",\"content\":\"x\"}}",
+                   "failure", "escape");
+    ok &= run_kind(rt, "{\"v\":1,\"session_id\":\"t\",\"tool_name\":\"shell\",\"parameters\":"
+                       "{\"argv\":[\"ls\"]}}", "failure", "not_allowed");
+    ok &= run_kind(rt, "{\"v\":1,\"session_id\":\"t\",\"tool_name\":\"file_read\",\"parameters\":"
+                       "{\"operation\":\"read\",\"path\":\"missing.txt\"}}", "failure", "not_found");
+    {
+        char *out = NULL;
+        MUST("tool", correx_tool_execute(
+                         rt, "{\"v\":1,\"session_id\":\"t\",\"tool_name\":\"file_read\",\"parameters\":"
+                             "{\"operation\":\"exists\",\"path\":\"hello.txt\"}}", &out, &err));
+        ok &= strstr(out, "\"data\":{\"exists\":true}") != NULL;
+        correx_string_free(out);
+    }
 
     /* A 30 s run, cancelled from another thread after 200 ms: its processes are killed. */
     {
@@ -83,6 +101,9 @@ int main(void) {
          * unconfined; the plain and sanitizer runs check the cancel. */
         int unconfinable = strncmp(reason, "the shell cannot be confined", 28) == 0;
         ok &= unconfinable || strncmp(reason, "cancelled by the host", 21) == 0;
+        /* The result says so as data too: the kind, and the run's fields. */
+        ok &= unconfinable || (strstr(out, "\"kind\":\"cancelled\"") &&
+                               strstr(out, "\"cancelled\":true") && strstr(out, "\"exit_code\""));
         correx_string_free(out);
         correx_cancel_free(cancel);
         MUST("events", correx_events_read_stream(rt, "session-t", 1, 100, &out, &err));

@@ -140,6 +140,10 @@ pub enum DomainEvent {
         reason: String,
         /// Whether a changed request may succeed.
         recoverable: bool,
+        /// The failure's stable kind (`not_found`, `timed_out`, ...; see `ToolErrorKind`);
+        /// absent in events written before it was recorded, and after a crash.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<String>,
     },
     /// The host cancelled a running tool invocation; its files were restored.
     #[serde(rename = "tool.execution_cancelled")]
@@ -166,6 +170,9 @@ pub enum DomainEvent {
         tier: i32,
         /// The engine's reason.
         reason: String,
+        /// Why, as a stable kind: `invalid_request`, `not_allowed`, `escape`, `cancelled`, ...
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<String>,
     },
     /// An inference finished.
     #[serde(rename = "inference.completed")]

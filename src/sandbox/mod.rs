@@ -19,7 +19,9 @@ use crate::approvals::{ApprovalContext, ApprovalEngine, ApprovalPolicy, Approval
 use crate::cancel::CancelToken;
 use crate::events::{append_domain, DomainEvent, EventStore, EventStoreError, ExpectedVersion};
 use crate::private_dir::PrivateDir;
-use crate::tools::{ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult};
+use crate::tools::{
+    ToolErrorKind, ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult,
+};
 use backup::Manifest;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -260,6 +262,7 @@ impl SandboxedToolExecutor {
                             tool_name: m.tool_name.clone(),
                             reason: "interrupted".into(),
                             recoverable: true,
+                            kind: None,
                         },
                     )
                     .map_err(SandboxError::Events)?;
@@ -293,8 +296,9 @@ impl SandboxedToolExecutor {
     ) -> ToolResult {
         let id = &request.invocation_id;
         let Some(tool) = self.registry.resolve(&request.tool_name).cloned() else {
-            return ToolResult::failure(
+            return ToolResult::failure_of(
                 id,
+                ToolErrorKind::InvalidRequest,
                 format!(
                     "unknown tool {:?}; available: {}",
                     request.tool_name,
@@ -321,33 +325,41 @@ impl SandboxedToolExecutor {
         );
         let tier = tool.tier().as_i32();
         // Records the rejection and returns the failure the caller gets.
-        let reject = |decided: Option<DomainEvent>, reason: String, shown: String| {
-            let recorded = record_with(
-                decided,
-                DomainEvent::ToolExecutionRejected {
-                    session_id: base.0.clone(),
-                    invocation_id: base.1.clone(),
-                    tool_name: base.2.clone(),
-                    tier,
-                    reason,
-                },
-            );
-            let note = match recorded {
-                Ok(_) => String::new(),
-                Err(e) => format!(" (and the rejection could not be recorded: {e})"),
+        let reject =
+            |decided: Option<DomainEvent>, kind: ToolErrorKind, reason: String, shown: String| {
+                let recorded = record_with(
+                    decided,
+                    DomainEvent::ToolExecutionRejected {
+                        session_id: base.0.clone(),
+                        invocation_id: base.1.clone(),
+                        tool_name: base.2.clone(),
+                        tier,
+                        reason,
+                        kind: Some(kind.as_str().to_owned()),
+                    },
+                );
+                let note = match recorded {
+                    Ok(_) => String::new(),
+                    Err(e) => format!(" (and the rejection could not be recorded: {e})"),
+                };
+                ToolResult::failure_of(id, kind, format!("{shown}{note}"), false)
             };
-            ToolResult::failure(id, format!("{shown}{note}"), false)
-        };
         // A malformed request fails at once, before any approver (a person) is asked about it.
         if let ValidationResult::Invalid { reason } = tool.validate_request(request) {
             let reason = format!("invalid request: {reason}");
-            return reject(None, reason.clone(), reason);
+            return reject(None, ToolErrorKind::InvalidRequest, reason.clone(), reason);
         }
-        let paths = match tool.as_file_affecting().map(|f| f.affected_paths(request)) {
+        let paths = match tool
+            .as_file_affecting()
+            .map(|f| f.affected_paths_or_kind(request))
+        {
             Some(Ok(p)) => p,
-            Some(Err(reason)) => {
-                let reason = format!("invalid request: {reason}");
-                return reject(None, reason.clone(), reason);
+            Some(Err((kind, reason))) => {
+                let reason = match kind {
+                    ToolErrorKind::InvalidRequest => format!("invalid request: {reason}"),
+                    _ => format!("refused: {reason}"),
+                };
+                return reject(None, kind, reason.clone(), reason);
             }
             None => Vec::new(),
         };
@@ -370,13 +382,19 @@ impl SandboxedToolExecutor {
             decided.as_ref().map(|d| &d.decision)
         {
             let shown = format!("not approved: {reason}");
-            return reject(decided_event, reason.clone(), shown);
+            return reject(
+                decided_event,
+                ToolErrorKind::NotAllowed,
+                reason.clone(),
+                shown,
+            );
         }
         // The approver may have taken long; a cancel meanwhile means the host no longer wants it.
         if cancel.is_cancelled() {
             let reason = "cancelled by the host before it ran".to_owned();
             return reject(
                 decided_event,
+                ToolErrorKind::Cancelled,
                 reason.clone(),
                 format!("{reason}; nothing was changed"),
             );
@@ -417,6 +435,7 @@ impl SandboxedToolExecutor {
             ToolResult::Failure {
                 reason,
                 recoverable,
+                kind,
                 ..
             } => DomainEvent::ToolExecutionFailed {
                 session_id: base.0,
@@ -424,6 +443,7 @@ impl SandboxedToolExecutor {
                 tool_name: base.2,
                 reason: reason.clone(),
                 recoverable: *recoverable,
+                kind: Some(kind.as_str().to_owned()),
             },
         };
         if let Err(e) = record(event) {
@@ -535,6 +555,8 @@ impl SandboxedToolExecutor {
                 invocation_id,
                 reason,
                 recoverable,
+                kind,
+                data,
             } => {
                 let mut reason = reason;
                 for e in manifest.entries.iter().rev() {
@@ -546,6 +568,8 @@ impl SandboxedToolExecutor {
                     invocation_id,
                     reason: crate::text::bounded(reason),
                     recoverable,
+                    kind,
+                    data,
                 }
             }
         };

@@ -99,13 +99,98 @@ impl ToolRequest {
         }
     }
 
+    /// A request with a fresh invocation id from a JSON object of parameters, in one line:
+    /// `ToolRequest::json("s1", "shell", json!({"argv": ["ls"]}))?`.
+    ///
+    /// # Errors
+    /// A message naming the problem when `parameters` is not a JSON object.
+    pub fn json(
+        session_id: impl Into<SessionId>,
+        tool_name: impl Into<String>,
+        parameters: serde_json::Value,
+    ) -> Result<Self, String> {
+        match parameters {
+            serde_json::Value::Object(map) => Ok(Self::new(session_id.into(), tool_name, map)),
+            other => Err(format!(
+                "a tool's parameters are a JSON object, not {}",
+                crate::tools::json_kind(&other)
+            )),
+        }
+    }
+
     /// A string parameter, if present and a string.
     pub fn str_param(&self, name: &str) -> Option<&str> {
         self.parameters.get(name).and_then(|v| v.as_str())
     }
 }
 
+/// What kind of failure a [`ToolResult::Failure`] is: stable names a program can branch on
+/// (the `reason` is prose for a model).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ToolErrorKind {
+    /// The request is malformed (a missing or mistyped parameter, an unknown operation or
+    /// tool); it never ran.
+    InvalidRequest,
+    /// A policy refused it: denied by the approver or a rule, an executable not allowed, a
+    /// file the tools must not write, no roots configured.
+    NotAllowed,
+    /// The path resolves outside the allowed roots (`..`, an escaping or absolute symlink, a
+    /// magic link).
+    Escape,
+    /// The path, or a directory on the way, does not exist.
+    NotFound,
+    /// The file is larger than the read cap.
+    TooLarge,
+    /// A symlink loop inside a root.
+    SymlinkLoop,
+    /// A directory where a file was needed, or the other way round.
+    WrongKind,
+    /// The run passed its timeout and was killed.
+    TimedOut,
+    /// The host cancelled it.
+    Cancelled,
+    /// The command exited with a non-zero code.
+    NonZeroExit,
+    /// The command was killed by a signal.
+    Signalled,
+    /// A system error (I/O, a resource limit, the sandbox's own setup).
+    Io,
+    /// Anything else.
+    #[default]
+    Other,
+}
+
+impl ToolErrorKind {
+    /// The kind's stable name, e.g. `not_found`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolErrorKind::InvalidRequest => "invalid_request",
+            ToolErrorKind::NotAllowed => "not_allowed",
+            ToolErrorKind::Escape => "escape",
+            ToolErrorKind::NotFound => "not_found",
+            ToolErrorKind::TooLarge => "too_large",
+            ToolErrorKind::SymlinkLoop => "symlink_loop",
+            ToolErrorKind::WrongKind => "wrong_kind",
+            ToolErrorKind::TimedOut => "timed_out",
+            ToolErrorKind::Cancelled => "cancelled",
+            ToolErrorKind::NonZeroExit => "non_zero_exit",
+            ToolErrorKind::Signalled => "signalled",
+            ToolErrorKind::Io => "io",
+            ToolErrorKind::Other => "other",
+        }
+    }
+}
+
 /// What a tool answered.
+///
+/// `data` holds what a program reads without parsing prose: for the shell `{"exit_code",
+/// "signal", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "stdout_dropped_bytes",
+/// "stderr_dropped_bytes", "duration_ms"}` on a success, a non-zero exit, a signal, a timeout
+/// and a cancel alike (output that is not UTF-8 comes as `stdout_base64`/`stderr_base64`
+/// instead); for `file_read` `list` `{"entries": [{"name", "kind"}]}`, `exists` `{"exists":
+/// bool}`, `read` `{"bytes", "utf8"}` (and `content_base64` when the file is not UTF-8).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum ToolResult {
@@ -118,6 +203,9 @@ pub enum ToolResult {
         /// Extra facts, such as an exit code or a truncation flag.
         #[serde(default)]
         metadata: BTreeMap<String, String>,
+        /// The structured result (see the type's docs).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<serde_json::Value>,
     },
     /// The tool did not do its job; `reason` is written for a model to act on.
     Failure {
@@ -128,6 +216,12 @@ pub enum ToolResult {
         /// Whether the same request may succeed after a change the model can make (a different
         /// argument); false when retrying cannot help (denied, outside the allowed roots).
         recoverable: bool,
+        /// What kind of failure, for programs.
+        #[serde(default)]
+        kind: ToolErrorKind,
+        /// The structured result (see the type's docs), when the tool got that far.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<serde_json::Value>,
     },
 }
 
@@ -138,12 +232,24 @@ impl ToolResult {
             invocation_id: invocation_id.clone(),
             output: output.into(),
             metadata: BTreeMap::new(),
+            data: None,
         }
     }
 
-    /// A failure; a reason over 4 KiB is cut (it may quote a huge argument).
+    /// A failure of kind [`ToolErrorKind::Other`]; a reason over 4 KiB is cut (it may quote a
+    /// huge argument).
     pub fn failure(
         invocation_id: &ToolInvocationId,
+        reason: impl Into<String>,
+        recoverable: bool,
+    ) -> Self {
+        Self::failure_of(invocation_id, ToolErrorKind::Other, reason, recoverable)
+    }
+
+    /// A failure of `kind`; a reason over 4 KiB is cut.
+    pub fn failure_of(
+        invocation_id: &ToolInvocationId,
+        kind: ToolErrorKind,
         reason: impl Into<String>,
         recoverable: bool,
     ) -> Self {
@@ -151,6 +257,33 @@ impl ToolResult {
             invocation_id: invocation_id.clone(),
             reason: crate::text::bounded(reason),
             recoverable,
+            kind,
+            data: None,
+        }
+    }
+
+    /// This result with its structured `data` set.
+    pub fn with_data(mut self, value: serde_json::Value) -> Self {
+        match &mut self {
+            ToolResult::Success { data, .. } | ToolResult::Failure { data, .. } => {
+                *data = Some(value)
+            }
+        }
+        self
+    }
+
+    /// The structured result, if the tool gave one.
+    pub fn data(&self) -> Option<&serde_json::Value> {
+        match self {
+            ToolResult::Success { data, .. } | ToolResult::Failure { data, .. } => data.as_ref(),
+        }
+    }
+
+    /// A failure's kind; `None` for a success.
+    pub fn error_kind(&self) -> Option<ToolErrorKind> {
+        match self {
+            ToolResult::Success { .. } => None,
+            ToolResult::Failure { kind, .. } => Some(*kind),
         }
     }
 
@@ -238,6 +371,19 @@ pub trait FileAffectingTool: Tool {
     /// A reason a model can act on, when the request names a path that is malformed or outside
     /// every allowed root.
     fn affected_paths(&self, request: &ToolRequest) -> Result<Vec<PathBuf>, String>;
+
+    /// As [`FileAffectingTool::affected_paths`], with the failure's kind (by default
+    /// [`ToolErrorKind::InvalidRequest`]); the sandbox rejects with it.
+    ///
+    /// # Errors
+    /// The kind and the reason.
+    fn affected_paths_or_kind(
+        &self,
+        request: &ToolRequest,
+    ) -> Result<Vec<PathBuf>, (ToolErrorKind, String)> {
+        self.affected_paths(request)
+            .map_err(|r| (ToolErrorKind::InvalidRequest, r))
+    }
 }
 
 /// Something that runs tool requests: a dispatcher, a sandbox, or a single tool.
@@ -256,8 +402,9 @@ pub trait ToolExecutor: Send + Sync {
 
 /// The answer to a request cancelled before its tool started.
 pub(crate) fn cancelled_before_start(request: &ToolRequest) -> ToolResult {
-    ToolResult::failure(
+    ToolResult::failure_of(
         &request.invocation_id,
+        ToolErrorKind::Cancelled,
         "cancelled by the host before the tool started; nothing was changed",
         false,
     )

@@ -24,8 +24,8 @@ mod registry;
 mod shell;
 
 pub use contract::{
-    FileAffectingTool, Tier, Tool, ToolCapability, ToolExecutor, ToolRequest, ToolResult,
-    ValidationResult,
+    FileAffectingTool, Tier, Tool, ToolCapability, ToolErrorKind, ToolExecutor, ToolRequest,
+    ToolResult, ValidationResult,
 };
 pub use describe::ToolDescription;
 pub use error::ToolError;

@@ -6,16 +6,18 @@ use super::{ToolRequest, ToolResult};
 pub(crate) fn required_str<'a>(req: &'a ToolRequest, name: &str) -> Result<&'a str, ToolResult> {
     match req.parameters.get(name) {
         Some(serde_json::Value::String(s)) => Ok(s),
-        Some(other) => Err(ToolResult::failure(
+        Some(other) => Err(ToolResult::failure_of(
             &req.invocation_id,
+            crate::tools::ToolErrorKind::InvalidRequest,
             format!(
                 "parameter {name:?} must be a string, got {}",
                 json_kind(other)
             ),
             true,
         )),
-        None => Err(ToolResult::failure(
+        None => Err(ToolResult::failure_of(
             &req.invocation_id,
+            crate::tools::ToolErrorKind::InvalidRequest,
             format!("missing required parameter {name:?}"),
             true,
         )),

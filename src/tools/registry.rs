@@ -97,8 +97,9 @@ impl ToolExecutor for DispatchingToolExecutor {
     ) -> ToolResult {
         match self.registry.resolve(&request.tool_name) {
             Some(tool) => tool.execute_cancellable(request, cancel),
-            None => ToolResult::failure(
+            None => ToolResult::failure_of(
                 &request.invocation_id,
+                crate::tools::ToolErrorKind::InvalidRequest,
                 format!(
                     "unknown tool {:?}; available: {}",
                     request.tool_name,

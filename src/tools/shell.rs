@@ -3,7 +3,9 @@
 use super::fs::{Located, Roots};
 use super::isolation::{self, IsolationOptions, Policy};
 use super::params::{json_kind, optional_str};
-use super::{Tier, Tool, ToolCapability, ToolError, ToolRequest, ToolResult, ValidationResult};
+use super::{
+    Tier, Tool, ToolCapability, ToolError, ToolErrorKind, ToolRequest, ToolResult, ValidationResult,
+};
 use crate::cancel::CancelToken;
 use crate::private_dir::{check_private, PrivateDir};
 use crate::sys::spawn::{self, Captured, Exit, SpawnSpec};
@@ -425,21 +427,39 @@ impl ShellTool {
         }
     }
 
+    /// The request's `timeout_ms`, at most the configured timeout; the configured one without.
+    fn timeout_of(&self, request: &ToolRequest) -> Result<Duration, String> {
+        match request.parameters.get("timeout_ms") {
+            None | Some(serde_json::Value::Null) => Ok(self.timeout),
+            Some(v) => match v.as_u64() {
+                Some(0) | None => Err(format!(
+                    "parameter \"timeout_ms\" must be a positive integer, got {v}"
+                )),
+                Some(ms) => Ok(Duration::from_millis(ms).min(self.timeout)),
+            },
+        }
+    }
+
     fn run(&self, request: &ToolRequest, cancel: &CancelToken) -> Result<ToolResult, ToolResult> {
         let id = &request.invocation_id;
         let argv = self
             .argv(request)
-            .map_err(|r| ToolResult::failure(id, r, true))?;
+            .map_err(|r| ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, true))?;
+        let timeout = self
+            .timeout_of(request)
+            .map_err(|r| ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, true))?;
         let policy = self.policy.as_ref().map_err(|r| {
-            ToolResult::failure(
+            ToolResult::failure_of(
                 id,
+                ToolErrorKind::NotAllowed,
                 format!("the shell cannot be confined as required: {}", r.reason),
                 false,
             )
         })?;
         let permitted = self.permitted(argv[0]).ok_or_else(|| {
-            ToolResult::failure(
+            ToolResult::failure_of(
                 id,
+                ToolErrorKind::NotAllowed,
                 format!(
                     "{:?} is not an allowed executable; allowed: [{}]",
                     argv[0],
@@ -489,7 +509,7 @@ impl ShellTool {
             containment: policy.containment,
             cgroup: cgroup.as_ref().map(|c| c.procs()),
             spawner: policy.spawner(),
-            timeout: self.timeout,
+            timeout,
             output_cap: self.output_cap,
             cancel: Some(cancel),
         })
@@ -529,9 +549,11 @@ impl ShellTool {
             }
             s
         };
+        let data = run_data(&out);
         if out.cancelled {
-            return Ok(ToolResult::failure(
+            return Ok(ToolResult::failure_of(
                 id,
+                ToolErrorKind::Cancelled,
                 format!(
                     "cancelled by the host after {} ms; every process of the run was killed. stdout: {}\nstderr: {}",
                     out.duration.as_millis(),
@@ -539,25 +561,29 @@ impl ShellTool {
                     render(&out.stderr)
                 ),
                 false,
-            ));
+            )
+            .with_data(data));
         }
         if out.timed_out {
-            return Ok(ToolResult::failure(
+            return Ok(ToolResult::failure_of(
                 id,
+                ToolErrorKind::TimedOut,
                 format!(
                     "timed out after {} ms; every process of the run was killed. stdout: {}\nstderr: {}",
-                    self.timeout.as_millis(),
+                    timeout.as_millis(),
                     render(&out.stdout),
                     render(&out.stderr)
                 ),
                 true,
-            ));
+            )
+            .with_data(data));
         }
         Ok(match out.exit {
             Exit::Code(0) => ToolResult::Success {
                 invocation_id: id.clone(),
                 output: render(&out.stdout),
                 metadata,
+                data: Some(data),
             },
             Exit::Code(c) => {
                 let stderr = render(&out.stderr);
@@ -566,15 +592,42 @@ impl ShellTool {
                 } else {
                     format!("{stderr}\n[exit code {c}]")
                 };
-                ToolResult::failure(id, reason, false)
+                ToolResult::failure_of(id, ToolErrorKind::NonZeroExit, reason, false)
+                    .with_data(data)
             }
-            Exit::Signal(s) => ToolResult::failure(
+            Exit::Signal(sig) => ToolResult::failure_of(
                 id,
-                format!("killed by signal {s}. stderr: {}", render(&out.stderr)),
+                ToolErrorKind::Signalled,
+                format!("killed by signal {sig}. stderr: {}", render(&out.stderr)),
                 false,
-            ),
+            )
+            .with_data(data),
         })
     }
+}
+
+/// The run as data: exit code or signal, both streams (as text when UTF-8, else lossy text
+/// plus the exact bytes in base64), truncation, duration.
+fn run_data(out: &crate::sys::spawn::RunOutput) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "exit_code": match out.exit { Exit::Code(c) => Some(c), Exit::Signal(_) => None },
+        "signal": match out.exit { Exit::Signal(s) => Some(s), Exit::Code(_) => None },
+        "timed_out": out.timed_out,
+        "cancelled": out.cancelled,
+        "duration_ms": out.duration.as_millis() as u64,
+    });
+    for (name, c) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+        match std::str::from_utf8(&c.bytes) {
+            Ok(text) => v[name] = text.into(),
+            Err(_) => {
+                v[name] = String::from_utf8_lossy(&c.bytes).into_owned().into();
+                v[format!("{name}_base64")] = crate::text::base64(&c.bytes).into();
+            }
+        }
+        v[format!("{name}_truncated")] = c.truncated().into();
+        v[format!("{name}_dropped_bytes")] = c.dropped.into();
+    }
+    v
 }
 
 impl Tool for ShellTool {
@@ -603,8 +656,12 @@ impl Tool for ShellTool {
     }
 
     fn validate_request(&self, request: &ToolRequest) -> ValidationResult {
-        match self.argv(request) {
-            Ok(_) => ValidationResult::Valid,
+        match self
+            .argv(request)
+            .map(|_| ())
+            .and_then(|()| self.timeout_of(request).map(|_| ()))
+        {
+            Ok(()) => ValidationResult::Valid,
             Err(reason) => ValidationResult::Invalid { reason },
         }
     }

@@ -41,6 +41,11 @@ pub enum ConfineError {
         /// The root it was resolved under.
         root: PathBuf,
     },
+    /// Resolving the path met a symlink loop inside its root (too many symlinks in a row).
+    SymlinkLoop {
+        /// The path as requested.
+        path: String,
+    },
     /// The path (or a directory on the way) does not exist.
     NotFound {
         /// The path as requested.
@@ -67,10 +72,15 @@ impl fmt::Display for ConfineError {
             ConfineError::OutsideRoots { path } => {
                 write!(f, "{path} is outside the allowed paths")
             }
-            ConfineError::EscapesRoot { path, root } => write!(
+            // The root is not named: the message reaches the model, which sees paths relative
+            // to their root, never the host's layout.
+            ConfineError::EscapesRoot { path, .. } => write!(
                 f,
-                "{path} resolves outside the allowed path {} (through '..' or a symlink)",
-                root.display()
+                "{path} resolves outside its allowed root (through '..', an absolute or escaping symlink, or a magic link)"
+            ),
+            ConfineError::SymlinkLoop { path } => write!(
+                f,
+                "{path} runs into a symlink loop (too many symlinks in a row); fix the links or use another path"
             ),
             ConfineError::NotFound { path } => write!(f, "{path} does not exist"),
             ConfineError::Io { path, source } => write!(f, "{path}: {source}"),
@@ -86,6 +96,7 @@ impl std::error::Error for ConfineError {
             | ConfineError::InvalidPath { .. }
             | ConfineError::OutsideRoots { .. }
             | ConfineError::EscapesRoot { .. }
+            | ConfineError::SymlinkLoop { .. }
             | ConfineError::NotFound { .. } => None,
         }
     }
@@ -96,11 +107,31 @@ impl ConfineError {
     /// refusals (outside, escaping, no roots) are not recoverable.
     pub fn recoverable(&self) -> bool {
         match self {
-            ConfineError::NotFound { .. } | ConfineError::InvalidPath { .. } => true,
+            ConfineError::NotFound { .. }
+            | ConfineError::InvalidPath { .. }
+            | ConfineError::SymlinkLoop { .. } => true,
             ConfineError::Io { .. } => true,
             ConfineError::NoRoots
             | ConfineError::OutsideRoots { .. }
             | ConfineError::EscapesRoot { .. } => false,
+        }
+    }
+}
+
+impl ConfineError {
+    /// The failure's kind for programs.
+    pub fn kind(&self) -> crate::tools::ToolErrorKind {
+        use crate::tools::ToolErrorKind as K;
+        match self {
+            ConfineError::NoRoots => K::NotAllowed,
+            ConfineError::InvalidPath { .. } => K::InvalidRequest,
+            ConfineError::OutsideRoots { .. } | ConfineError::EscapesRoot { .. } => K::Escape,
+            ConfineError::SymlinkLoop { .. } => K::SymlinkLoop,
+            ConfineError::NotFound { .. } => K::NotFound,
+            ConfineError::Io { source, .. } => match source.raw_os_error() {
+                Some(libc::ENOTDIR | libc::EISDIR) => K::WrongKind,
+                _ => K::Io,
+            },
         }
     }
 }
@@ -469,9 +500,33 @@ impl Roots {
         };
         let r = match self.mode {
             ResolveMode::Openat2 => openat2_beneath(root.fd.as_raw_fd(), rel, flags, mode),
-            ResolveMode::Walk => walk_beneath(root.fd.as_raw_fd(), Path::new(rel), flags, mode),
+            // Path components drop a trailing "/" and "/."; the kernel reads them as "this must
+            // be a directory", and so does the walk.
+            ResolveMode::Walk => {
+                let flags = if names_a_directory(rel) {
+                    flags | libc::O_DIRECTORY
+                } else {
+                    flags
+                };
+                walk_beneath(root.fd.as_raw_fd(), Path::new(rel), flags, mode)
+            }
         };
         r.map_err(|e| self.map_err(loc, e))
+    }
+
+    fn is_loop(&self, loc: &Located) -> bool {
+        let Ok(root) = self.root(loc) else {
+            return false;
+        };
+        let rel = if loc.rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            loc.rel.as_path()
+        };
+        matches!(
+            walk_beneath(root.fd.as_raw_fd(), rel, libc::O_PATH, 0).map_err(|e| e.raw_os_error()),
+            Err(Some(libc::ELOOP))
+        )
     }
 
     /// Opens the directory that holds `loc`'s last component, and returns it with that
@@ -507,6 +562,13 @@ impl Roots {
     }
 
     fn map_err(&self, loc: &Located, e: io::Error) -> ConfineError {
+        // ELOOP is a loop, a magic link (openat2) or a final symlink under O_NOFOLLOW: the walk,
+        // following every link itself, tells a loop (ELOOP again) from an escape (EXDEV).
+        if e.raw_os_error() == Some(libc::ELOOP) && self.is_loop(loc) {
+            return ConfineError::SymlinkLoop {
+                path: loc.request.clone(),
+            };
+        }
         match e.raw_os_error() {
             Some(libc::EXDEV) | Some(libc::ELOOP) => ConfineError::EscapesRoot {
                 path: loc.request.clone(),
@@ -521,6 +583,13 @@ impl Roots {
             _ => io_err(&loc.request, e),
         }
     }
+}
+
+/// Whether a path ends in `/` or `/.` (or is `.`), which only a directory can satisfy.
+fn names_a_directory(rel: &OsStr) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let b = rel.as_bytes();
+    b.ends_with(b"/") || b.ends_with(b"/.") || b == b"."
 }
 
 fn io_err(path: &str, e: io::Error) -> ConfineError {

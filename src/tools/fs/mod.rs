@@ -27,7 +27,7 @@ pub const DEFAULT_MAX_READ_BYTES: u64 = 10 * 1024 * 1024;
 
 fn fail(req: &ToolRequest, e: FsError) -> ToolResult {
     let recoverable = e.recoverable();
-    ToolResult::failure(&req.invocation_id, e.to_string(), recoverable)
+    ToolResult::failure_of(&req.invocation_id, e.kind(), e.to_string(), recoverable)
 }
 
 fn locate(roots: &Roots, req: &ToolRequest, path: &str) -> Result<Located, ToolResult> {
@@ -72,8 +72,9 @@ impl Protected {
             return Ok(()); // nothing there yet: not an executable the shell may run
         };
         if self.0.contains(&(m.dev(), m.ino())) {
-            return Err(ToolResult::failure(
+            return Err(ToolResult::failure_of(
                 &req.invocation_id,
+                crate::tools::ToolErrorKind::NotAllowed,
                 format!(
                     "{shown} is an executable the shell tool is allowed to run; the file tools do not write, edit or delete it"
                 ),
@@ -89,8 +90,9 @@ fn operation<'a>(req: &'a ToolRequest, allowed: &[&str]) -> Result<&'a str, Tool
     if allowed.contains(&op) {
         Ok(op)
     } else {
-        Err(ToolResult::failure(
+        Err(ToolResult::failure_of(
             &req.invocation_id,
+            crate::tools::ToolErrorKind::InvalidRequest,
             format!(
                 "unknown operation {op:?}; use one of: {}",
                 allowed.join(", ")
@@ -108,13 +110,18 @@ fn validation(r: Result<(), ToolResult>) -> ValidationResult {
     }
 }
 
+/// A read's answer: the text, or for bytes that are not UTF-8 a lossy text plus the exact
+/// bytes in base64 (`data.content_base64`).
 fn text_success(req: &ToolRequest, bytes: Vec<u8>) -> ToolResult {
     let mut metadata = BTreeMap::new();
     metadata.insert("bytes".to_owned(), bytes.len().to_string());
+    let mut data = serde_json::json!({"bytes": bytes.len(), "utf8": true});
     let output = match String::from_utf8(bytes) {
         Ok(s) => s,
         Err(e) => {
             metadata.insert("lossy_utf8".to_owned(), "true".to_owned());
+            data["utf8"] = false.into();
+            data["content_base64"] = crate::text::base64(e.as_bytes()).into();
             String::from_utf8_lossy(e.as_bytes()).into_owned()
         }
     };
@@ -122,6 +129,7 @@ fn text_success(req: &ToolRequest, bytes: Vec<u8>) -> ToolResult {
         invocation_id: req.invocation_id.clone(),
         output,
         metadata,
+        data: Some(data),
     }
 }
 
@@ -174,11 +182,17 @@ impl FileReadTool {
             "list" => {
                 let entries = ops::list(&self.roots, &loc).map_err(|e| fail(req, e))?;
                 let lines: Vec<String> = entries.iter().map(|(n, k)| format!("{n}\t{k}")).collect();
+                let listed: Vec<serde_json::Value> = entries
+                    .iter()
+                    .map(|(n, k)| serde_json::json!({"name": n, "kind": k}))
+                    .collect();
                 ToolResult::success(&req.invocation_id, lines.join("\n"))
+                    .with_data(serde_json::json!({ "entries": listed }))
             }
             _ => {
                 let found = ops::exists(&self.roots, &loc).map_err(|e| fail(req, e))?;
                 ToolResult::success(&req.invocation_id, found.to_string())
+                    .with_data(serde_json::json!({ "exists": found }))
             }
         })
     }
@@ -320,21 +334,32 @@ impl Tool for FileWriteTool {
     }
 }
 
-fn target_path(roots: &Roots, req: &ToolRequest) -> Result<Vec<PathBuf>, String> {
-    let path = required_str(req, "path").map_err(reason)?;
-    let loc = roots.locate(path).map_err(|e| e.to_string())?;
-    Ok(vec![roots.entry_path(&loc).map_err(|e| e.to_string())?])
+type Kinded = (crate::tools::ToolErrorKind, String);
+
+fn confine_kinded(e: ConfineError) -> Kinded {
+    (e.kind(), e.to_string())
 }
 
-fn reason(r: ToolResult) -> String {
+fn target_path(roots: &Roots, req: &ToolRequest) -> Result<Vec<PathBuf>, Kinded> {
+    let path = required_str(req, "path").map_err(reason)?;
+    let loc = roots.locate(path).map_err(confine_kinded)?;
+    Ok(vec![roots.entry_path(&loc).map_err(confine_kinded)?])
+}
+
+fn reason(r: ToolResult) -> Kinded {
+    let kind = r.error_kind().unwrap_or_default();
     match r {
-        ToolResult::Failure { reason, .. } => reason,
-        ToolResult::Success { output, .. } => output,
+        ToolResult::Failure { reason, .. } => (kind, reason),
+        ToolResult::Success { output, .. } => (kind, output),
     }
 }
 
 impl FileAffectingTool for FileWriteTool {
     fn affected_paths(&self, request: &ToolRequest) -> Result<Vec<PathBuf>, String> {
+        self.affected_paths_or_kind(request).map_err(|(_, r)| r)
+    }
+
+    fn affected_paths_or_kind(&self, request: &ToolRequest) -> Result<Vec<PathBuf>, Kinded> {
         target_path(&self.roots, request)
     }
 }
@@ -497,13 +522,18 @@ impl Tool for FileEditTool {
 
 impl FileAffectingTool for FileEditTool {
     fn affected_paths(&self, request: &ToolRequest) -> Result<Vec<PathBuf>, String> {
+        self.affected_paths_or_kind(request).map_err(|(_, r)| r)
+    }
+
+    fn affected_paths_or_kind(&self, request: &ToolRequest) -> Result<Vec<PathBuf>, Kinded> {
         if required_str(request, "operation").ok() == Some("patch") {
             let diff = required_str(request, "patch").map_err(reason)?;
-            let files = patch::parse(diff)?;
+            let files =
+                patch::parse(diff).map_err(|r| (crate::tools::ToolErrorKind::InvalidRequest, r))?;
             let mut out = Vec::new();
             for f in files {
-                let loc = self.roots.locate(&f.path).map_err(|e| e.to_string())?;
-                out.push(self.roots.entry_path(&loc).map_err(|e| e.to_string())?);
+                let loc = self.roots.locate(&f.path).map_err(confine_kinded)?;
+                out.push(self.roots.entry_path(&loc).map_err(confine_kinded)?);
             }
             return Ok(out);
         }

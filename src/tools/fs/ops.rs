@@ -37,6 +37,23 @@ pub(crate) enum FsError {
 }
 
 impl FsError {
+    /// The failure's kind for programs.
+    pub fn kind(&self) -> crate::tools::ToolErrorKind {
+        use crate::tools::ToolErrorKind as K;
+        match self {
+            FsError::Confine(c) => c.kind(),
+            FsError::NotAFile { .. } | FsError::NotADirectory { .. } => K::WrongKind,
+            FsError::TooLarge { .. } => K::TooLarge,
+            FsError::Symlink { .. } | FsError::HardLinked { .. } => K::NotAllowed,
+            FsError::Io { source, .. } => match source.raw_os_error() {
+                Some(libc::ELOOP) => K::SymlinkLoop,
+                Some(libc::ENOTDIR | libc::EISDIR) => K::WrongKind,
+                Some(libc::ENOENT) => K::NotFound,
+                _ => K::Io,
+            },
+        }
+    }
+
     pub fn recoverable(&self) -> bool {
         match self {
             FsError::Confine(c) => c.recoverable(),
