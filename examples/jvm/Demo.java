@@ -48,13 +48,17 @@ public class Demo {
 
     static int asked = 0;
 
-    /** The approval callback: approves file_write, denies the rest. */
+    /** The approval callback: approves file_write, approves `ls -a` for the rest of the
+     *  session (CORREX_APPROVE_FOR_SESSION), denies the rest. It sees the request's context. */
     static int approve(MemorySegment userData, MemorySegment tool, int tier, MemorySegment requestJson) {
         String name = tool.reinterpret(Long.MAX_VALUE).getString(0);
-        boolean yes = name.equals("file_write");
+        String request = requestJson.reinterpret(Long.MAX_VALUE).getString(0);
+        if (!request.contains("\"context\":{")) throw new IllegalStateException("no context: " + request);
+        int answer = name.equals("file_write") ? 1 : request.contains("\"argv\":[\"ls\",\"-a\"]") ? 2 : 0;
         asked++;
-        System.out.println("  approver: " + name + " (T" + tier + ") -> " + (yes ? "APPROVE" : "DENY"));
-        return yes ? 1 : 0;
+        System.out.println("  approver: " + name + " (T" + tier + ") -> "
+                + (answer == 1 ? "APPROVE" : answer == 2 ? "APPROVE_FOR_SESSION" : "DENY"));
+        return answer;
     }
 
     static final StringBuilder streamed = new StringBuilder();
@@ -91,8 +95,9 @@ public class Demo {
             Path dir = Files.createTempDirectory("correx-jvm-");
             String config = "{\"v\": 1, \"event_log\": \"" + dir + "/events.db\", \"sandbox_root\": \"" + dir + "/sb\","
                     + " \"tools\": {\"file_write\": {\"enabled\": true, \"allowed_paths\": [\"" + dir + "\"]},"
-                    + " \"shell\": {\"enabled\": true, \"allowed_executables\": [\"ls\"]}},"
-                    + " \"models\": {\"port\": 18433, \"log_dir\": \"" + dir + "/logs\"}}";
+                    + " \"shell\": {\"enabled\": true, \"allowed_executables\": [\"ls\", \"rm\"]}},"
+                    + " \"models\": {\"port\": 18433, \"log_dir\": \"" + dir + "/logs\"},"
+                    + " \"approvals\": {\"rules\": [{\"tool\": \"shell\", \"argv_prefix\": [\"rm\"], \"action\": \"forbid\"}]}}";
             MemorySegment err = arena.allocate(PTR);
             MemorySegment rtOut = arena.allocate(PTR);
             check("runtime", (int) runtimeNew.invokeExact(arena.allocateFrom(config), rtOut, err), err);
@@ -136,6 +141,20 @@ public class Demo {
                     check("tool", (int) toolExecute.invokeExact(rt, arena.allocateFrom(t), out, err), err);
                     String r = take(out);
                     System.out.println("  " + field(r, "status") + ": " + (field(r, "output").isEmpty() ? field(r, "reason") : field(r, "output")));
+                    if (t.contains("shell") && !field(r, "kind").equals("not_allowed"))
+                        throw new IllegalStateException("a denied run should be not_allowed: " + r);
+                }
+                // Approved for the session: the second `ls -a ...` is not asked; `rm` is
+                // forbidden by the config's rule before anyone is asked.
+                String[] more = {
+                    "{\"v\":1,\"session_id\":\"jvm-2\",\"tool_name\":\"shell\",\"parameters\":{\"argv\":[\"ls\",\"-a\"]}}",
+                    "{\"v\":1,\"session_id\":\"jvm-2\",\"tool_name\":\"shell\",\"parameters\":{\"argv\":[\"ls\",\"-a\",\"-l\"]}}",
+                    "{\"v\":1,\"session_id\":\"jvm-2\",\"tool_name\":\"shell\",\"parameters\":{\"argv\":[\"rm\",\"-rf\",\"/tmp/x\"]}}",
+                };
+                for (String t : more) {
+                    check("tool", (int) toolExecute.invokeExact(rt, arena.allocateFrom(t), out, err), err);
+                    String r = take(out);
+                    System.out.println("  " + field(r, "status") + (field(r, "kind").isEmpty() ? "" : " (" + field(r, "kind") + ")"));
                 }
                 check("unload", (int) modelUnload.invokeExact(rt, arena.allocateFrom("gemma-3-270m"), err), err);
 
@@ -149,7 +168,7 @@ public class Demo {
                     paths.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
                 }
             }
-            if (asked != 2) throw new IllegalStateException("the approver was asked " + asked + " times");
+            if (asked != 3) throw new IllegalStateException("the approver was asked " + asked + " times");
         }
     }
 }
