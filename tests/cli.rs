@@ -235,12 +235,21 @@ fn tail_follows_appends_from_another_process_and_ends_with_its_pipe() -> TestRes
     let tmp = TempDir::new("cli-tail");
     let db = tmp.join("events.db");
     let store = write_log(&db)?;
-    let mut child = correx()
-        .args(["log", "tail", "-f", "-n", "2"])
+    let mut cmd = correx();
+    cmd.args(["log", "tail", "-f", "-n", "2"])
         .arg(&db)
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
+        .stderr(Stdio::piped());
+    // As from a terminal: a test run in the background (CI) inherits SIGINT ignored.
+    // SAFETY: signal(2) is async-signal-safe; it only resets one disposition in the child.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
     let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
     for _ in 0..2 {
         lines.next().ok_or("tail ended")??;

@@ -70,6 +70,12 @@ fn every_domain_event() -> Vec<DomainEvent> {
             pid: Some(42),
             port: Some(10000),
         },
+        DomainEvent::ToolExecutionInterrupted {
+            session_id: "s".into(),
+            invocation_id: "i".into(),
+            tool_name: "file_write".into(),
+            state: "completed".into(),
+        },
         DomainEvent::ToolApprovalDecided {
             session_id: "s".into(),
             invocation_id: "i".into(),

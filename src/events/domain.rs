@@ -145,6 +145,21 @@ pub enum DomainEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         kind: Option<String>,
     },
+    /// Recovery found a run a dead host started and left without an outcome, and closed it
+    /// with what is known. (A run whose files recovery restored is recorded
+    /// `tool.execution_failed` with reason `interrupted`.)
+    #[serde(rename = "tool.execution_interrupted")]
+    ToolExecutionInterrupted {
+        /// The session.
+        session_id: String,
+        /// The invocation.
+        invocation_id: String,
+        /// The tool.
+        tool_name: String,
+        /// `completed`: the tool finished and its change is in place, but its completion was
+        /// never recorded; `unchanged`: it was stopped before it changed anything.
+        state: String,
+    },
     /// The host cancelled a running tool invocation; its files were restored.
     #[serde(rename = "tool.execution_cancelled")]
     ToolExecutionCancelled {
@@ -212,6 +227,7 @@ type_ids! {
     ToolExecutionFailed => "tool.execution_failed",
     ToolExecutionRejected => "tool.execution_rejected",
     ToolExecutionCancelled => "tool.execution_cancelled",
+    ToolExecutionInterrupted => "tool.execution_interrupted",
     InferenceCompleted => "inference.completed",
 }
 
@@ -249,6 +265,9 @@ impl DomainEvent {
             DomainEvent::ToolExecutionFailed { tool_name, reason, invocation_id, .. } => {
                 let short: String = reason.chars().take(120).collect();
                 format!("{tool_name} failed: {short}, invocation {invocation_id}")
+            }
+            DomainEvent::ToolExecutionInterrupted { tool_name, state, invocation_id, .. } => {
+                format!("{tool_name} interrupted by a crash ({state}), invocation {invocation_id}")
             }
             DomainEvent::ToolExecutionCancelled { tool_name, duration_ms, invocation_id, .. } => {
                 format!("{tool_name} cancelled after {duration_ms} ms (files restored), invocation {invocation_id}")

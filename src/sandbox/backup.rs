@@ -84,6 +84,36 @@ pub(crate) struct Manifest {
 }
 
 pub(crate) const MANIFEST: &str = "manifest.json";
+/// What the manifest is renamed to once the tool succeeded: its change is in place.
+pub(crate) const COMMITTED: &str = "committed.json";
+
+/// Removes what a dead run may have left beside its paths: the file tools' temp files
+/// (`.NAME.correx-tmp-*`) and partial backups (`.NAME.correx-bak-*.tmp`).
+pub(crate) fn remove_strays(entries: &[Entry]) {
+    use std::os::unix::ffi::OsStrExt;
+    for e in entries {
+        let (Some(parent), Some(name)) = (e.path.parent(), e.path.file_name()) else {
+            continue;
+        };
+        let name = name.as_bytes();
+        let mut tmp = b".".to_vec();
+        tmp.extend_from_slice(&name[..name.len().min(200)]);
+        tmp.extend_from_slice(b".correx-tmp-");
+        let mut bak = b".".to_vec();
+        bak.extend_from_slice(name);
+        bak.extend_from_slice(b".correx-bak-");
+        let Ok(siblings) = std::fs::read_dir(parent) else {
+            continue;
+        };
+        for s in siblings.flatten() {
+            let n = s.file_name();
+            let n = n.as_bytes();
+            if n.starts_with(&tmp) || (n.starts_with(&bak) && n.ends_with(b".tmp")) {
+                let _ = std::fs::remove_file(s.path());
+            }
+        }
+    }
+}
 
 fn backup_name(path: &Path, tag: &str) -> io::Result<PathBuf> {
     let name = path

@@ -10,8 +10,11 @@
 //! before the start is a rejection; during the run it stops the tool, restores like a failure
 //! and appends `ToolExecutionCancelled`.
 //!
-//! A host killed mid-tool leaves its manifest behind; the next executor constructed on the same
-//! root restores those files and records `ToolExecutionFailed` with the reason `interrupted`.
+//! The working directory exists (locked) from before `ToolExecutionStarted` until after the
+//! outcome is recorded, so a host killed at any point leaves it behind; the next executor
+//! constructed on the same root closes the run exactly once: restored from its manifest
+//! (`ToolExecutionFailed`, reason `interrupted`), committed (`ToolExecutionInterrupted`, state
+//! `completed`) or untouched (state `unchanged`).
 
 mod backup;
 
@@ -137,6 +140,97 @@ fn lock_invocation(dir: &std::path::Path, wait: bool) -> std::io::Result<Option<
     Ok(Some(f))
 }
 
+/// A run's working directory and its lock; removed (with its session directory when that is
+/// left empty) when dropped.
+struct WorkDir {
+    dir: Option<PrivateDir>,
+    _lock: Option<std::fs::File>,
+    session_dir: PathBuf,
+}
+
+impl WorkDir {
+    fn path(&self) -> &std::path::Path {
+        self.dir
+            .as_ref()
+            .map(|d| d.path())
+            .unwrap_or(std::path::Path::new(""))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        drop(self.dir.take());
+        let _ = std::fs::remove_dir(&self.session_dir);
+    }
+}
+
+/// Test seam: `CORREX_TEST_ABORT_AT=<step>` aborts the process at that step of a sandboxed
+/// run (`workdir`, `started`, `manifest`, `backup`, `tool`, `committed`, `discarded`,
+/// `outcome`), for the crash tests; unset, it costs one cached lookup.
+fn seam(step: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| std::env::var("CORREX_TEST_ABORT_AT").ok());
+    if at.as_deref() == Some(step) {
+        std::process::abort();
+    }
+}
+
+/// What the log says of one run: its tool (when it started), the session stream's version,
+/// and whether it has an outcome.
+fn run_state(
+    events: &dyn EventStore,
+    stream: &str,
+    invocation_id: &str,
+) -> Result<(Option<String>, u64, bool), EventStoreError> {
+    let (mut tool, mut version, mut closed) = (None, 0, false);
+    let mut from = 1;
+    loop {
+        let page = events.read_stream(stream, from, 1000)?;
+        let Some(last) = page.last().map(|e| e.stream_version) else {
+            break;
+        };
+        for e in &page {
+            version = e.stream_version;
+            if e.payload["invocation_id"].as_str() != Some(invocation_id) {
+                continue;
+            }
+            match e.type_id.as_str() {
+                "tool.execution_started" => {
+                    tool = e.payload["tool_name"].as_str().map(str::to_owned);
+                }
+                "tool.execution_completed"
+                | "tool.execution_failed"
+                | "tool.execution_cancelled"
+                | "tool.execution_interrupted" => closed = true,
+                _ => {}
+            }
+        }
+        from = last + 1;
+    }
+    Ok((tool, version, closed))
+}
+
+/// The id a directory name made by [`safe_component`] stands for.
+fn from_component(name: &str) -> Option<String> {
+    let b = name.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = name.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    if out == [0] {
+        out.clear();
+    }
+    String::from_utf8(out).ok()
+}
+
 /// A path component safe to use as a directory name, whatever the id holds.
 fn safe_component(id: &str) -> String {
     let mut out = String::with_capacity(id.len());
@@ -221,6 +315,13 @@ impl SandboxedToolExecutor {
         &self.registry
     }
 
+    /// Finds the runs a dead host left (their working directories, unlocked) and closes each
+    /// exactly once: a run with a manifest has its files restored and is recorded failed
+    /// (`interrupted`); one with a commit mark changed its files and is recorded
+    /// `tool.execution_interrupted` with state `completed`; one with neither never changed
+    /// anything (`unchanged`). A run whose outcome is already in the log (the host died after
+    /// recording it, or an earlier recovery was killed) gets nothing more. Stray temp files and
+    /// partial backups beside the run's paths are removed.
     fn recover(&self) -> Result<Vec<Recovered>, SandboxError> {
         let root_err = |source| SandboxError::WorkRoot {
             path: self.work_root.clone(),
@@ -238,45 +339,103 @@ impl SandboxedToolExecutor {
                 let Ok(Some(_held)) = lock_invocation(&dir, false) else {
                     continue;
                 };
-                let manifest = std::fs::read(dir.join(backup::MANIFEST))
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok());
-                if let Some(m) = manifest {
-                    let mut restored = Vec::new();
-                    for e in m.entries.iter().filter(|e| backup::plausible(e)) {
-                        match backup::restore(e) {
-                            Ok(backup::Restored::Yes) => restored.push(e.path.clone()),
-                            Ok(backup::Restored::Unchanged | backup::Restored::NoBackup) => {}
-                            Err(err) => {
-                                log::error!("restoring {}: {err}", e.path.display());
-                                let _ = backup::discard(e);
-                            }
-                        }
-                    }
-                    append_domain(
-                        self.events.as_ref(),
-                        &session_stream(&m.session_id),
-                        &DomainEvent::ToolExecutionFailed {
-                            session_id: m.session_id.clone(),
-                            invocation_id: m.invocation_id.clone(),
-                            tool_name: m.tool_name.clone(),
-                            reason: "interrupted".into(),
-                            recoverable: true,
-                            kind: None,
-                        },
-                    )
-                    .map_err(SandboxError::Events)?;
-                    out.push(Recovered {
-                        session_id: m.session_id,
-                        invocation_id: m.invocation_id,
-                        restored,
-                    });
+                if let Some(r) = self.recover_one(&session, &dir)? {
+                    out.push(r);
                 }
                 let _ = std::fs::remove_dir_all(&dir);
             }
             let _ = std::fs::remove_dir(&session);
         }
         Ok(out)
+    }
+
+    fn recover_one(
+        &self,
+        session: &std::path::Path,
+        dir: &std::path::Path,
+    ) -> Result<Option<Recovered>, SandboxError> {
+        let name = |p: &std::path::Path| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(from_component)
+        };
+        let (Some(session_id), Some(invocation_id)) = (name(session), name(dir)) else {
+            return Ok(None);
+        };
+        let read_manifest = |file: &str| {
+            std::fs::read(dir.join(file))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok())
+        };
+        let manifest = read_manifest(backup::MANIFEST);
+        let committed = read_manifest(backup::COMMITTED);
+        for m in manifest.iter().chain(committed.iter()) {
+            backup::remove_strays(&m.entries);
+        }
+        let stream = session_stream(&session_id);
+        let (tool_name, version, closed) = run_state(self.events.as_ref(), &stream, &invocation_id)
+            .map_err(SandboxError::Events)?;
+        // Never started (killed before the start was recorded): nothing ran.
+        let Some(tool_name) = tool_name else {
+            return Ok(None);
+        };
+        let mut restored = Vec::new();
+        if let Some(m) = &manifest {
+            for e in m.entries.iter().filter(|e| backup::plausible(e)) {
+                match backup::restore(e) {
+                    Ok(backup::Restored::Yes) => restored.push(e.path.clone()),
+                    Ok(backup::Restored::Unchanged | backup::Restored::NoBackup) => {}
+                    Err(err) => {
+                        log::error!("restoring {}: {err}", e.path.display());
+                        let _ = backup::discard(e);
+                    }
+                }
+            }
+        }
+        if let Some(m) = &committed {
+            for e in &m.entries {
+                let _ = backup::discard(e);
+            }
+        }
+        if closed {
+            return Ok(None);
+        }
+        let event = match (&manifest, &committed) {
+            (Some(_), _) => DomainEvent::ToolExecutionFailed {
+                session_id: session_id.clone(),
+                invocation_id: invocation_id.clone(),
+                tool_name,
+                reason: "interrupted".into(),
+                recoverable: true,
+                kind: None,
+            },
+            (None, Some(_)) => DomainEvent::ToolExecutionInterrupted {
+                session_id: session_id.clone(),
+                invocation_id: invocation_id.clone(),
+                tool_name,
+                state: "completed".into(),
+            },
+            (None, None) => DomainEvent::ToolExecutionInterrupted {
+                session_id: session_id.clone(),
+                invocation_id: invocation_id.clone(),
+                tool_name,
+                state: "unchanged".into(),
+            },
+        };
+        // At the version read: a recovery racing this one on the same log records it once.
+        match self.events.append(
+            &stream,
+            ExpectedVersion::Exact(version),
+            &[event.to_new_event()],
+        ) {
+            Ok(_) | Err(EventStoreError::WrongExpectedVersion { .. }) => {}
+            Err(e) => return Err(SandboxError::Events(e)),
+        }
+        Ok(Some(Recovered {
+            session_id,
+            invocation_id,
+            restored,
+        }))
     }
 
     /// Runs `request` as [`ToolExecutor::execute`] does, asking approval with `context`.
@@ -399,6 +558,17 @@ impl SandboxedToolExecutor {
                 format!("{reason}; nothing was changed"),
             );
         }
+        // The working directory (locked while the run lives) exists before the start is
+        // recorded and goes only after the outcome is: a started run without an outcome always
+        // leaves it for recovery to find.
+        let workdir = match self.work_dir(request) {
+            Ok(w) => w,
+            Err(e) => {
+                let reason = format!("could not create the sandbox working directory: {e}");
+                return reject(decided_event, ToolErrorKind::Io, reason.clone(), reason);
+            }
+        };
+        seam("workdir");
         if let Err(e) = record_with(
             decided_event,
             DomainEvent::ToolExecutionStarted {
@@ -409,14 +579,17 @@ impl SandboxedToolExecutor {
                 isolation: tool.isolation(),
             },
         ) {
-            return ToolResult::failure(
+            drop(workdir);
+            return ToolResult::failure_of(
                 id,
+                ToolErrorKind::Io,
                 format!("the tool did not run: its start could not be recorded: {e}"),
                 true,
             );
         }
+        seam("started");
         let started = Instant::now();
-        let result = self.run_guarded(request, paths, cancel);
+        let result = self.run_guarded(request, paths, &workdir, cancel);
         let event = match &result {
             ToolResult::Failure { .. } if cancel.is_cancelled() => {
                 DomainEvent::ToolExecutionCancelled {
@@ -449,36 +622,39 @@ impl SandboxedToolExecutor {
         if let Err(e) = record(event) {
             log::error!("recording the end of invocation {id}: {e}");
         }
+        seam("outcome");
+        drop(workdir);
         result
     }
 
-    /// Working dir, locks, backups, the tool itself, then commit or restore.
+    /// The run's private working directory under the root, locked while the run lives.
+    fn work_dir(&self, request: &ToolRequest) -> std::io::Result<WorkDir> {
+        let session_dir = self
+            .work_root
+            .join(safe_component(request.session_id.as_str()));
+        let name = safe_component(request.invocation_id.as_str());
+        // Another invocation of this session may remove the session directory just as this one
+        // creates it: one retry covers that.
+        let dir = PrivateDir::new_exact(&session_dir, &name)
+            .or_else(|_| PrivateDir::new_exact(&session_dir, &name))?;
+        let lock = lock_invocation(dir.path(), true)?;
+        Ok(WorkDir {
+            dir: Some(dir),
+            _lock: lock,
+            session_dir,
+        })
+    }
+
+    /// Locks, backups, the tool itself, then commit or restore.
     fn run_guarded(
         &self,
         request: &ToolRequest,
         paths: Vec<PathBuf>,
+        workdir: &WorkDir,
         cancel: &CancelToken,
     ) -> ToolResult {
         let id = &request.invocation_id;
-        let session_dir = self
-            .work_root
-            .join(safe_component(request.session_id.as_str()));
-        let name = safe_component(id.as_str());
-        // Another invocation of this session may remove the session directory just as this one
-        // creates it: one retry covers that.
-        let work = PrivateDir::new_exact(&session_dir, &name)
-            .or_else(|_| PrivateDir::new_exact(&session_dir, &name))
-            .and_then(|w| lock_invocation(w.path(), true).map(|lock| (w, lock)));
-        let (work, _lock) = match work {
-            Ok(w) => w,
-            Err(e) => {
-                return ToolResult::failure(
-                    id,
-                    format!("could not create the sandbox working directory: {e}"),
-                    true,
-                )
-            }
-        };
+        let work = workdir.path();
         let _locks = self.lock_paths(&paths);
         let tag = &safe_component(id.as_str())[..safe_component(id.as_str()).len().min(40)];
         let mut entries = Vec::with_capacity(paths.len());
@@ -505,9 +681,10 @@ impl SandboxedToolExecutor {
         };
         // The manifest goes first: a crash while copying leaves it, and a recovery only renames
         // back backups that are complete (each lands under its final name only when whole).
-        let prepared = backup::write_manifest(work.path(), &manifest)
+        let prepared = backup::write_manifest(work, &manifest)
             .map_err(|e| format!("writing the sandbox manifest: {e}"))
             .and_then(|()| {
+                seam("manifest");
                 for e in &manifest.entries {
                     backup::take(e).map_err(|err| {
                         format!(
@@ -524,6 +701,7 @@ impl SandboxedToolExecutor {
             }
             return ToolResult::failure(id, reason, true);
         }
+        seam("backup");
         let result = match catch_unwind(AssertUnwindSafe(|| {
             self.delegate.execute_cancellable(request, cancel)
         })) {
@@ -539,16 +717,22 @@ impl SandboxedToolExecutor {
         };
         let result = match result {
             ToolResult::Success { .. } => {
-                // The manifest goes first: once it is gone, a crash cannot turn this success
-                // into a "recovery" that rolls the tool's work back.
-                if let Err(err) = std::fs::remove_file(work.path().join(backup::MANIFEST)) {
-                    log::error!("removing the sandbox manifest of {id}: {err}");
+                seam("tool");
+                // The manifest becomes the commit mark first: from here a crash cannot turn
+                // this success into a "recovery" that rolls the tool's work back, and recovery
+                // knows the change is in place.
+                if let Err(err) =
+                    std::fs::rename(work.join(backup::MANIFEST), work.join(backup::COMMITTED))
+                {
+                    log::error!("marking invocation {id} committed: {err}");
                 }
+                seam("committed");
                 for e in &manifest.entries {
                     if let Err(err) = backup::discard(e) {
                         log::warn!("dropping the backup of {}: {err}", e.path.display());
                     }
                 }
+                seam("discarded");
                 result
             }
             ToolResult::Failure {
@@ -573,8 +757,6 @@ impl SandboxedToolExecutor {
                 }
             }
         };
-        drop(work);
-        let _ = std::fs::remove_dir(&session_dir);
         result
     }
 

@@ -428,6 +428,10 @@ impl History {
                         run.ended_ms = Some(t);
                         run.outcome = Some("cancelled (files restored)".into());
                     }
+                    "tool.execution_interrupted" => {
+                        run.ended_ms = Some(t);
+                        run.outcome = Some(format!("interrupted by a crash ({})", s("state")));
+                    }
                     "tool.execution_rejected" => {
                         run.tier = p["tier"].as_i64();
                         run.ended_ms = Some(t);
