@@ -326,8 +326,53 @@ fn effects(c: &RuntimeConfig) {
             }
         ),
     );
+    say(
+        "sandbox_root",
+        c.sandbox_root.as_ref().map_or_else(
+            || format!("default: {}", correx::default_work_root().display()),
+            |p| format!("{}: working directories and backups of runs", p.display()),
+        ),
+    );
+    let a = &c.approvals;
+    say(
+        "approvals.engine",
+        match a.engine {
+            correx::EngineChoice::Callback => {
+                "callback: the host's approver decides T2 and T3 tools".to_owned()
+            }
+            correx::EngineChoice::Auto => format!("auto: tiers up to {} are approved", a.max_tier),
+            correx::EngineChoice::Deny => "deny: every tool that needs approval is denied".into(),
+        },
+    );
+    say(
+        "approvals.rules",
+        format!("{} rule(s) checked before the engine", a.rules.len()),
+    );
     let sh = &c.tools.shell;
     if sh.enabled {
+        let o = &sh.options;
+        say(
+            "tools.shell.output_cap_bytes",
+            format!("each stream is capped at {} bytes", o.output_cap),
+        );
+        say(
+            "tools.shell.working_dirs",
+            format!("runs start in and may write beneath {:?}", o.working_roots),
+        );
+        say(
+            "tools.shell.env",
+            format!(
+                "the child gets PATH, TMPDIR and {:?}",
+                o.env.keys().collect::<Vec<_>>()
+            ),
+        );
+        say(
+            "tools.shell.isolation",
+            format!(
+                "also readable: {:?}; limits {:?}",
+                o.isolation.read_paths, o.isolation.limits
+            ),
+        );
         say(
             "tools.shell",
             format!(
@@ -353,7 +398,15 @@ fn effects(c: &RuntimeConfig) {
         ("tools.file_write", &c.tools.file_write),
         ("tools.file_edit", &c.tools.file_edit),
     ] {
-        if t.enabled {
+        if t.enabled && name == "tools.file_read" {
+            say(
+                name,
+                format!(
+                    "enabled beneath {:?}, reads up to {} bytes",
+                    t.allowed_paths, t.max_read_bytes
+                ),
+            );
+        } else if t.enabled {
             say(name, format!("enabled beneath {:?}", t.allowed_paths));
         } else {
             say(name, "disabled".into());
@@ -419,6 +472,20 @@ fn effects(c: &RuntimeConfig) {
         format!(
             "a load waits {} s for its server",
             m.health_timeout.unwrap_or(d.health_timeout).as_secs()
+        ),
+    );
+    say(
+        "models.read_timeout_ms",
+        format!(
+            "an answer may pause {} s between pieces",
+            m.read_timeout.unwrap_or(d.http.read_timeout).as_secs()
+        ),
+    );
+    say(
+        "models.log_dir",
+        m.log_dir.as_ref().map_or_else(
+            || "default: $XDG_DATA_HOME/correx/logs".to_owned(),
+            |p| format!("{}: every server's output", p.display()),
         ),
     );
 }

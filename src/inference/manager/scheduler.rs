@@ -51,15 +51,7 @@ fn ensure_loaded_queued(
         Some(prepare_local(inner, st, d)?)
     };
     loop {
-        if st.shutdown {
-            return Err(ModelLoadError::ManagerGone);
-        }
-        if cancel.is_cancelled() {
-            return Err(ModelLoadError::Cancelled);
-        }
-        if st.loading.contains_key(id) || st.stopping.contains_key(id) {
-            // Another call is changing this model: its outcome decides what this one does.
-            inner.settled.wait_for(st, WAIT_SLICE);
+        if !settled(inner, st, id, cancel)? {
             continue;
         }
         let uses = st.touch();
@@ -106,6 +98,28 @@ fn ensure_loaded_queued(
             }
         }
     }
+}
+
+/// Whether `id` is not being loaded or stopped by another call (whose outcome decides what
+/// this one does); otherwise waits one slice and says no. Fails when the manager shuts down
+/// or `cancel` is set.
+fn settled(
+    inner: &Inner,
+    st: &mut MutexGuard<'_, State>,
+    id: &str,
+    cancel: &CancelToken,
+) -> Result<bool, ModelLoadError> {
+    if st.shutdown {
+        return Err(ModelLoadError::ManagerGone);
+    }
+    if cancel.is_cancelled() {
+        return Err(ModelLoadError::Cancelled);
+    }
+    if st.loading.contains_key(id) || st.stopping.contains_key(id) {
+        inner.settled.wait_for(st, WAIT_SLICE);
+        return Ok(false);
+    }
+    Ok(true)
 }
 
 /// The latest load's residency applies; it needs no new server.
@@ -467,8 +481,18 @@ pub(super) fn stop_model(
     };
     let residency = running.descriptor.residency;
     let estimate = running.estimate;
-    let (reason, pid, port) = match running.backend {
-        Backend::Remote(_) => (reason, None, None),
+    let unloaded = |reason, pid, port| DomainEvent::ModelUnloaded {
+        model_id: id.to_owned(),
+        reason,
+        pid,
+        port,
+    };
+    let recorded = match running.backend {
+        Backend::Remote(_) => append_domain(
+            inner.events.as_ref(),
+            MODEL_STREAM,
+            &unloaded(reason, None, None),
+        ),
         Backend::Local {
             mut child, port, ..
         } => {
@@ -488,6 +512,9 @@ pub(super) fn stop_model(
                     estimate,
                 },
             );
+            // The unload is appended right after the reap, before the lock is taken back: the
+            // log lags the process's end by one append, not by a wait for the lock too. A load
+            // of the id still comes after it, as `stopping` holds until then.
             MutexGuard::unlocked(st, || {
                 if reason == UnloadReason::Unresponsive {
                     // A stopped or hung process handles no SIGTERM: no grace.
@@ -496,17 +523,14 @@ pub(super) fn stop_model(
                 } else {
                     stop_child(&mut child);
                 }
-            });
-            (reason, Some(pid), Some(port))
+                append_domain(
+                    inner.events.as_ref(),
+                    MODEL_STREAM,
+                    &unloaded(reason, Some(pid), Some(port)),
+                )
+            })
         }
     };
-    let event = DomainEvent::ModelUnloaded {
-        model_id: id.to_owned(),
-        reason,
-        pid,
-        port,
-    };
-    let recorded = append_domain(inner.events.as_ref(), MODEL_STREAM, &event);
     st.stopping.remove(id);
     inner.settled.notify_all();
     recorded.map(|_| ()).map_err(ModelLoadError::Events)
@@ -523,14 +547,7 @@ pub(super) fn unload_model(
     let started = Instant::now();
     let deadline = started + inner.options.drain_timeout;
     loop {
-        if st.shutdown {
-            return Err(ModelLoadError::ManagerGone);
-        }
-        if cancel.is_cancelled() {
-            return Err(ModelLoadError::Cancelled);
-        }
-        if st.loading.contains_key(id) || st.stopping.contains_key(id) {
-            inner.settled.wait_for(st, WAIT_SLICE);
+        if !settled(inner, st, id, cancel)? {
             continue;
         }
         match st.models.get(id) {
