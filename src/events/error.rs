@@ -94,16 +94,27 @@ impl EventStoreError {
         }
     }
 
+    /// Whether SQLite reported a lock held by another connection (`SQLITE_BUSY` or
+    /// `SQLITE_LOCKED`), while opening or in a call: the one classification of "busy" the store
+    /// retries on and reports as transient.
+    pub(crate) fn is_sqlite_busy(&self) -> bool {
+        match self {
+            EventStoreError::Sqlite { source, .. } | EventStoreError::Open { source, .. } => {
+                matches!(
+                    source.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                )
+            }
+            _ => false,
+        }
+    }
+
     /// Whether retrying the same call later may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
             EventStoreError::Busy { .. } => true,
-            EventStoreError::Sqlite { source, .. } => matches!(
-                source.sqlite_error_code(),
-                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-            ),
-            EventStoreError::Open { .. }
-            | EventStoreError::WrongExpectedVersion { .. }
+            EventStoreError::Sqlite { .. } | EventStoreError::Open { .. } => self.is_sqlite_busy(),
+            EventStoreError::WrongExpectedVersion { .. }
             | EventStoreError::CommitFailed { .. }
             | EventStoreError::InvalidAppend { .. }
             | EventStoreError::IdempotencyConflict { .. }

@@ -1,0 +1,416 @@
+//! [`SqliteEventStore`]: the event log in one SQLite file, WAL mode, with group commit.
+//!
+//! Here: the store, its settings and the [`EventStore`] implementation. `group` holds group
+//! commit (the queue, the leader, the answers), `sql` the schema, the inserts and the row
+//! decoding, `connection` opening connections and retrying a locked database.
+
+mod connection;
+mod group;
+mod sql;
+
+use super::time::now_ms;
+use super::{
+    AppendResult, EventStore, EventStoreError, ExpectedVersion, NewEvent, RecordedEvent, Result,
+};
+use connection::{open_connection, retry_locked, Role};
+use group::{gather_deadline, AnswerAll, Appender, EndTurn, Pending, Queue, Slot};
+use parking_lot::{Condvar, Mutex};
+use rusqlite::{Connection, TransactionBehavior};
+use sql::{append_one, page, query_events, Row, COLUMNS, SCHEMA};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How hard a commit works to survive power loss.
+///
+/// Both levels survive a crash of the process (kill -9, a panic, an abort): in WAL mode a
+/// committed transaction is in the WAL file, which the operating system keeps after the process
+/// dies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous=FULL` (the default): the WAL is flushed to disk before each commit returns,
+    /// so an append that returned `Ok` also survives power loss or a kernel crash, as far as the
+    /// disk honours flushes. Group commit shares one flush among all appends waiting at once.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: the WAL is flushed only at checkpoints. Survives a process crash,
+    /// but the last commits before a power loss or kernel crash may roll back (the file stays
+    /// consistent). An explicit opt-in for throughput over power-loss durability.
+    Normal,
+}
+
+impl Durability {
+    fn pragma_value(self) -> i64 {
+        match self {
+            Durability::Full => 2,
+            Durability::Normal => 1,
+        }
+    }
+}
+
+/// Settings for [`SqliteEventStore::open_with`].
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// Power-loss durability; default [`Durability::Full`].
+    pub durability: Durability,
+    /// How long one SQLite call waits for another process's lock; default 5 s.
+    pub busy_timeout: Duration,
+    /// How long an append keeps retrying a locked database (with jitter) before it returns
+    /// [`EventStoreError::Busy`]; default 30 s.
+    pub lock_retry_deadline: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            durability: Durability::Full,
+            busy_timeout: Duration::from_secs(5),
+            lock_retry_deadline: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Most rows one read returns, whatever the caller asks: short reads keep a slow reader from
+/// pinning a WAL snapshot (and so blocking checkpoints) for long.
+pub const MAX_PAGE: usize = 1000;
+
+/// The one connection that writes, and what it remembers of the streams it wrote.
+struct Writer {
+    conn: Connection,
+    /// Each stream's last version as this connection committed it, which saves a lookup per
+    /// append. Valid only while no other connection commits: `data_version` is the
+    /// connection's `PRAGMA data_version` when the cache was last known good.
+    versions: HashMap<String, u64>,
+    data_version: Option<i64>,
+}
+
+/// Streams whose versions the writer remembers at most; past that it starts over.
+const MAX_CACHED_STREAMS: usize = 10_000;
+
+/// The event log in a SQLite file. Cheap to share: clone the `Arc` or use `&self` from many
+/// threads; several processes may open the same file.
+///
+/// Appends from all threads of a process go through one writer connection with group commit
+/// (the rule is in the `group` module's docs): concurrent appends share one flush, a
+/// conflicting append fails alone, and every append returns only after the commit holding it.
+pub struct SqliteEventStore {
+    path: PathBuf,
+    options: StoreOptions,
+    writer: Mutex<Writer>,
+    queue: Mutex<Queue>,
+    /// Groups committed by this handle, for subscriptions to wake on.
+    commits: Mutex<u64>,
+    appended: Condvar,
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl std::fmt::Debug for SqliteEventStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteEventStore")
+            .field("path", &self.path)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteEventStore {
+    /// Opens (or creates) the log at `path` with [`StoreOptions::default`].
+    ///
+    /// # Errors
+    /// [`EventStoreError::Open`] when the file cannot be opened or created;
+    /// [`EventStoreError::Settings`] when SQLite will not use WAL or the durability asked.
+    pub fn open<P: AsRef<Path>>(path: P) -> Result<Self> {
+        Self::open_with(path, StoreOptions::default())
+    }
+
+    /// Opens (or creates) the log at `path` with `options`.
+    ///
+    /// # Errors
+    /// As [`SqliteEventStore::open`].
+    pub fn open_with<P: AsRef<Path>>(path: P, options: StoreOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let writer = open_connection(&path, &options, Role::Writer)?;
+        retry_locked(&options, || {
+            writer
+                .execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} COMMIT;"))
+                .map_err(|source| EventStoreError::Sqlite {
+                    operation: "create schema",
+                    source,
+                })
+        })
+        .inspect_err(|_| {
+            let _ = writer.execute_batch("ROLLBACK");
+        })?;
+        Ok(SqliteEventStore {
+            path,
+            options,
+            writer: Mutex::new(Writer {
+                conn: writer,
+                versions: HashMap::new(),
+                data_version: None,
+            }),
+            queue: Mutex::new(Queue::default()),
+            commits: Mutex::new(0),
+            appended: Condvar::new(),
+            readers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Opens the log at `path` only if it exists and is a correx log: nothing is created in a
+    /// missing file, nor a table added to another program's database.
+    ///
+    /// # Errors
+    /// [`EventStoreError::NotALog`] naming what the file is instead; otherwise as
+    /// [`SqliteEventStore::open`].
+    pub fn open_existing<P: AsRef<Path>>(path: P, options: StoreOptions) -> Result<Self> {
+        drop(super::verify::open_log_read_only(path.as_ref())?);
+        Self::open_with(path, options)
+    }
+
+    /// The file this store writes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The durability this store commits with.
+    pub fn durability(&self) -> Durability {
+        self.options.durability
+    }
+
+    /// How many groups this handle has committed.
+    pub(super) fn commit_count(&self) -> u64 {
+        *self.commits.lock()
+    }
+
+    /// Waits until this handle commits past `seen` groups, or `timeout` passes.
+    pub(super) fn wait_for_commit(&self, seen: u64, timeout: Duration) {
+        let mut n = self.commits.lock();
+        if *n == seen {
+            self.appended.wait_for(&mut n, timeout);
+        }
+    }
+
+    /// Runs `f` on a pooled read-only connection.
+    fn with_reader<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.readers.lock().pop();
+        let conn = match conn {
+            Some(c) => c,
+            None => open_connection(&self.path, &self.options, Role::Reader)?,
+        };
+        let out = f(&conn);
+        self.readers.lock().push(conn);
+        out
+    }
+
+    fn read_query(&self, sql: &str, args: &[&dyn rusqlite::ToSql]) -> Result<Vec<RecordedEvent>> {
+        self.with_reader(|conn| query_events(conn, sql, args))
+    }
+
+    /// Commits `group`, taken from the queue, then lets the next group start.
+    fn lead(&self, group: &[Arc<Pending>]) {
+        let _end = EndTurn { store: self };
+        let mut writer = self.writer.lock();
+        self.commit_group(&mut writer, group);
+    }
+
+    /// Commits the group in one transaction; fills in each append's result.
+    fn commit_group(&self, writer: &mut Writer, group: &[Arc<Pending>]) {
+        // Followers wait for results the leader sets; if the leader unwinds, they still get one.
+        let _guard = AnswerAll(group);
+        let Writer {
+            conn,
+            versions,
+            data_version,
+        } = writer;
+        let outcome = retry_locked(&self.options, || {
+            let attempt = (|| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(|source| EventStoreError::Sqlite {
+                        operation: "begin",
+                        source,
+                    })?;
+                // Inside the write lock, the snapshot is the newest: if another connection
+                // committed since our last group, the versions we remember may be stale.
+                let seen: i64 = tx
+                    .prepare_cached("PRAGMA data_version")
+                    .and_then(|mut st| st.query_row([], |r| r.get(0)))
+                    .map_err(|source| EventStoreError::Sqlite {
+                        operation: "read data_version",
+                        source,
+                    })?;
+                if *data_version != Some(seen) || versions.len() > MAX_CACHED_STREAMS {
+                    versions.clear();
+                }
+                // Until this transaction commits, the cache holds versions it may roll back;
+                // should this thread unwind, the next group starts from an empty cache.
+                *data_version = None;
+                let now = now_ms();
+                let mut results = Vec::with_capacity(group.len());
+                for p in group {
+                    match append_one(&tx, p, now, versions) {
+                        // A storage error (disk full, I/O) may have rolled back the whole
+                        // transaction: fail the group rather than commit what is left of it.
+                        Err(e) if !e.is_caller_error() => return Err(e),
+                        r => results.push(r),
+                    }
+                }
+                tx.commit().map_err(|source| EventStoreError::Sqlite {
+                    operation: "commit",
+                    source,
+                })?;
+                *data_version = Some(seen);
+                Ok(results)
+            })();
+            if attempt.is_err() {
+                // Rolled back: what this group taught us of the streams is void.
+                versions.clear();
+            }
+            attempt
+        });
+        match outcome {
+            Ok(results) => {
+                for (p, r) in group.iter().zip(results) {
+                    p.answer(r);
+                }
+                *self.commits.lock() += 1;
+                self.appended.notify_all();
+            }
+            Err(e) => {
+                // rusqlite errors are not Clone: every append of the group gets the same story.
+                let detail = e.to_string();
+                for p in group {
+                    p.answer(Err(match &e {
+                        EventStoreError::Busy { waited_ms } => EventStoreError::Busy {
+                            waited_ms: *waited_ms,
+                        },
+                        _ => EventStoreError::CommitFailed {
+                            detail: detail.clone(),
+                        },
+                    }));
+                }
+            }
+        }
+    }
+}
+
+/// A new read-only connection on the store's file, set up like the pooled ones.
+pub(super) fn open_reader(store: &SqliteEventStore) -> Result<Connection> {
+    open_connection(&store.path, &store.options, Role::Reader)
+}
+
+/// Up to `max` events from `from` on `conn`, in position order.
+pub(super) fn read_all_on(conn: &Connection, from: u64, max: usize) -> Result<Vec<RecordedEvent>> {
+    let sql =
+        format!("SELECT {COLUMNS} FROM events WHERE position >= ?1 ORDER BY position LIMIT ?2");
+    let from = from.min(i64::MAX as u64) as i64;
+    query_events(conn, &sql, &[&from, &page(max)])
+}
+
+impl EventStore for SqliteEventStore {
+    fn append(
+        &self,
+        stream: &str,
+        expected: ExpectedVersion,
+        events: &[NewEvent],
+    ) -> Result<AppendResult> {
+        if events.is_empty() {
+            return Err(EventStoreError::InvalidAppend {
+                detail: "no events to append".into(),
+            });
+        }
+        if stream.is_empty() {
+            return Err(EventStoreError::InvalidAppend {
+                detail: "the stream name is empty".into(),
+            });
+        }
+        let rows = events.iter().map(Row::new).collect::<Result<_>>()?;
+        // Group commit (see `group`): no wake-up on the way to the disk while appenders keep
+        // coming.
+        let (me, group) = {
+            let mut queue = self.queue.lock();
+            // Stamped under the lock, so the queue is in arrival order.
+            let me = Arc::new(Pending {
+                stream: stream.to_owned(),
+                expected,
+                events: rows,
+                arrived: Instant::now(),
+                slot: Mutex::new(Slot::default()),
+                wake: Condvar::new(),
+            });
+            queue.pending.push(Arc::clone(&me));
+            queue.appenders += 1;
+            (me, queue.take_if_ready())
+        };
+        let _appender = Appender { store: self };
+        if let Some(group) = group {
+            self.lead(&group);
+        }
+        loop {
+            // Queue before slot, the order `hand_over` takes them in.
+            let deadline = gather_deadline(me.arrived, self.queue.lock().turn_ended);
+            let mut slot = me.slot.lock();
+            if let Some(r) = slot.result.take() {
+                return r;
+            }
+            let try_lead = if std::mem::take(&mut slot.lead) {
+                true
+            } else if Instant::now() < deadline {
+                me.wake.wait_until(&mut slot, deadline).timed_out()
+            } else {
+                me.wake.wait(&mut slot);
+                false
+            };
+            drop(slot);
+            if try_lead {
+                let group = {
+                    let mut queue = self.queue.lock();
+                    // Answered meanwhile: return now rather than commit someone else's group.
+                    if me.answered() {
+                        None
+                    } else {
+                        queue.take_if_ready()
+                    }
+                };
+                if let Some(group) = group {
+                    self.lead(&group);
+                }
+            }
+        }
+    }
+
+    fn read_stream(
+        &self,
+        stream: &str,
+        from_version: u64,
+        max: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM events WHERE stream_id = ?1 AND stream_version >= ?2 \
+             ORDER BY stream_version LIMIT ?3"
+        );
+        let from = from_version.min(i64::MAX as u64) as i64;
+        self.read_query(&sql, &[&stream, &from, &page(max)])
+    }
+
+    fn read_all(&self, from_position: u64, max: usize) -> Result<Vec<RecordedEvent>> {
+        let sql =
+            format!("SELECT {COLUMNS} FROM events WHERE position >= ?1 ORDER BY position LIMIT ?2");
+        let from = from_position.min(i64::MAX as u64) as i64;
+        self.read_query(&sql, &[&from, &page(max)])
+    }
+
+    fn last_position(&self) -> Result<u64> {
+        self.with_reader(|conn| {
+            conn.query_row("SELECT coalesce(max(position), 0) FROM events", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|v| v as u64)
+            .map_err(|source| EventStoreError::Sqlite {
+                operation: "read last position",
+                source,
+            })
+        })
+    }
+}

@@ -1,0 +1,324 @@
+//! The SQL: the schema, inserting one append inside a group's transaction, and decoding rows.
+
+use super::group::Pending;
+use super::{
+    AppendResult, EventStoreError, ExpectedVersion, NewEvent, RecordedEvent, Result, MAX_PAGE,
+};
+use crate::ids::EventId;
+use rusqlite::{params, Connection, OptionalExtension};
+use std::collections::HashMap;
+
+pub(super) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS events (
+    position        INTEGER PRIMARY KEY,
+    event_id        TEXT    NOT NULL UNIQUE,
+    stream_id       TEXT    NOT NULL,
+    stream_version  INTEGER NOT NULL,
+    type_id         TEXT    NOT NULL,
+    schema_version  INTEGER NOT NULL,
+    timestamp_ms    INTEGER NOT NULL,
+    correlation_id  TEXT,
+    causation_id    TEXT,
+    payload         TEXT    NOT NULL,
+    UNIQUE (stream_id, stream_version)
+);
+";
+
+pub(super) const COLUMNS: &str =
+    "position, event_id, stream_id, stream_version, type_id, schema_version, \
+                       timestamp_ms, correlation_id, causation_id, payload";
+
+/// An event ready to insert: its payload serialized by the appending thread, so the group's
+/// leader only binds and inserts.
+pub(super) struct Row {
+    pub(super) event_id: String,
+    pub(super) type_id: String,
+    pub(super) schema_version: u32,
+    pub(super) correlation_id: Option<String>,
+    pub(super) causation_id: Option<String>,
+    pub(super) payload: String,
+}
+
+impl Row {
+    pub(super) fn new(e: &NewEvent) -> Result<Row> {
+        if e.type_id.trim().is_empty() {
+            return Err(EventStoreError::InvalidAppend {
+                detail: format!(
+                    "event {} has an empty type_id; name what happened, e.g. \"note.added\"",
+                    e.event_id
+                ),
+            });
+        }
+        Ok(Row {
+            event_id: e.event_id.to_string(),
+            type_id: e.type_id.clone(),
+            schema_version: e.schema_version,
+            correlation_id: e.correlation_id.clone(),
+            causation_id: e.causation_id.clone(),
+            payload: serde_json::to_string(&e.payload).map_err(|err| {
+                EventStoreError::InvalidAppend {
+                    detail: format!("payload of {} is not serializable: {err}", e.event_id),
+                }
+            })?,
+        })
+    }
+}
+
+pub(super) fn query_events(
+    conn: &Connection,
+    sql: &str,
+    args: &[&dyn rusqlite::ToSql],
+) -> Result<Vec<RecordedEvent>> {
+    let sqlite = |source| EventStoreError::Sqlite {
+        operation: "read",
+        source,
+    };
+    let mut stmt = conn.prepare_cached(sql).map_err(sqlite)?;
+    let mut rows = stmt.query(args).map_err(sqlite)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(sqlite)? {
+        out.push(decode_row(row)?);
+    }
+    Ok(out)
+}
+
+pub(super) fn page(max: usize) -> i64 {
+    max.min(MAX_PAGE) as i64
+}
+
+/// Appends `p` inside the group's transaction. A failing append leaves nothing behind: an
+/// append of several events runs in a savepoint; a single event needs none, as a failed
+/// INSERT undoes itself and nothing is written before it.
+pub(super) fn append_one(
+    tx: &rusqlite::Transaction<'_>,
+    p: &Pending,
+    now: i64,
+    versions: &mut HashMap<String, u64>,
+) -> Result<AppendResult> {
+    let sqlite = |operation| move |source| EventStoreError::Sqlite { operation, source };
+    let savepoint = p.events.len() > 1;
+    // Cached statements: parsing these tiny statements anew for every append of every
+    // group would be a visible share of the leader's time.
+    let run = |sql: &str| {
+        if !savepoint {
+            return Ok(());
+        }
+        tx.prepare_cached(sql)
+            .and_then(|mut st| st.execute([]))
+            .map(|_| ())
+    };
+    run("SAVEPOINT append").map_err(sqlite("savepoint"))?;
+    let result = match append_events(tx, p, now, versions) {
+        Ok(Attempt::Stored(r)) => Ok(r),
+        // Checking ids up front would cost a lookup per event on every append; the UNIQUE index
+        // finds repeats for free, and only then do we look at what was stored before.
+        Ok(Attempt::DuplicateId) => {
+            run("ROLLBACK TO append").map_err(sqlite("rollback savepoint"))?;
+            match find_existing(tx, p) {
+                Ok(Some(r)) => Ok(r),
+                Ok(None) => match first_duplicate(p) {
+                    Some(event_id) => Err(EventStoreError::IdempotencyConflict {
+                        event_id,
+                        detail: "the id appears twice in this append".into(),
+                    }),
+                    None => Err(EventStoreError::CommitFailed {
+                        detail: "a uniqueness constraint failed for no repeated id".into(),
+                    }),
+                },
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    };
+    if result.is_err() {
+        run("ROLLBACK TO append").map_err(sqlite("rollback savepoint"))?;
+    }
+    run("RELEASE append").map_err(sqlite("release savepoint"))?;
+    result
+}
+
+pub(super) fn first_duplicate(p: &Pending) -> Option<String> {
+    let mut seen = std::collections::HashSet::new();
+    p.events
+        .iter()
+        .find(|e| !seen.insert(e.event_id.as_str()))
+        .map(|e| e.event_id.to_string())
+}
+
+/// What one append inside the group transaction came to.
+pub(super) enum Attempt {
+    Stored(AppendResult),
+    /// An event id is already in the table (or twice in this batch).
+    DuplicateId,
+}
+
+pub(super) fn append_events(
+    conn: &Connection,
+    p: &Pending,
+    now: i64,
+    versions: &mut HashMap<String, u64>,
+) -> Result<Attempt> {
+    let sqlite = |operation| move |source| EventStoreError::Sqlite { operation, source };
+    let current: Option<u64> = match versions.get(&p.stream) {
+        Some(v) => Some(*v),
+        None => conn
+            .prepare_cached("SELECT max(stream_version) FROM events WHERE stream_id = ?1")
+            .map_err(sqlite("read stream version"))?
+            .query_row([&p.stream], |r| r.get::<_, Option<i64>>(0))
+            .map_err(sqlite("read stream version"))?
+            .map(|v| v as u64),
+    };
+    let ok = match p.expected {
+        ExpectedVersion::Any => true,
+        ExpectedVersion::NoStream => current.is_none(),
+        ExpectedVersion::Exact(v) => current == Some(v),
+    };
+    if !ok {
+        // A retry of an append that did commit finds the stream moved on by itself.
+        if let Some(r) = find_existing(conn, p)? {
+            return Ok(Attempt::Stored(r));
+        }
+        return Err(EventStoreError::WrongExpectedVersion {
+            stream: p.stream.clone(),
+            expected: match p.expected {
+                ExpectedVersion::Exact(v) => Some(v),
+                ExpectedVersion::NoStream | ExpectedVersion::Any => None,
+            },
+            actual: current,
+        });
+    }
+    let mut insert = conn
+        .prepare_cached(
+            "INSERT INTO events (event_id, stream_id, stream_version, type_id, schema_version, \
+             timestamp_ms, correlation_id, causation_id, payload) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )
+        .map_err(sqlite("prepare insert"))?;
+    let mut version = current.unwrap_or(0);
+    let mut first = 0;
+    let mut last = 0;
+    for (i, e) in p.events.iter().enumerate() {
+        version += 1;
+        let inserted = insert.execute(params![
+            e.event_id.as_str(),
+            p.stream,
+            version as i64,
+            e.type_id,
+            e.schema_version,
+            now,
+            e.correlation_id,
+            e.causation_id,
+            e.payload
+        ]);
+        match inserted {
+            Ok(_) => {}
+            Err(source)
+                if source.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) =>
+            {
+                return Ok(Attempt::DuplicateId);
+            }
+            Err(source) => {
+                return Err(EventStoreError::Sqlite {
+                    operation: "insert event",
+                    source,
+                })
+            }
+        }
+        last = conn.last_insert_rowid() as u64;
+        if i == 0 {
+            first = last;
+        }
+    }
+    versions.insert(p.stream.clone(), version);
+    Ok(Attempt::Stored(AppendResult {
+        first_position: first,
+        last_position: last,
+        stream_version: version,
+    }))
+}
+
+/// An idempotent retry: when every event id is already stored, in this stream, returns where
+/// they landed. When only some are stored, or in another stream, the retry is not the same
+/// append and is refused.
+pub(super) fn find_existing(conn: &Connection, p: &Pending) -> Result<Option<AppendResult>> {
+    let sqlite = |source| EventStoreError::Sqlite {
+        operation: "check event id",
+        source,
+    };
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT position, stream_id, stream_version FROM events WHERE event_id = ?1",
+        )
+        .map_err(sqlite)?;
+    let mut found = Vec::with_capacity(p.events.len());
+    for e in &p.events {
+        let row = stmt
+            .query_row([e.event_id.as_str()], |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as u64,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)? as u64,
+                ))
+            })
+            .optional()
+            .map_err(sqlite)?;
+        found.push(row);
+    }
+    if found.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let conflict = |detail: String| EventStoreError::IdempotencyConflict {
+        event_id: p
+            .events
+            .first()
+            .map(|e| e.event_id.to_string())
+            .unwrap_or_default(),
+        detail,
+    };
+    let stored: Vec<(u64, String, u64)> = found.into_iter().flatten().collect();
+    if stored.len() != p.events.len() {
+        return Err(conflict(
+            "part of this batch was stored before, part was not".into(),
+        ));
+    }
+    if stored.iter().any(|(_, s, _)| *s != p.stream) {
+        return Err(conflict(format!(
+            "it was stored in another stream, not {:?}",
+            p.stream
+        )));
+    }
+    let first = stored.iter().map(|r| r.0).min().unwrap_or(0);
+    let last = stored.iter().map(|r| r.0).max().unwrap_or(0);
+    let version = stored.iter().map(|r| r.2).max().unwrap_or(0);
+    Ok(Some(AppendResult {
+        first_position: first,
+        last_position: last,
+        stream_version: version,
+    }))
+}
+
+pub(super) fn decode_row(row: &rusqlite::Row<'_>) -> Result<RecordedEvent> {
+    let position = row
+        .get::<_, i64>(0)
+        .map_err(|source| EventStoreError::Sqlite {
+            operation: "read position",
+            source,
+        })? as u64;
+    let corrupt = |detail: String| EventStoreError::CorruptEvent { position, detail };
+    let col = |e: rusqlite::Error| corrupt(e.to_string());
+    let payload_text: String = row.get(9).map_err(col)?;
+    let payload = serde_json::from_str(&payload_text)
+        .map_err(|e| corrupt(format!("payload is not JSON: {e}")))?;
+    Ok(RecordedEvent {
+        position,
+        event_id: EventId::from_string(row.get::<_, String>(1).map_err(col)?),
+        stream_id: row.get(2).map_err(col)?,
+        stream_version: row.get::<_, i64>(3).map_err(col)? as u64,
+        type_id: row.get(4).map_err(col)?,
+        schema_version: row.get(5).map_err(col)?,
+        timestamp_ms: row.get(6).map_err(col)?,
+        correlation_id: row.get(7).map_err(col)?,
+        causation_id: row.get(8).map_err(col)?,
+        payload,
+    })
+}
