@@ -1,4 +1,6 @@
-/* Approval policy from C: config rules allow and forbid shell commands without asking; the
+/* Approval policy from C: config rules allow and forbid shell commands without asking (the
+ * decisions come before a run: under valgrind, where the shell refuses to run unconfined, they
+ * are the same); the
  * callback sees the request's context and answers CORREX_APPROVE_FOR_SESSION, which covers the
  * same tool and argv prefix in that session only; an invalid request never reaches it; every
  * decision is in the log with who decided. */
@@ -49,8 +51,7 @@ int main(void) {
     snprintf(config, sizeof config,
              "{\"v\": 1, \"event_log\": \"%s/events.db\", \"sandbox_root\": \"%s/sb\", \"tools\": {"
              "\"file_write\": {\"enabled\": true, \"allowed_paths\": [\"%s\"]},"
-             "\"shell\": {\"enabled\": true, \"allowed_executables\": [\"ls\", \"echo\"],"
-             " \"isolation\": {\"mode\": \"best_effort\"}}},"
+             "\"shell\": {\"enabled\": true, \"allowed_executables\": [\"ls\", \"echo\"]}},"
              "\"approvals\": {\"engine\": \"callback\", \"rules\": ["
              "{\"tool\": \"shell\", \"argv_prefix\": [\"ls\", \"-a\"], \"action\": \"allow\"},"
              "{\"tool\": \"shell\", \"argv_prefix\": [\"echo\"], \"action\": \"forbid\"}]}}",
