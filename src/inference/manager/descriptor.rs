@@ -256,7 +256,8 @@ pub struct ModelStatus {
     pub in_flight: u32,
     /// The server's resident memory, read from `/proc`.
     pub rss_bytes: Option<u64>,
-    /// The memory estimated before loading (GGUF size plus KV cache).
+    /// The memory estimated before loading (GGUF size plus KV cache); estimated only when
+    /// the manager has a memory budget.
     pub estimated_bytes: Option<u64>,
 }
 

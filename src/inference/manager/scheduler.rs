@@ -215,14 +215,20 @@ fn prepare_local(
             path: d.model_path.clone(),
         });
     }
-    let key = (d.model_path.clone(), d.context_size);
-    let cached = inner.estimates.lock().get(&key).copied();
-    let estimate = match cached {
-        Some(e) => e,
-        None => {
-            let e = MutexGuard::unlocked(st, || estimate_bytes(&d.model_path, d.context_size));
-            inner.estimates.lock().insert(key, e);
-            e
+    // Reading the header walks the whole tokenizer vocabulary (tens of milliseconds): only a
+    // memory budget needs it, so without one nothing is estimated and loads pay nothing.
+    let estimate = if inner.options.memory_budget.is_none() {
+        None
+    } else {
+        let key = (d.model_path.clone(), d.context_size);
+        let cached = inner.estimates.lock().get(&key).copied();
+        match cached {
+            Some(e) => e,
+            None => {
+                let e = MutexGuard::unlocked(st, || estimate_bytes(&d.model_path, d.context_size));
+                inner.estimates.lock().insert(key, e);
+                e
+            }
         }
     };
     if let (Some(budget), Some(want)) = (inner.options.memory_budget, estimate) {
