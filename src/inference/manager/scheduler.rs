@@ -44,12 +44,10 @@ fn ensure_loaded_queued(
     let started = Instant::now();
     let deadline = started + inner.options.drain_timeout;
     let id = d.model_id.as_str();
-    // Checked before anything waits or is evicted: a load that cannot work changes nothing.
-    let local = if d.is_remote() {
-        None
-    } else {
-        Some(prepare_local(inner, st, d)?)
-    };
+    // Checked once, after the already-loaded answer (the path every inference takes) and
+    // before anything waits, is replaced or is evicted: a load that cannot work changes
+    // nothing.
+    let mut local: Option<(PathBuf, Option<u64>)> = None;
     loop {
         if !settled(inner, st, id, cancel)? {
             continue;
@@ -65,6 +63,13 @@ fn ensure_loaded_queued(
                 r.last_used = uses;
                 return Ok(());
             }
+        }
+        if local.is_none() && !d.is_remote() {
+            // May release the lock (the estimate reads the file): look at the state again.
+            local = Some(prepare_local(inner, st, d)?);
+            continue;
+        }
+        if let Some(r) = st.models.get_mut(id) {
             if r.in_flight > 0 {
                 let in_flight = r.in_flight;
                 wait_or_busy(inner, st, deadline, started, |_| (id.to_owned(), in_flight))?;
