@@ -1,12 +1,13 @@
 //! `cargo bench --bench sandbox`: a sandboxed `file_write` (approval, backup, two events)
-//! against the bare tool, with a split of where the time goes; and the backup of a 256 MiB file
+//! against its floor (the bare tool between the same two durable appends) and the bare tool,
+//! with a split of where the time goes; and the backup of a 256 MiB file
 //! against `cp --reflink=auto` on the same filesystem.
 
 use correx::{
     session_stream, ApprovalContext, ApprovalEngine, ApprovalRequest, AutoApprove,
-    DispatchingToolExecutor, DomainEvent, FileAffectingTool, FileWriteTool, SandboxedToolExecutor,
-    SessionId, SqliteEventStore, Tier, Tool, ToolCapability, ToolExecutor, ToolRegistry,
-    ToolRequest, ToolResult, ValidationResult,
+    DispatchingToolExecutor, DomainEvent, EventStore, ExpectedVersion, FileAffectingTool,
+    FileWriteTool, SandboxedToolExecutor, SessionId, SqliteEventStore, Tier, Tool, ToolCapability,
+    ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult,
 };
 use serde_json::json;
 use std::path::PathBuf;
@@ -83,6 +84,47 @@ fn cp_reflink(from: &std::path::Path, to: &std::path::Path, flush: bool) {
     std::fs::remove_file(to).expect("rm copy");
 }
 
+/// The two appends a sandboxed run makes (decision and start in one transaction, then the
+/// outcome), with `between` run between them.
+fn two_appends(store: &SqliteEventStore, stream: &str, between: impl FnOnce()) {
+    let (session_id, invocation_id, tool_name) = (
+        String::from("bench"),
+        String::from("x"),
+        String::from("file_write"),
+    );
+    let first = [
+        DomainEvent::ToolApprovalDecided {
+            session_id: session_id.clone(),
+            invocation_id: invocation_id.clone(),
+            tool_name: tool_name.clone(),
+            tier: 2,
+            decision: "approved".into(),
+            decided_by: "auto up to T2".into(),
+            wait_ms: 0,
+            reason: None,
+        },
+        DomainEvent::ToolExecutionStarted {
+            session_id: session_id.clone(),
+            invocation_id: invocation_id.clone(),
+            tool_name: tool_name.clone(),
+            tier: 2,
+            isolation: None,
+        },
+    ]
+    .map(|e| e.to_new_event());
+    store
+        .append(stream, ExpectedVersion::Any, &first)
+        .expect("append");
+    between();
+    let done = DomainEvent::ToolExecutionCompleted {
+        session_id,
+        invocation_id,
+        tool_name,
+        duration_ms: 1,
+    };
+    correx::append_domain(store, stream, &done).expect("append");
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("correx-bench-sandbox-{}", std::process::id()));
     let files = dir.join("files");
@@ -105,33 +147,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     std::fs::write(files.join("f.txt"), &content)?;
 
-    let (mut sandboxed, mut bare, mut events, mut approval) = (vec![], vec![], vec![], vec![]);
+    let (mut sandboxed, mut bare, mut events, mut approval, mut floor) =
+        (vec![], vec![], vec![], vec![], vec![]);
     let ask = ApprovalRequest::new(&r, Tier::T2, vec![files.join("f.txt")]);
     let ctx = ApprovalContext::new(SessionId::from("bench"));
     let stream = session_stream("bench");
     for _ in 0..9 {
         bare.push(time(30, || assert!(write.execute(&r).is_success())));
         sandboxed.push(time(30, || assert!(sandbox.execute(&r).is_success())));
-        events.push(time(30, || {
-            for _ in 0..2 {
-                let e = DomainEvent::ToolExecutionCompleted {
-                    session_id: "bench".into(),
-                    invocation_id: "x".into(),
-                    tool_name: "file_write".into(),
-                    duration_ms: 1,
-                };
-                correx::append_domain(store.as_ref(), &stream, &e).expect("append");
-            }
+        // The floor: the bare tool between the same two durable appends the sandbox makes
+        // (the approval decision rides in the start's transaction), in the sandbox's order.
+        events.push(time(30, || two_appends(store.as_ref(), &stream, || {})));
+        floor.push(time(30, || {
+            two_appends(store.as_ref(), &stream, || {
+                assert!(write.execute(&r).is_success())
+            })
         }));
         approval.push(time(1000, || {
             assert!(approvals.evaluate(&ask, &ctx).is_approved())
         }));
     }
-    let (s, b, e, a) = (
+    let (s, b, e, a, f) = (
         median(sandboxed),
         median(bare),
         median(events),
         median(approval),
+        median(floor),
     );
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!("sandboxed_write_4k_us: {:.1}", us(s));
@@ -140,8 +181,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("split_events_us: {:.1}", us(e));
     println!("split_approval_us: {:.2}", us(a));
     println!(
-        "split_backup_and_workdir_us: {:.1}",
+        "split_backup_and_journal_us: {:.1}",
         us(s.saturating_sub(b + e + a))
+    );
+    println!("floor_us: {:.1}", us(f));
+    println!("sandbox_own_us: {:.1}", us(s.saturating_sub(f)));
+    println!(
+        "sandbox_overhead_vs_floor: {:.3}",
+        s.as_secs_f64() / f.as_secs_f64()
     );
     println!(
         "sandbox_overhead_ratio: {:.3}",

@@ -22,17 +22,6 @@ impl PrivateDir {
         Ok(PrivateDir { path })
     }
 
-    /// Creates `parent/name` (which must not exist yet) with mode 0700.
-    pub fn new_exact(parent: &Path, name: &str) -> io::Result<PrivateDir> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)?;
-        let path = parent.join(name);
-        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
-        Ok(PrivateDir { path })
-    }
-
     /// The directory.
     pub fn path(&self) -> &Path {
         &self.path

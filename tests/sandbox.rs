@@ -119,12 +119,15 @@ impl Rig {
         self.store.read_stream(&session_stream("s"), 1, 1000)
     }
 
-    /// Nothing but the (empty) root is left under the working root, and no backup files
-    /// beside the targets.
+    /// No open run journal is left under the working root (live executors keep their
+    /// directories, with idle journals for reuse), and no backup files beside the targets.
     fn assert_clean(&self, dir: &Path) -> TestResult {
         let left: Vec<_> = std::fs::read_dir(&self.work_root)?
             .flatten()
+            .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
             .map(|e| e.path())
+            .filter(|p| p.file_name().is_some_and(|n| n != "lock"))
+            .filter(|p| std::fs::read(p).map_or(true, |b| b.first() != Some(&b'I')))
             .collect();
         assert!(left.is_empty(), "left in the working root: {left:?}");
         let baks: Vec<_> = std::fs::read_dir(dir)?
@@ -342,11 +345,11 @@ fn a_failed_backup_stops_the_tool_before_it_runs() -> TestResult {
         "{r:?}"
     );
     assert_eq!(tool.calls.load(Ordering::SeqCst), 0);
-    assert_eq!(
-        types(&rig.events()?),
-        ["tool.execution_started", "tool.execution_failed"]
-    );
-    Ok(())
+    // Backups come before the start: a run that never started is a rejection.
+    let events = rig.events()?;
+    assert_eq!(types(&events), ["tool.execution_rejected"]);
+    assert_eq!(events[0].payload["kind"], "io");
+    rig.assert_clean(rig.tmp.path())
 }
 
 #[test]
@@ -369,28 +372,53 @@ fn success_drops_backups_and_removes_the_working_dir() -> TestResult {
 }
 
 #[test]
-fn the_working_dir_is_private_and_fresh_per_invocation() -> TestResult {
+fn a_running_invocation_has_its_own_private_journal() -> TestResult {
     use std::os::unix::fs::PermissionsExt;
     let rig = Rig::new()?;
     let root = rig.work_root.clone();
     let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let seen2 = seen.clone();
     let tool = scripted("peek", Tier::T0, rig.tmp.join("x"), move |r, _| {
-        let dir = root.join("s").join(r.invocation_id.as_str());
-        let mode = std::fs::metadata(&dir)
-            .map(|m| m.permissions().mode() & 0o777)
-            .unwrap_or(0);
-        seen2.lock().push((dir, mode));
+        let mode = |p: &Path| {
+            std::fs::metadata(p)
+                .map(|m| m.permissions().mode() & 0o777)
+                .unwrap_or(0)
+        };
+        for d in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            for j in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+                if j.file_name().to_string_lossy().ends_with(".run") {
+                    let bytes = std::fs::read(j.path()).unwrap_or_default();
+                    let mine = String::from_utf8_lossy(&bytes).contains(r.invocation_id.as_str());
+                    seen2
+                        .lock()
+                        .push((j.path(), mode(&d.path()), mode(&j.path()), mine));
+                }
+            }
+        }
         ToolResult::success(&r.invocation_id, "ok")
     });
     let ex = rig.executor(vec![tool], Arc::new(DenyAll))?;
     ex.execute(&req("peek", json!({})));
     ex.execute(&req("peek", json!({})));
     let seen = seen.lock();
-    assert_eq!(seen.len(), 2);
-    assert_ne!(seen[0].0, seen[1].0);
-    assert!(seen.iter().all(|(_, mode)| *mode == 0o700), "{seen:?}");
-    assert!(seen.iter().all(|(d, _)| !d.exists()));
+    // One journal names each running invocation (the file is reused once a run ended).
+    assert_eq!(
+        seen.len(),
+        2,
+        "one journal per running invocation: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|(_, d, f, mine)| *d == 0o700 && *f == 0o600 && *mine),
+        "{seen:?}"
+    );
+    for (p, ..) in seen.iter() {
+        let state = std::fs::read(p)?.first().copied();
+        assert_eq!(state, Some(b'I'), "{p:?} still open after its run");
+    }
+    drop(ex);
+    let left: Vec<_> = std::fs::read_dir(&rig.work_root)?.flatten().collect();
+    assert!(left.is_empty(), "an executor left {left:?}");
     Ok(())
 }
 
@@ -1006,7 +1034,7 @@ fn child_sandboxed_write() -> TestResult {
     )?;
     println!("READY");
     let _ = std::io::stdout().flush();
-    let new = "n".repeat(2 << 20);
+    let new = "n".repeat(new_size());
     ex.execute(&req(
         "file_write",
         json!({"operation": "write", "path": "target.txt", "content": new}),
@@ -1014,11 +1042,26 @@ fn child_sandboxed_write() -> TestResult {
     Ok(())
 }
 
+/// The crash tests' sizes: `CORREX_CHILD_SMALL` set, a file small enough for its backup to
+/// live in the journal (1 KiB, then 2 KiB); else a copied backup (1 MiB, then 2 MiB).
+fn old_size() -> usize {
+    if std::env::var_os("CORREX_CHILD_SMALL").is_some() {
+        1 << 10
+    } else {
+        1 << 20
+    }
+}
+
+fn new_size() -> usize {
+    2 * old_size()
+}
+
 /// After a kill, recovery leaves the file old or new byte for byte, exactly one outcome that
 /// agrees with it, no stray file, an empty working root; a second recovery adds nothing.
-fn check_after_kill(dir: &Path, what: &str) -> TestResult {
-    let old = "o".repeat(1 << 20);
-    let new = "n".repeat(2 << 20);
+fn check_after_kill(dir: &Path, what: &str, small: bool) -> TestResult {
+    let scale = if small { 1 << 10 } else { 1 << 20 };
+    let old = "o".repeat(scale);
+    let new = "n".repeat(2 * scale);
     let open =
         || -> Result<(Arc<SqliteEventStore>, SandboxedToolExecutor), Box<dyn std::error::Error>> {
             let store = Arc::new(SqliteEventStore::open(dir.join("events.db"))?);
@@ -1081,10 +1124,11 @@ fn check_after_kill(dir: &Path, what: &str) -> TestResult {
     Ok(())
 }
 
-fn crash_rig(tag: &str) -> Result<TempDir, Box<dyn std::error::Error>> {
+fn crash_rig(tag: &str, small: bool) -> Result<TempDir, Box<dyn std::error::Error>> {
     let tmp = TempDir::new(tag);
     std::fs::create_dir_all(tmp.join("files"))?;
-    std::fs::write(tmp.join("files/target.txt"), "o".repeat(1 << 20))?;
+    let old = if small { 1 << 10 } else { 1 << 20 };
+    std::fs::write(tmp.join("files/target.txt"), "o".repeat(old))?;
     Ok(tmp)
 }
 
@@ -1092,28 +1136,34 @@ fn crash_rig(tag: &str) -> Result<TempDir, Box<dyn std::error::Error>> {
 fn a_host_killed_at_any_step_leaves_the_file_whole_and_one_outcome() -> TestResult {
     // Test seam: each named step aborts the child there.
     for step in [
-        "workdir",
-        "started",
-        "manifest",
+        "journal",
         "backup",
+        "started",
         "tool",
         "committed",
         "discarded",
         "outcome",
     ] {
-        let tmp = crash_rig("crash-step")?;
-        let status = child_test("sandbox::child_sandboxed_write")
-            .env("CORREX_CHILD_DIR", tmp.path())
-            .env("CORREX_TEST_ABORT_AT", step)
-            .stdout(std::process::Stdio::null())
-            .status()?;
-        assert!(!status.success(), "{step}: the child was not aborted");
-        check_after_kill(tmp.path(), step)?;
+        for small in [false, true] {
+            let tmp = crash_rig("crash-step", small)?;
+            let mut child = child_test("sandbox::child_sandboxed_write");
+            child
+                .env("CORREX_CHILD_DIR", tmp.path())
+                .env("CORREX_TEST_ABORT_AT", step)
+                .stdout(std::process::Stdio::null());
+            if small {
+                child.env("CORREX_CHILD_SMALL", "1");
+            }
+            let status = child.status()?;
+            let what = format!("{step} ({})", if small { "inline" } else { "copied" });
+            assert!(!status.success(), "{what}: the child was not aborted");
+            check_after_kill(tmp.path(), &what, small)?;
+        }
     }
     // And SIGKILL at random moments of the run.
     let mut seed = std::process::id() as u64;
     for round in 0..12 {
-        let tmp = crash_rig("crash-random")?;
+        let tmp = crash_rig("crash-random", false)?;
         let mut child = child_test("sandbox::child_sandboxed_write")
             .env("CORREX_CHILD_DIR", tmp.path())
             .stdout(std::process::Stdio::piped())
@@ -1135,7 +1185,54 @@ fn a_host_killed_at_any_step_leaves_the_file_whole_and_one_outcome() -> TestResu
         unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
         child.wait()?;
         let _ = drain.join();
-        check_after_kill(tmp.path(), &format!("random kill {round}"))?;
+        check_after_kill(tmp.path(), &format!("random kill {round}"), false)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_directory_swapped_for_a_symlink_mid_run_cannot_redirect_the_restore() -> TestResult {
+    // None: the file did not exist, so the restore removes it (by path, that would delete
+    // the file the symlink leads to).
+    for size in [None, Some(100), Some(100_000)] {
+        let rig = Rig::new()?;
+        let sub = rig.tmp.join("sub");
+        let moved = rig.tmp.join("sub-moved");
+        let outside = rig.tmp.join("outside");
+        std::fs::create_dir_all(&sub)?;
+        std::fs::create_dir_all(&outside)?;
+        let original: Vec<u8> = (0..size.unwrap_or(0)).map(|i| (i % 251) as u8).collect();
+        if size.is_some() {
+            std::fs::write(sub.join("f.txt"), &original)?;
+        }
+        std::fs::write(outside.join("f.txt"), "not yours")?;
+        let (s, m, o) = (sub.clone(), moved.clone(), outside.clone());
+        let tool = scripted("swap", Tier::T1, sub.join("f.txt"), move |r, _| {
+            // Damage the file, then swap its directory for a symlink to somewhere else.
+            let _ = std::fs::write(s.join("f.txt"), "damaged");
+            let _ = std::fs::rename(&s, &m);
+            let _ = std::os::unix::fs::symlink(&o, &s);
+            ToolResult::failure(&r.invocation_id, "failed after the swap", true)
+        });
+        let ex = rig.executor(vec![tool], Arc::new(DenyAll))?;
+        let r = ex.execute(&req("swap", json!({})));
+        assert!(!r.is_success());
+        assert_eq!(
+            std::fs::read(outside.join("f.txt"))?,
+            b"not yours",
+            "{size:?}: the restore followed the swapped-in symlink"
+        );
+        match size {
+            Some(_) => assert_eq!(
+                std::fs::read(moved.join("f.txt"))?,
+                original,
+                "{size:?}: the file was not restored in its own directory"
+            ),
+            None => assert!(!moved.join("f.txt").exists(), "the created file stayed"),
+        }
+        let strays: Vec<_> = std::fs::read_dir(&outside)?.flatten().collect();
+        assert_eq!(strays.len(), 1, "{size:?}: {strays:?}");
+        rig.assert_clean(&moved)?;
     }
     Ok(())
 }

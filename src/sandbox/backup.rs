@@ -1,9 +1,23 @@
-//! Backups of the files a tool may touch, kept beside each file (same filesystem, so a restore
-//! is one atomic rename), listed in a manifest so a crashed host can be recovered.
+//! Backups of the files a tool may touch, taken and put back through a directory fd opened
+//! beneath the path's allowed root, so a directory on the path swapped for a symlink while a
+//! tool runs cannot redirect them.
+//!
+//! A small file (at most [`INLINE_MAX`]) is saved in the run's journal itself: no second file,
+//! no rename. A larger one is copied by the kernel beside itself (same filesystem, so a restore
+//! is one atomic rename). [`BackupSet`] holds a run's backups and restores them when dropped
+//! unless it was committed, as a database transaction rolls back.
 
+use super::journal::{Journal, Run};
+use crate::tools::fs::confine::{fstat, lstatat, openat};
 use serde::{Deserialize, Serialize};
-use std::io;
-use std::path::{Path, PathBuf};
+use std::ffi::{OsStr, OsString};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+/// Files up to this size are saved inside the journal.
+pub(crate) const INLINE_MAX: u64 = 64 * 1024;
 
 /// What stood at a path before the tool ran.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -11,9 +25,17 @@ use std::path::{Path, PathBuf};
 pub(crate) enum Saved {
     /// Nothing: a restore deletes whatever the tool created.
     Absent,
-    /// A regular file, copied to `backup` (beside it). `identity` is what the file looked like
-    /// before the tool ran: when it still looks the same, the tool did not touch it and it is
-    /// left alone rather than rolled back over someone else's change.
+    /// A small regular file whose bytes are in the journal (`len` bytes at `offset` of its
+    /// blob area). `identity` is what the file looked like before the tool ran: when it still
+    /// looks the same, the tool did not touch it and it is left alone rather than rolled back
+    /// over someone else's change.
+    Inline {
+        offset: u64,
+        len: u64,
+        mode: u32,
+        identity: Identity,
+    },
+    /// A regular file copied to `backup`, a name in the same directory.
     File { backup: PathBuf, identity: Identity },
     /// A symlink with this target (the link itself, never what it points to).
     Symlink { target: PathBuf },
@@ -30,30 +52,33 @@ pub(crate) struct Identity {
 }
 
 impl Identity {
-    fn of(m: &std::fs::Metadata) -> Identity {
-        use std::os::unix::fs::MetadataExt;
+    fn of(st: &libc::stat) -> Identity {
         Identity {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size as u64,
             // i64 nanoseconds reach the year 2262; serde's tagged enums cannot carry i128.
-            mtime_ns: m
-                .mtime()
+            mtime_ns: st
+                .st_mtime
                 .saturating_mul(1_000_000_000)
-                .saturating_add(m.mtime_nsec()),
-            ctime_ns: m
-                .ctime()
+                .saturating_add(st.st_mtime_nsec),
+            ctime_ns: st
+                .st_ctime
                 .saturating_mul(1_000_000_000)
-                .saturating_add(m.ctime_nsec()),
+                .saturating_add(st.st_ctime_nsec),
         }
     }
 
-    fn current(path: &Path) -> Option<Identity> {
-        std::fs::symlink_metadata(path)
+    fn current(dir: RawFd, name: &OsStr) -> Option<Identity> {
+        lstatat(dir, name)
             .ok()
-            .filter(|m| m.is_file())
-            .map(|m| Identity::of(&m))
+            .filter(|st| is(st, libc::S_IFREG))
+            .map(|st| Identity::of(&st))
     }
+}
+
+fn is(st: &libc::stat, kind: libc::mode_t) -> bool {
+    st.st_mode & libc::S_IFMT == kind
 }
 
 /// What a restore did.
@@ -63,162 +88,528 @@ pub(crate) enum Restored {
     Yes,
     /// The path was as it was already; nothing to do.
     Unchanged,
-    /// No complete backup exists (a crash came before it was whole, so the tool never ran).
+    /// No complete backup exists (so the tool never ran).
     NoBackup,
 }
 
-/// One backed-up path.
+/// One backed-up path: the root it lies under, its directory relative to that root (no
+/// symlinks, no `..`), and its name there.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Entry {
-    pub path: PathBuf,
+    pub root: PathBuf,
+    pub dir: PathBuf,
+    pub name: PathBuf,
     pub saved: Saved,
 }
 
-/// What an interrupted invocation left behind, enough to restore and to record it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Manifest {
-    pub session_id: String,
-    pub invocation_id: String,
-    pub tool_name: String,
-    pub entries: Vec<Entry>,
+impl Entry {
+    /// The absolute path, for messages and for [`super::Recovered`].
+    pub fn path(&self) -> PathBuf {
+        self.root.join(&self.dir).join(&self.name)
+    }
+
+    /// Whether this entry is one this code could have written (a plain name, a relative
+    /// directory without `..`, a backup name of our scheme); recovery ignores anything else.
+    pub fn plausible(&self) -> bool {
+        let plain = |p: &Path| p.components().all(|c| matches!(c, Component::Normal(_)));
+        let name_ok = matches!(
+            &self.name.components().collect::<Vec<_>>()[..],
+            [Component::Normal(_)]
+        );
+        let backup_ok = match &self.saved {
+            Saved::File { backup, .. } => {
+                let mut prefix = b".".to_vec();
+                prefix.extend_from_slice(self.name.as_os_str().as_bytes());
+                prefix.extend_from_slice(b".correx-bak-");
+                backup.components().count() == 1
+                    && backup.as_os_str().as_bytes().starts_with(&prefix)
+            }
+            _ => true,
+        };
+        self.root.is_absolute() && plain(&self.dir) && name_ok && backup_ok
+    }
+
+    /// Opens this entry's directory beneath its root, refusing any symlink on the way: the
+    /// directory was resolved to its real path when the backup was planned, so a symlink there
+    /// now is something swapped in since.
+    pub fn open_dir(&self) -> io::Result<OwnedFd> {
+        let mut fd = openat(
+            libc::AT_FDCWD,
+            self.root.as_os_str(),
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )?;
+        for c in self.dir.components() {
+            let Component::Normal(c) = c else {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a backup's directory must be a plain relative path",
+                ));
+            };
+            fd = openat(
+                fd.as_raw_fd(),
+                c,
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+                0,
+            )?;
+        }
+        Ok(fd)
+    }
 }
 
-pub(crate) const MANIFEST: &str = "manifest.json";
-/// What the manifest is renamed to once the tool succeeded: its change is in place.
-pub(crate) const COMMITTED: &str = "committed.json";
+/// An entry with its directory held open for the run.
+struct Live {
+    entry: Entry,
+    /// `None` when the directory did not exist at planning (nothing there to back up).
+    dir: Option<OwnedFd>,
+}
+
+impl Live {
+    fn dir_fd(&self) -> io::Result<OwnedFd> {
+        match &self.dir {
+            Some(d) => d.try_clone(),
+            None => self.entry.open_dir(),
+        }
+    }
+}
+
+fn cstr(s: &OsStr) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(s.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn renameat(dir: RawFd, from: &OsStr, to: &OsStr) -> io::Result<()> {
+    let (f, t) = (cstr(from)?, cstr(to)?);
+    // SAFETY: both names are NUL-terminated; dir is an open directory fd.
+    if unsafe { libc::renameat(dir, f.as_ptr(), dir, t.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn unlinkat(dir: RawFd, name: &OsStr) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: NUL-terminated name; dir is an open directory fd.
+    if unsafe { libc::unlinkat(dir, c.as_ptr(), 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn unlink_quiet(dir: RawFd, name: &OsStr) -> io::Result<()> {
+    match unlinkat(dir, name) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+fn readlinkat(dir: RawFd, name: &OsStr) -> io::Result<PathBuf> {
+    let c = cstr(name)?;
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: buf is writable for buf.len() bytes; c is NUL-terminated; dir is open.
+    let n = unsafe { libc::readlinkat(dir, c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    use std::os::unix::ffi::OsStringExt;
+    Ok(PathBuf::from(OsString::from_vec(buf)))
+}
+
+fn symlinkat(target: &Path, dir: RawFd, name: &OsStr) -> io::Result<()> {
+    let (t, n) = (cstr(target.as_os_str())?, cstr(name)?);
+    // SAFETY: both strings are NUL-terminated; dir is an open directory fd.
+    if unsafe { libc::symlinkat(t.as_ptr(), dir, n.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn file(fd: OwnedFd) -> std::fs::File {
+    std::fs::File::from(fd)
+}
+
+/// Creates `name` in `dir` (it must not exist) for writing, with permission bits `mode`
+/// exactly (not masked by the umask).
+fn create_in(dir: RawFd, name: &OsStr, mode: u32) -> io::Result<std::fs::File> {
+    let f = file(openat(
+        dir,
+        name,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+        0o600,
+    )?);
+    // SAFETY: fchmod on an fd we own.
+    if unsafe { libc::fchmod(f.as_raw_fd(), mode & 0o7777) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(f)
+}
+
+fn with_suffix(name: &Path, suffix: &str) -> OsString {
+    let mut n = OsString::from(".");
+    n.push(name.as_os_str());
+    n.push(suffix);
+    n
+}
 
 /// Removes what a dead run may have left beside its paths: the file tools' temp files
-/// (`.NAME.correx-tmp-*`) and partial backups (`.NAME.correx-bak-*.tmp`).
+/// (`.NAME.correx-tmp-*`) and partial backups or restores (`.NAME.correx-bak-*.tmp`).
 pub(crate) fn remove_strays(entries: &[Entry]) {
-    use std::os::unix::ffi::OsStrExt;
-    for e in entries {
-        let (Some(parent), Some(name)) = (e.path.parent(), e.path.file_name()) else {
-            continue;
-        };
-        let name = name.as_bytes();
+    for e in entries.iter().filter(|e| e.plausible()) {
+        let Ok(dir) = e.open_dir() else { continue };
+        let name = e.name.as_os_str().as_bytes();
         let mut tmp = b".".to_vec();
         tmp.extend_from_slice(&name[..name.len().min(200)]);
         tmp.extend_from_slice(b".correx-tmp-");
         let mut bak = b".".to_vec();
         bak.extend_from_slice(name);
         bak.extend_from_slice(b".correx-bak-");
-        let Ok(siblings) = std::fs::read_dir(parent) else {
+        let Ok(siblings) = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
             continue;
         };
         for s in siblings.flatten() {
             let n = s.file_name();
-            let n = n.as_bytes();
-            if n.starts_with(&tmp) || (n.starts_with(&bak) && n.ends_with(b".tmp")) {
-                let _ = std::fs::remove_file(s.path());
+            let b = n.as_bytes();
+            if b.starts_with(&tmp) || (b.starts_with(&bak) && b.ends_with(b".tmp")) {
+                let _ = unlinkat(dir.as_raw_fd(), &n);
             }
         }
     }
 }
 
-fn backup_name(path: &Path, tag: &str) -> io::Result<PathBuf> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    let mut n = std::ffi::OsString::from(".");
-    n.push(name);
-    n.push(format!(".correx-bak-{tag}"));
-    Ok(path.with_file_name(n))
+/// Where `path`'s directory lies: the longest of `roots` holding it, else `/`. A tool with
+/// roots names real paths (resolved beneath them); any other path is resolved here, once.
+fn place(path: &Path, roots: &[PathBuf]) -> io::Result<(PathBuf, PathBuf, PathBuf)> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} has no file name", path.display()),
+        ));
+    };
+    let longest = |p: &Path| {
+        roots
+            .iter()
+            .filter(|r| p.starts_with(r))
+            .max_by_key(|r| r.as_os_str().len())
+            .cloned()
+    };
+    let (real, root) = match longest(parent) {
+        Some(root) => (parent.to_path_buf(), root),
+        None => {
+            let real = match std::fs::canonicalize(parent) {
+                Ok(p) => p,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => parent.to_path_buf(),
+                Err(e) => return Err(e),
+            };
+            let root = longest(&real).unwrap_or_else(|| PathBuf::from("/"));
+            (real, root)
+        }
+    };
+    let dir = real.strip_prefix(&root).unwrap_or(&real).to_path_buf();
+    Ok((root, dir, PathBuf::from(name)))
 }
 
-/// Plans the backup of `path` (without copying yet): what is there, and where its copy goes.
-pub(crate) fn plan(path: &Path, tag: &str) -> io::Result<Entry> {
-    let saved = match std::fs::symlink_metadata(path) {
+/// A run's backups, with their journal. Dropped without [`BackupSet::commit`], it restores
+/// every path; committed, it drops the backups. The journal goes with it.
+pub(crate) struct BackupSet<'a> {
+    live: Vec<Live>,
+    journal: Option<Journal<'a>>,
+    settled: bool,
+}
+
+impl<'a> BackupSet<'a> {
+    /// Backs up `paths` (each resolved beneath the longest of `roots` holding it, else `/`):
+    /// plans each, writes the journal (small files inside it), then copies the large ones.
+    /// On error nothing is left behind and the tool must not run.
+    pub fn take(
+        run: Run<'a>,
+        paths: &[PathBuf],
+        roots: &[PathBuf],
+        tag: &str,
+    ) -> Result<BackupSet<'a>, String> {
+        let mut live = Vec::with_capacity(paths.len());
+        let mut blobs: Vec<u8> = Vec::new();
+        for p in paths {
+            let planned = place(p, roots).and_then(|(root, dir, name)| {
+                plan(
+                    Entry {
+                        root,
+                        dir,
+                        name,
+                        saved: Saved::Absent,
+                    },
+                    tag,
+                    &mut blobs,
+                )
+            });
+            match planned {
+                Ok(l) => live.push(l),
+                Err(e) => {
+                    return Err(format!(
+                        "backup of {} failed, the tool did not run: {e}",
+                        p.display()
+                    ))
+                }
+            }
+        }
+        let entries: Vec<Entry> = live.iter().map(|l| l.entry.clone()).collect();
+        let journal = run
+            .begin(&entries, &blobs)
+            .map_err(|e| format!("writing the sandbox journal: {e}"))?;
+        super::seam("journal");
+        let mut set = BackupSet {
+            live,
+            journal: Some(journal),
+            settled: true,
+        };
+        let failed = set
+            .live
+            .iter()
+            .find_map(|l| copy(l).err().map(|e| (l.entry.path(), e)));
+        if let Some((path, e)) = failed {
+            set.discard();
+            return Err(format!(
+                "backup of {} failed, the tool did not run: {e}",
+                path.display()
+            ));
+        }
+        set.settled = false;
+        Ok(set)
+    }
+
+    /// The tool succeeded: the journal is marked committed first (from here a crash cannot
+    /// turn the success into a rollback), then the backups go.
+    pub fn commit(&mut self) {
+        if let Some(j) = &self.journal {
+            if let Err(e) = j.commit() {
+                log::error!("marking a sandboxed run committed: {e}");
+            }
+        }
+        super::seam("committed");
+        self.discard();
+        super::seam("discarded");
+    }
+
+    /// The tool never ran: drops the backups without restoring.
+    pub fn abandon(&mut self) {
+        self.discard();
+    }
+
+    /// Drops the backups without restoring (the tool never ran, or it succeeded).
+    fn discard(&mut self) {
+        for l in &self.live {
+            let Saved::File { backup, .. } = &l.entry.saved else {
+                continue;
+            };
+            let removed = l
+                .dir_fd()
+                .and_then(|d| unlink_quiet(d.as_raw_fd(), backup.as_os_str()));
+            if let Err(e) = removed {
+                log::warn!("dropping the backup of {}: {e}", l.entry.path().display());
+            }
+        }
+        self.settled = true;
+    }
+
+    /// Puts every path back as it was, last first; the errors, one message each.
+    pub fn restore(&mut self) -> Vec<String> {
+        if self.settled {
+            return Vec::new();
+        }
+        self.settled = true;
+        let blobs = self.journal.as_ref().map(Journal::blobs).unwrap_or(&[]);
+        let mut errors = Vec::new();
+        for l in self.live.iter().rev() {
+            let done = l
+                .dir_fd()
+                .and_then(|d| restore(&l.entry, d.as_raw_fd(), blobs));
+            if let Err(e) = done {
+                errors.push(format!(
+                    "restoring {} failed: {e}",
+                    l.entry.path().display()
+                ));
+            }
+        }
+        errors
+    }
+}
+
+impl Drop for BackupSet<'_> {
+    fn drop(&mut self) {
+        for e in self.restore() {
+            log::error!("{e}");
+        }
+        drop(self.journal.take());
+    }
+}
+
+/// What is at `entry`'s path now, read through its directory; small files into `blobs`.
+fn plan(mut entry: Entry, tag: &str, blobs: &mut Vec<u8>) -> io::Result<Live> {
+    let dir = match entry.open_dir() {
+        Ok(d) => d,
+        // The tool may create the directory; a restore then removes what it put at the path.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Live { entry, dir: None }),
+        Err(e) => return Err(e),
+    };
+    let name = entry.name.as_os_str();
+    entry.saved = match lstatat(dir.as_raw_fd(), name) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Saved::Absent,
         Err(e) => return Err(e),
-        Ok(m) if m.file_type().is_symlink() => Saved::Symlink {
-            target: std::fs::read_link(path)?,
+        Ok(st) if is(&st, libc::S_IFLNK) => Saved::Symlink {
+            target: readlinkat(dir.as_raw_fd(), name)?,
         },
-        Ok(m) if m.file_type().is_file() => Saved::File {
-            backup: backup_name(path, tag)?,
-            identity: Identity::of(&m),
-        },
+        Ok(st) if is(&st, libc::S_IFREG) => {
+            if st.st_size as u64 > INLINE_MAX {
+                Saved::File {
+                    backup: PathBuf::from(with_suffix(&entry.name, &format!(".correx-bak-{tag}"))),
+                    identity: Identity::of(&st),
+                }
+            } else {
+                let mut f = file(openat(
+                    dir.as_raw_fd(),
+                    name,
+                    libc::O_RDONLY | libc::O_NOFOLLOW,
+                    0,
+                )?);
+                // The identity of what was read, not of what the lstat saw a moment earlier.
+                let st = fstat(f.as_raw_fd())?;
+                let offset = blobs.len() as u64;
+                blobs.reserve(st.st_size as usize + 1);
+                Read::by_ref(&mut f)
+                    .take(INLINE_MAX + 1)
+                    .read_to_end(blobs)?;
+                let len = blobs.len() as u64 - offset;
+                if len != st.st_size as u64 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Interrupted,
+                        "the file changed while it was backed up",
+                    ));
+                }
+                Saved::Inline {
+                    offset,
+                    len,
+                    mode: st.st_mode & 0o7777,
+                    identity: Identity::of(&st),
+                }
+            }
+        }
         Ok(_) => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "{} is not a regular file or symlink; it cannot be backed up",
-                    path.display()
-                ),
+                "it is not a regular file or symlink; it cannot be backed up",
             ))
         }
     };
-    Ok(Entry {
-        path: path.to_path_buf(),
-        saved,
+    Ok(Live {
+        entry,
+        dir: Some(dir),
     })
 }
 
-/// Copies the file to its backup path: the kernel copies (`copy_file_range`, a reflink where
-/// the filesystem has them) into a temp name, renamed into place once complete, so a backup
-/// under its final name was whole when the host last ran.
+/// Copies a large file to its backup name: the kernel copies (`copy_file_range`, a reflink
+/// where the filesystem has them) into a temp name, renamed into place once complete, so a
+/// backup under its final name was whole when the host last ran.
 ///
 /// The copy is not flushed to disk (as `cp` does not): it must survive a crash of the host,
 /// which the page cache does. After a power loss a backup may come back short; a restore checks
-/// its size against the size recorded in the manifest and leaves the file alone when they
-/// differ.
-pub(crate) fn take(entry: &Entry) -> io::Result<()> {
-    if let Saved::File { backup, .. } = &entry.saved {
-        let mut tmp = backup.as_os_str().to_os_string();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        let copied = std::fs::copy(&entry.path, &tmp).and_then(|_| std::fs::rename(&tmp, backup));
-        if let Err(e) = copied {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
+/// its size against the recorded one and leaves the file alone when they differ.
+fn copy(l: &Live) -> io::Result<()> {
+    let (Saved::File { backup, .. }, Some(dir)) = (&l.entry.saved, &l.dir) else {
+        return Ok(());
+    };
+    let dir = dir.as_raw_fd();
+    let tmp = {
+        let mut t = backup.as_os_str().to_os_string();
+        t.push(".tmp");
+        t
+    };
+    let copied = (|| {
+        let mut src = file(openat(
+            dir,
+            l.entry.name.as_os_str(),
+            libc::O_RDONLY | libc::O_NOFOLLOW,
+            0,
+        )?);
+        let mode = fstat(src.as_raw_fd())?.st_mode;
+        let mut dst = create_in(dir, &tmp, mode)?;
+        io::copy(&mut src, &mut dst)?;
+        renameat(dir, &tmp, backup.as_os_str())
+    })();
+    if copied.is_err() {
+        let _ = unlinkat(dir, &tmp);
     }
-    Ok(())
+    copied
 }
 
-/// Puts back what was saved. A file comes back by renaming its backup over the path, unless
-/// the file was never changed.
-pub(crate) fn restore(entry: &Entry) -> io::Result<Restored> {
+/// Puts back what was saved, through `dir` (the entry's directory). A file comes back by
+/// renaming its backup (or a copy of its inline bytes) over the path, unless it was never
+/// changed.
+pub(crate) fn restore(entry: &Entry, dir: RawFd, blobs: &[u8]) -> io::Result<Restored> {
+    let name = entry.name.as_os_str();
     match &entry.saved {
-        Saved::File { backup, identity } => {
-            if Identity::current(&entry.path) == Some(*identity) {
-                discard(entry)?;
+        Saved::Inline {
+            offset,
+            len,
+            mode,
+            identity,
+        } => {
+            if Identity::current(dir, name) == Some(*identity) {
                 return Ok(Restored::Unchanged);
             }
-            match std::fs::symlink_metadata(backup) {
-                Ok(m) if m.len() != identity.size => {
+            let bytes = usize::try_from(*offset)
+                .ok()
+                .zip(usize::try_from(offset.saturating_add(*len)).ok())
+                .and_then(|(a, b)| blobs.get(a..b))
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "journal cut short"))?;
+            let tmp = with_suffix(&entry.name, ".correx-bak-restore.tmp");
+            let _ = unlinkat(dir, &tmp);
+            let written = create_in(dir, &tmp, *mode)
+                .and_then(|mut f| f.write_all(bytes))
+                .and_then(|()| renameat(dir, &tmp, name));
+            if written.is_err() {
+                let _ = unlinkat(dir, &tmp);
+            }
+            written.map(|()| Restored::Yes)
+        }
+        Saved::File { backup, identity } => {
+            if Identity::current(dir, name) == Some(*identity) {
+                unlink_quiet(dir, backup.as_os_str())?;
+                return Ok(Restored::Unchanged);
+            }
+            match lstatat(dir, backup.as_os_str()) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Restored::NoBackup),
+                Err(e) => return Err(e),
+                Ok(st) if st.st_size as u64 != identity.size => {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
                         format!(
-                            "backup {} holds {} of {} bytes; the file was left as it is",
-                            backup.display(),
-                            m.len(),
-                            identity.size
+                            "its backup holds {} of {} bytes; the file was left as it is",
+                            st.st_size, identity.size
                         ),
                     ))
                 }
-                _ => {}
+                Ok(_) => {}
             }
-            match std::fs::rename(backup, &entry.path) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Restored::NoBackup),
-                Err(e) => Err(e),
-                Ok(()) => Ok(Restored::Yes),
-            }
+            renameat(dir, backup.as_os_str(), name).map(|()| Restored::Yes)
         }
-        Saved::Absent => match std::fs::symlink_metadata(&entry.path) {
+        Saved::Absent => match lstatat(dir, name) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Restored::Unchanged),
             Err(e) => Err(e),
-            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&entry.path).map(|()| Restored::Yes),
-            Ok(_) => std::fs::remove_file(&entry.path).map(|()| Restored::Yes),
+            Ok(st) if is(&st, libc::S_IFDIR) => {
+                // Through the held directory (std's removal never follows a symlink inside).
+                std::fs::remove_dir_all(Path::new(&format!("/proc/self/fd/{dir}")).join(name))
+                    .map(|()| Restored::Yes)
+            }
+            Ok(_) => unlinkat(dir, name).map(|()| Restored::Yes),
         },
         Saved::Symlink { target } => {
-            if std::fs::read_link(&entry.path).ok().as_ref() == Some(target) {
+            if readlinkat(dir, name).ok().as_ref() == Some(target) {
                 return Ok(Restored::Unchanged);
             }
-            let tmp = backup_name(&entry.path, "link")?;
-            let _ = std::fs::remove_file(&tmp);
-            std::os::unix::fs::symlink(target, &tmp)?;
-            if let Err(e) = std::fs::rename(&tmp, &entry.path) {
-                let _ = std::fs::remove_file(&tmp);
+            let tmp = with_suffix(&entry.name, ".correx-bak-link.tmp");
+            let _ = unlinkat(dir, &tmp);
+            symlinkat(target, dir, &tmp)?;
+            if let Err(e) = renameat(dir, &tmp, name) {
+                let _ = unlinkat(dir, &tmp);
                 return Err(e);
             }
             Ok(Restored::Yes)
@@ -226,47 +617,39 @@ pub(crate) fn restore(entry: &Entry) -> io::Result<Restored> {
     }
 }
 
-/// Whether a manifest entry is one this code could have written: its backup sits beside its
-/// path under the backup naming scheme. Recovery ignores anything else.
-pub(crate) fn plausible(entry: &Entry) -> bool {
-    if !entry.path.is_absolute() {
-        return false;
-    }
-    match &entry.saved {
-        Saved::File { backup, .. } => {
-            let prefix = match entry.path.file_name() {
-                Some(n) => format!(".{}.correx-bak-", n.to_string_lossy()),
-                None => return false,
-            };
-            backup.parent() == entry.path.parent()
-                && backup
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
-        }
-        Saved::Absent | Saved::Symlink { .. } => true,
-    }
-}
-
-/// Drops a backup after success.
+/// Drops a large file's backup (recovery, after a commit or for a run that never started).
 pub(crate) fn discard(entry: &Entry) -> io::Result<()> {
-    match &entry.saved {
-        Saved::File { backup, .. } => match std::fs::remove_file(backup) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            other => other,
-        },
-        Saved::Absent | Saved::Symlink { .. } => Ok(()),
+    let Saved::File { backup, .. } = &entry.saved else {
+        return Ok(());
+    };
+    match entry.open_dir() {
+        Ok(d) => unlink_quiet(d.as_raw_fd(), backup.as_os_str()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
-/// Writes the manifest atomically (temp file, then rename).
-///
-/// It is not flushed to disk: it must survive the host process dying, which the page cache
-/// does. After a power loss it may be gone, and then nothing is restored, which is still safe:
-/// the tools replace files atomically, and a backup is renamed into place only after it was
-/// flushed, so a recovery never puts back a partial copy.
-pub(crate) fn write_manifest(dir: &Path, m: &Manifest) -> io::Result<()> {
-    let bytes = serde_json::to_vec(m).map_err(io::Error::other)?;
-    let tmp = dir.join(".manifest.tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, dir.join(MANIFEST))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_symlink_on_an_entrys_directory_is_refused() {
+        let tmp = std::env::temp_dir().join(format!("correx-backup-{}", crate::ids::random_uuid()));
+        let real = tmp.join("real");
+        std::fs::create_dir_all(&real).unwrap_or_default();
+        let entry = |dir: &str| Entry {
+            root: tmp.clone(),
+            dir: PathBuf::from(dir),
+            name: PathBuf::from("f"),
+            saved: Saved::Absent,
+        };
+        assert!(entry("real").open_dir().is_ok());
+        let _ = std::os::unix::fs::symlink(&real, tmp.join("link"));
+        assert!(entry("link").open_dir().is_err(), "followed a symlink");
+        assert!(!entry("../x").plausible());
+        assert!(!entry("/abs").plausible());
+        assert!(entry("a/b").plausible());
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
 }

@@ -1,31 +1,33 @@
 //! [`SandboxedToolExecutor`]: every tool run gated by its tier, backed up, and recorded.
 //!
-//! For each request: the tool is resolved (unknown: a failure, nothing recorded); T2 and T3
-//! tools are put to the approval engine (denied: `ToolExecutionRejected`, the tool never
-//! runs); `ToolExecutionStarted` is appended; every path the tool may touch is backed up beside
-//! itself and listed in a manifest in a fresh private working directory; the tool runs; on
-//! success the backups are dropped and `ToolExecutionCompleted` appended; on failure or panic
-//! every path is restored byte for byte and `ToolExecutionFailed` appended. The working
-//! directory is always removed. A cancel ([`SandboxedToolExecutor::execute_cancellable_in`])
-//! before the start is a rejection; during the run it stops the tool, restores like a failure
-//! and appends `ToolExecutionCancelled`.
+//! For each request: the tool is resolved (unknown: a failure, nothing recorded); the request
+//! is validated and its paths resolved (bad: `ToolExecutionRejected`); T2 and T3 tools are put
+//! to the approval policy (denied: `ToolExecutionRejected`, the tool never runs); every path the
+//! tool may touch is backed up through its directory, held open beneath its allowed root, and
+//! listed in the run's journal; `ToolExecutionStarted` is appended; the tool runs; on success
+//! the journal is marked committed, the backups dropped and `ToolExecutionCompleted` appended;
+//! on failure or panic every path is restored byte for byte and `ToolExecutionFailed` appended.
+//! A cancel ([`SandboxedToolExecutor::execute_cancellable_in`]) before the start is a
+//! rejection; during the run it stops the tool, restores like a failure and appends
+//! `ToolExecutionCancelled`.
 //!
-//! The working directory exists (locked) from before `ToolExecutionStarted` until after the
-//! outcome is recorded, so a host killed at any point leaves it behind; the next executor
-//! constructed on the same root closes the run exactly once: restored from its manifest
-//! (`ToolExecutionFailed`, reason `interrupted`), committed (`ToolExecutionInterrupted`, state
-//! `completed`) or untouched (state `unchanged`).
+//! The journal is complete before `ToolExecutionStarted` is recorded and removed only after the
+//! outcome is, so a host killed at any point leaves it behind; the next executor constructed on
+//! the same root closes the run exactly once: restored (`ToolExecutionFailed`, reason
+//! `interrupted`), committed (`ToolExecutionInterrupted`, state `completed`) or never changed
+//! (state `unchanged`).
 
 mod backup;
+mod journal;
 
 use crate::approvals::{ApprovalContext, ApprovalEngine, ApprovalPolicy, ApprovalRequest};
 use crate::cancel::CancelToken;
 use crate::events::{append_domain, DomainEvent, EventStore, EventStoreError, ExpectedVersion};
-use crate::private_dir::PrivateDir;
 use crate::tools::{
     ToolErrorKind, ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult,
 };
-use backup::Manifest;
+use backup::BackupSet;
+use journal::{Journals, Manifest};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
@@ -94,6 +96,7 @@ pub struct SandboxedToolExecutor {
     policy: ApprovalPolicy,
     events: Arc<dyn EventStore>,
     work_root: PathBuf,
+    journals: Journals,
     locks: Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
     recovered: Vec<Recovered>,
 }
@@ -115,58 +118,9 @@ pub fn default_work_root() -> PathBuf {
     std::env::temp_dir().join(format!("correx-sandbox-{uid}"))
 }
 
-/// An exclusive advisory lock on `dir/lock`, held while an invocation runs; the kernel drops it
-/// when the process dies, which is how recovery tells a crashed invocation from a live one.
-fn lock_invocation(dir: &std::path::Path, wait: bool) -> std::io::Result<Option<std::fs::File>> {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join("lock"))?;
-    let op = if wait {
-        libc::LOCK_EX
-    } else {
-        libc::LOCK_EX | libc::LOCK_NB
-    };
-    // SAFETY: flock on an fd we own; no memory is involved.
-    if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Ok(None);
-        }
-        return Err(e);
-    }
-    Ok(Some(f))
-}
-
-/// A run's working directory and its lock; removed (with its session directory when that is
-/// left empty) when dropped.
-struct WorkDir {
-    dir: Option<PrivateDir>,
-    _lock: Option<std::fs::File>,
-    session_dir: PathBuf,
-}
-
-impl WorkDir {
-    fn path(&self) -> &std::path::Path {
-        self.dir
-            .as_ref()
-            .map(|d| d.path())
-            .unwrap_or(std::path::Path::new(""))
-    }
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        drop(self.dir.take());
-        let _ = std::fs::remove_dir(&self.session_dir);
-    }
-}
-
 /// Test seam: `CORREX_TEST_ABORT_AT=<step>` aborts the process at that step of a sandboxed
-/// run (`workdir`, `started`, `manifest`, `backup`, `tool`, `committed`, `discarded`,
-/// `outcome`), for the crash tests; unset, it costs one cached lookup.
+/// run (`journal`, `backup`, `started`, `tool`, `committed`, `discarded`, `outcome`), for the
+/// crash tests; unset, it costs one cached lookup.
 fn seam(step: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     let at = AT.get_or_init(|| std::env::var("CORREX_TEST_ABORT_AT").ok());
@@ -210,28 +164,7 @@ fn run_state(
     Ok((tool, version, closed))
 }
 
-/// The id a directory name made by [`safe_component`] stands for.
-fn from_component(name: &str) -> Option<String> {
-    let b = name.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = name.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    if out == [0] {
-        out.clear();
-    }
-    String::from_utf8(out).ok()
-}
-
-/// A path component safe to use as a directory name, whatever the id holds.
+/// A file-name component safe to use whatever the id holds.
 fn safe_component(id: &str) -> String {
     let mut out = String::with_capacity(id.len());
     for b in id.bytes() {
@@ -292,12 +225,17 @@ impl SandboxedToolExecutor {
                 path: work_root.clone(),
                 source,
             })?;
+        let journals = Journals::create(&work_root).map_err(|source| SandboxError::WorkRoot {
+            path: work_root.clone(),
+            source,
+        })?;
         let mut ex = SandboxedToolExecutor {
             delegate,
             registry,
             policy,
             events,
             work_root,
+            journals,
             locks: Mutex::new(HashMap::new()),
             recovered: Vec::new(),
         };
@@ -315,112 +253,90 @@ impl SandboxedToolExecutor {
         &self.registry
     }
 
-    /// Finds the runs a dead host left (their working directories, unlocked) and closes each
-    /// exactly once: a run with a manifest has its files restored and is recorded failed
-    /// (`interrupted`); one with a commit mark changed its files and is recorded
-    /// `tool.execution_interrupted` with state `completed`; one with neither never changed
-    /// anything (`unchanged`). A run whose outcome is already in the log (the host died after
-    /// recording it, or an earlier recovery was killed) gets nothing more. Stray temp files and
-    /// partial backups beside the run's paths are removed.
+    /// Finds the runs a dead host left (the journals of executors whose lock is free) and
+    /// closes each exactly once: a pending run has its files restored and is recorded failed
+    /// (`interrupted`), or `tool.execution_interrupted` with state `unchanged` when nothing
+    /// needed restoring; a committed one changed its files and is recorded
+    /// `tool.execution_interrupted` with state `completed`; one whose start was never recorded
+    /// gets nothing. A run whose outcome is already in the log (the host died after recording
+    /// it, or an earlier recovery was killed) gets nothing more. Stray temp files and partial
+    /// backups beside the run's paths are removed.
     fn recover(&self) -> Result<Vec<Recovered>, SandboxError> {
-        let root_err = |source| SandboxError::WorkRoot {
+        let dead = journal::dead(&self.work_root).map_err(|source| SandboxError::WorkRoot {
             path: self.work_root.clone(),
             source,
-        };
+        })?;
         let mut out = Vec::new();
-        for session in std::fs::read_dir(&self.work_root).map_err(root_err)? {
-            let session = session.map_err(root_err)?.path();
-            let Ok(invocations) = std::fs::read_dir(&session) else {
-                continue;
-            };
-            for inv in invocations.flatten() {
-                let dir = inv.path();
-                // A live invocation (this process or another) holds its lock: not ours to touch.
-                let Ok(Some(_held)) = lock_invocation(&dir, false) else {
-                    continue;
-                };
-                if let Some(r) = self.recover_one(&session, &dir)? {
+        for d in dead {
+            for f in d.journals.into_iter().flatten() {
+                if let Some(r) = self.recover_one(f)? {
                     out.push(r);
                 }
-                let _ = std::fs::remove_dir_all(&dir);
             }
-            let _ = std::fs::remove_dir(&session);
+            let _ = std::fs::remove_dir_all(&d.dir);
         }
         Ok(out)
     }
 
-    fn recover_one(
-        &self,
-        session: &std::path::Path,
-        dir: &std::path::Path,
-    ) -> Result<Option<Recovered>, SandboxError> {
-        let name = |p: &std::path::Path| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .and_then(from_component)
-        };
-        let (Some(session_id), Some(invocation_id)) = (name(session), name(dir)) else {
-            return Ok(None);
-        };
-        let read_manifest = |file: &str| {
-            std::fs::read(dir.join(file))
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok())
-        };
-        let manifest = read_manifest(backup::MANIFEST);
-        let committed = read_manifest(backup::COMMITTED);
-        for m in manifest.iter().chain(committed.iter()) {
-            backup::remove_strays(&m.entries);
-        }
-        let stream = session_stream(&session_id);
-        let (tool_name, version, closed) = run_state(self.events.as_ref(), &stream, &invocation_id)
+    fn recover_one(&self, found: journal::Found) -> Result<Option<Recovered>, SandboxError> {
+        let m = found.manifest;
+        let entries: Vec<_> = m.entries.iter().filter(|e| e.plausible()).collect();
+        backup::remove_strays(&m.entries);
+        let stream = session_stream(&m.session_id);
+        let (started, version, closed) = run_state(self.events.as_ref(), &stream, &m.invocation_id)
             .map_err(SandboxError::Events)?;
-        // Never started (killed before the start was recorded): nothing ran.
-        let Some(tool_name) = tool_name else {
-            return Ok(None);
-        };
+        // Never started (killed before the start was recorded): nothing ran. Closed: the
+        // files were settled before the outcome was recorded. Committed: the change stays.
+        if started.is_none() || closed || found.committed {
+            for e in &entries {
+                if let Err(err) = backup::discard(e) {
+                    log::warn!("dropping the backup of {}: {err}", e.path().display());
+                }
+            }
+            if started.is_none() || closed {
+                return Ok(None);
+            }
+        }
         let mut restored = Vec::new();
-        if let Some(m) = &manifest {
-            for e in m.entries.iter().filter(|e| backup::plausible(e)) {
-                match backup::restore(e) {
-                    Ok(backup::Restored::Yes) => restored.push(e.path.clone()),
+        let mut failed = Vec::new();
+        if !found.committed {
+            for e in &entries {
+                let done = e.open_dir().and_then(|d| {
+                    backup::restore(e, std::os::fd::AsRawFd::as_raw_fd(&d), &found.blobs)
+                });
+                match done {
+                    Ok(backup::Restored::Yes) => restored.push(e.path()),
                     Ok(backup::Restored::Unchanged | backup::Restored::NoBackup) => {}
                     Err(err) => {
-                        log::error!("restoring {}: {err}", e.path.display());
+                        log::error!("restoring {}: {err}", e.path().display());
+                        failed.push(e.path());
                         let _ = backup::discard(e);
                     }
                 }
             }
         }
-        if let Some(m) = &committed {
-            for e in &m.entries {
-                let _ = backup::discard(e);
+        let (session_id, invocation_id, tool_name) = (m.session_id, m.invocation_id, m.tool_name);
+        let event = if found.committed || (restored.is_empty() && failed.is_empty()) {
+            DomainEvent::ToolExecutionInterrupted {
+                session_id: session_id.clone(),
+                invocation_id: invocation_id.clone(),
+                tool_name,
+                state: if found.committed {
+                    "completed"
+                } else {
+                    "unchanged"
+                }
+                .into(),
             }
-        }
-        if closed {
-            return Ok(None);
-        }
-        let event = match (&manifest, &committed) {
-            (Some(_), _) => DomainEvent::ToolExecutionFailed {
+        } else {
+            DomainEvent::ToolExecutionFailed {
                 session_id: session_id.clone(),
                 invocation_id: invocation_id.clone(),
                 tool_name,
                 reason: "interrupted".into(),
                 recoverable: true,
                 kind: None,
-            },
-            (None, Some(_)) => DomainEvent::ToolExecutionInterrupted {
-                session_id: session_id.clone(),
-                invocation_id: invocation_id.clone(),
-                tool_name,
-                state: "completed".into(),
-            },
-            (None, None) => DomainEvent::ToolExecutionInterrupted {
-                session_id: session_id.clone(),
-                invocation_id: invocation_id.clone(),
-                tool_name,
-                state: "unchanged".into(),
-            },
+            }
         };
         // At the version read: a recovery racing this one on the same log records it once.
         match self.events.append(
@@ -558,17 +474,27 @@ impl SandboxedToolExecutor {
                 format!("{reason}; nothing was changed"),
             );
         }
-        // The working directory (locked while the run lives) exists before the start is
-        // recorded and goes only after the outcome is: a started run without an outcome always
-        // leaves it for recovery to find.
-        let workdir = match self.work_dir(request) {
-            Ok(w) => w,
-            Err(e) => {
-                let reason = format!("could not create the sandbox working directory: {e}");
-                return reject(decided_event, ToolErrorKind::Io, reason.clone(), reason);
-            }
+        // The backups and the journal naming them exist before the start is recorded, and go
+        // only after the outcome is: a started run without an outcome always leaves its
+        // journal for recovery to find.
+        let _locks = self.lock_paths(&paths);
+        let roots = tool
+            .as_file_affecting()
+            .map(|f| f.confining_roots())
+            .unwrap_or_default();
+        let run = self.journals.run(Manifest {
+            session_id: base.0.clone(),
+            invocation_id: base.1.clone(),
+            tool_name: base.2.clone(),
+            entries: Vec::new(),
+        });
+        let id_part = safe_component(id.as_str());
+        let tag = crate::text::prefix(&id_part, 40);
+        let mut backups = match BackupSet::take(run, &paths, &roots, tag) {
+            Ok(b) => b,
+            Err(reason) => return reject(decided_event, ToolErrorKind::Io, reason.clone(), reason),
         };
-        seam("workdir");
+        seam("backup");
         if let Err(e) = record_with(
             decided_event,
             DomainEvent::ToolExecutionStarted {
@@ -579,7 +505,7 @@ impl SandboxedToolExecutor {
                 isolation: tool.isolation(),
             },
         ) {
-            drop(workdir);
+            backups.abandon();
             return ToolResult::failure_of(
                 id,
                 ToolErrorKind::Io,
@@ -589,7 +515,7 @@ impl SandboxedToolExecutor {
         }
         seam("started");
         let started = Instant::now();
-        let result = self.run_guarded(request, paths, &workdir, cancel);
+        let result = self.run_guarded(request, &mut backups, cancel);
         let event = match &result {
             ToolResult::Failure { .. } if cancel.is_cancelled() => {
                 DomainEvent::ToolExecutionCancelled {
@@ -623,85 +549,18 @@ impl SandboxedToolExecutor {
             log::error!("recording the end of invocation {id}: {e}");
         }
         seam("outcome");
-        drop(workdir);
+        drop(backups);
         result
     }
 
-    /// The run's private working directory under the root, locked while the run lives.
-    fn work_dir(&self, request: &ToolRequest) -> std::io::Result<WorkDir> {
-        let session_dir = self
-            .work_root
-            .join(safe_component(request.session_id.as_str()));
-        let name = safe_component(request.invocation_id.as_str());
-        // Another invocation of this session may remove the session directory just as this one
-        // creates it: one retry covers that.
-        let dir = PrivateDir::new_exact(&session_dir, &name)
-            .or_else(|_| PrivateDir::new_exact(&session_dir, &name))?;
-        let lock = lock_invocation(dir.path(), true)?;
-        Ok(WorkDir {
-            dir: Some(dir),
-            _lock: lock,
-            session_dir,
-        })
-    }
-
-    /// Locks, backups, the tool itself, then commit or restore.
+    /// The tool itself, then commit or restore.
     fn run_guarded(
         &self,
         request: &ToolRequest,
-        paths: Vec<PathBuf>,
-        workdir: &WorkDir,
+        backups: &mut BackupSet<'_>,
         cancel: &CancelToken,
     ) -> ToolResult {
         let id = &request.invocation_id;
-        let work = workdir.path();
-        let _locks = self.lock_paths(&paths);
-        let tag = &safe_component(id.as_str())[..safe_component(id.as_str()).len().min(40)];
-        let mut entries = Vec::with_capacity(paths.len());
-        for p in &paths {
-            match backup::plan(p, tag) {
-                Ok(e) => entries.push(e),
-                Err(e) => {
-                    return ToolResult::failure(
-                        id,
-                        format!(
-                            "backup of {} failed, the tool did not run: {e}",
-                            p.display()
-                        ),
-                        true,
-                    )
-                }
-            }
-        }
-        let manifest = Manifest {
-            session_id: request.session_id.to_string(),
-            invocation_id: id.to_string(),
-            tool_name: request.tool_name.clone(),
-            entries,
-        };
-        // The manifest goes first: a crash while copying leaves it, and a recovery only renames
-        // back backups that are complete (each lands under its final name only when whole).
-        let prepared = backup::write_manifest(work, &manifest)
-            .map_err(|e| format!("writing the sandbox manifest: {e}"))
-            .and_then(|()| {
-                seam("manifest");
-                for e in &manifest.entries {
-                    backup::take(e).map_err(|err| {
-                        format!(
-                            "backup of {} failed, the tool did not run: {err}",
-                            e.path.display()
-                        )
-                    })?;
-                }
-                Ok(())
-            });
-        if let Err(reason) = prepared {
-            for e in &manifest.entries {
-                let _ = backup::discard(e);
-            }
-            return ToolResult::failure(id, reason, true);
-        }
-        seam("backup");
         let result = match catch_unwind(AssertUnwindSafe(|| {
             self.delegate.execute_cancellable(request, cancel)
         })) {
@@ -715,24 +574,10 @@ impl SandboxedToolExecutor {
                 ToolResult::failure(id, format!("the tool panicked: {what}"), false)
             }
         };
-        let result = match result {
+        match result {
             ToolResult::Success { .. } => {
                 seam("tool");
-                // The manifest becomes the commit mark first: from here a crash cannot turn
-                // this success into a "recovery" that rolls the tool's work back, and recovery
-                // knows the change is in place.
-                if let Err(err) =
-                    std::fs::rename(work.join(backup::MANIFEST), work.join(backup::COMMITTED))
-                {
-                    log::error!("marking invocation {id} committed: {err}");
-                }
-                seam("committed");
-                for e in &manifest.entries {
-                    if let Err(err) = backup::discard(e) {
-                        log::warn!("dropping the backup of {}: {err}", e.path.display());
-                    }
-                }
-                seam("discarded");
+                backups.commit();
                 result
             }
             ToolResult::Failure {
@@ -743,10 +588,9 @@ impl SandboxedToolExecutor {
                 data,
             } => {
                 let mut reason = reason;
-                for e in manifest.entries.iter().rev() {
-                    if let Err(err) = backup::restore(e) {
-                        reason.push_str(&format!("; restoring {} failed: {err}", e.path.display()));
-                    }
+                for err in backups.restore() {
+                    reason.push_str("; ");
+                    reason.push_str(&err);
                 }
                 ToolResult::Failure {
                     invocation_id,
@@ -756,8 +600,7 @@ impl SandboxedToolExecutor {
                     data,
                 }
             }
-        };
-        result
+        }
     }
 
     /// One lock per path, taken in sorted order so two invocations cannot deadlock.

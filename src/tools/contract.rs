@@ -384,6 +384,14 @@ pub trait FileAffectingTool: Tool {
         self.affected_paths(request)
             .map_err(|r| (ToolErrorKind::InvalidRequest, r))
     }
+
+    /// The directories (canonical, absolute) the affected paths must stay under. The sandbox
+    /// backs up and restores each path through its directory opened beneath the longest of
+    /// these that holds it, refusing symlinks on the way, so a directory swapped for a symlink
+    /// while the tool runs cannot redirect a backup or a restore. Default: none (from `/`).
+    fn confining_roots(&self) -> Vec<PathBuf> {
+        Vec::new()
+    }
 }
 
 /// Something that runs tool requests: a dispatcher, a sandbox, or a single tool.

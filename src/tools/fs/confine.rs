@@ -412,6 +412,11 @@ impl Roots {
         Ok(Roots { roots, mode })
     }
 
+    /// The roots' canonical paths, in order.
+    pub fn canonical_paths(&self) -> Vec<PathBuf> {
+        self.roots.iter().map(|r| r.canonical.clone()).collect()
+    }
+
     /// How this set resolves paths.
     pub fn mode(&self) -> ResolveMode {
         self.mode

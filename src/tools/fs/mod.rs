@@ -6,7 +6,7 @@
 //! Writes are atomic (temp file, then rename) and never go through a symlink or into a file
 //! with several hard links.
 
-mod confine;
+pub(crate) mod confine;
 pub(crate) use confine::openat2_supported;
 mod ops;
 mod patch;
@@ -362,6 +362,10 @@ impl FileAffectingTool for FileWriteTool {
     fn affected_paths_or_kind(&self, request: &ToolRequest) -> Result<Vec<PathBuf>, Kinded> {
         target_path(&self.roots, request)
     }
+
+    fn confining_roots(&self) -> Vec<PathBuf> {
+        self.roots.canonical_paths()
+    }
 }
 
 /// Edits existing files inside the allowed roots. Tier T3.
@@ -538,5 +542,9 @@ impl FileAffectingTool for FileEditTool {
             return Ok(out);
         }
         target_path(&self.roots, request)
+    }
+
+    fn confining_roots(&self) -> Vec<PathBuf> {
+        self.roots.canonical_paths()
     }
 }
