@@ -1,7 +1,7 @@
 //! `cargo bench --bench event_store`: correx's event store against a raw rusqlite loop doing the
 //! same inserts with the same pragmas and durability, on the same temp filesystem, in one run.
 
-use correx::{EventStore, ExpectedVersion, NewEvent, SqliteEventStore};
+use correx::{Checkpoints, EventStore, ExpectedVersion, NewEvent, SqliteEventStore, StoreOptions};
 use rusqlite::{params, Connection};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -15,6 +15,8 @@ const BATCH: usize = 100;
 const ROUNDS: usize = 9;
 /// Rounds of the 1-thread / 8-thread pair: odd, so the median is one of them.
 const MT_ROUNDS: usize = 9;
+/// Rounds of the checkpoint latency comparison, each mode once per round.
+const LAT_ROUNDS: usize = 4;
 
 fn event(i: usize) -> NewEvent {
     NewEvent::new(
@@ -131,6 +133,49 @@ fn threaded_rate(dir: &Path, threads: usize, per_thread: usize) -> f64 {
         h.join().expect("thread");
     }
     (threads * per_thread) as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Every append's latency (µs) from `threads` threads appending `per_thread` events each to
+/// a fresh store with checkpoints in `mode`.
+fn threaded_latencies(
+    dir: &Path,
+    mode: Checkpoints,
+    threads: usize,
+    per_thread: usize,
+) -> Vec<f64> {
+    let options = StoreOptions {
+        checkpoints: mode,
+        ..StoreOptions::default()
+    };
+    let store =
+        Arc::new(SqliteEventStore::open_with(fresh(dir, "lat.db"), options).expect("open store"));
+    settle();
+    let handles: Vec<_> = (0..threads)
+        .map(|k| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                (0..per_thread)
+                    .map(|i| {
+                        let e = event(i);
+                        let t = Instant::now();
+                        store
+                            .append(&format!("s{k}"), ExpectedVersion::Any, &[e])
+                            .expect("append");
+                        t.elapsed().as_secs_f64() * 1e6
+                    })
+                    .collect::<Vec<f64>>()
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .flat_map(|h| h.join().expect("thread"))
+        .collect()
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -269,6 +314,34 @@ fn main() {
     println!("group_commit_speedup: {:.2}", median(ratios));
     println!("group_commit_speedup_min: {:.2}", spread.0);
     println!("group_commit_speedup_max: {:.2}", spread.1);
+
+    // Append latency from 8 threads with checkpoints inside commits (SQLite's default, and
+    // this store's before) and on the store's checkpoint thread, in alternating rounds.
+    let (mut before, mut after) = (Vec::new(), Vec::new());
+    for round in 0..LAT_ROUNDS {
+        let modes = if round % 2 == 0 {
+            [Checkpoints::InCommit, Checkpoints::Background]
+        } else {
+            [Checkpoints::Background, Checkpoints::InCommit]
+        };
+        for mode in modes {
+            let lat = threaded_latencies(&dir, mode, 8, 1000);
+            match mode {
+                Checkpoints::InCommit => before.extend(lat),
+                _ => after.extend(lat),
+            }
+        }
+    }
+    println!(
+        "append_p50_us_checkpoint_in_commit: {:.0}",
+        percentile(&mut before, 0.50)
+    );
+    println!(
+        "append_p99_us_checkpoint_in_commit: {:.0}",
+        percentile(&mut before, 0.99)
+    );
+    println!("append_p50_us: {:.0}", percentile(&mut after, 0.50));
+    println!("append_p99_us: {:.0}", percentile(&mut after, 0.99));
 
     let store = SqliteEventStore::open(fresh(&dir, "big.db")).expect("open big");
     fill(&store, 10_000);

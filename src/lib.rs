@@ -29,9 +29,9 @@ pub use approvals::{
 };
 pub use cancel::CancelToken;
 pub use events::{
-    append_domain, format_rfc3339_ms, verify_log, AppendResult, DomainEvent, Durability,
-    EventStore, EventStoreError, ExpectedVersion, LogProblem, LogReport, NewEvent, RecordedEvent,
-    SqliteEventStore, StoreOptions, Subscription, UnloadReason,
+    append_domain, format_rfc3339_ms, verify_log, AppendResult, Checkpoints, DomainEvent,
+    Durability, EventStore, EventStoreError, ExpectedVersion, LogProblem, LogReport, NewEvent,
+    RecordedEvent, SqliteEventStore, StoreOptions, Subscription, UnloadReason,
 };
 pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
 pub use inference::{

@@ -29,7 +29,7 @@ mod verify;
 
 pub use domain::{DomainEvent, UnloadReason};
 pub use error::EventStoreError;
-pub use sqlite::{Durability, SqliteEventStore, StoreOptions};
+pub use sqlite::{Checkpoints, Durability, SqliteEventStore, StoreOptions};
 pub use subscription::Subscription;
 pub use time::format_rfc3339_ms;
 pub use verify::{verify_log, LogProblem, LogReport};

@@ -2,8 +2,10 @@
 //!
 //! Here: the store, its settings and the [`EventStore`] implementation. `group` holds group
 //! commit (the queue, the leader, the answers), `sql` the schema, the inserts and the row
-//! decoding, `connection` opening connections and retrying a locked database.
+//! decoding, `connection` opening connections and retrying a locked database, `checkpoint` WAL
+//! checkpoints off the appenders' path.
 
+mod checkpoint;
 mod connection;
 mod group;
 mod sql;
@@ -12,6 +14,8 @@ use super::time::now_ms;
 use super::{
     AppendResult, EventStore, EventStoreError, ExpectedVersion, NewEvent, RecordedEvent, Result,
 };
+use checkpoint::Checkpointer;
+pub use checkpoint::Checkpoints;
 use connection::{open_connection, retry_locked, Role};
 use group::{gather_deadline, AnswerAll, Appender, EndTurn, Pending, Queue, Slot};
 use parking_lot::{Condvar, Mutex};
@@ -59,6 +63,8 @@ pub struct StoreOptions {
     /// How long an append keeps retrying a locked database (with jitter) before it returns
     /// [`EventStoreError::Busy`]; default 30 s.
     pub lock_retry_deadline: Duration,
+    /// Where WAL checkpoints run; default [`Checkpoints::Background`].
+    pub checkpoints: Checkpoints,
 }
 
 impl Default for StoreOptions {
@@ -67,6 +73,7 @@ impl Default for StoreOptions {
             durability: Durability::Full,
             busy_timeout: Duration::from_secs(5),
             lock_retry_deadline: Duration::from_secs(30),
+            checkpoints: Checkpoints::default(),
         }
     }
 }
@@ -103,6 +110,7 @@ pub struct SqliteEventStore {
     commits: Mutex<u64>,
     appended: Condvar,
     readers: Mutex<Vec<Connection>>,
+    checkpointer: Checkpointer,
 }
 
 impl std::fmt::Debug for SqliteEventStore {
@@ -142,7 +150,11 @@ impl SqliteEventStore {
         .inspect_err(|_| {
             let _ = writer.execute_batch("ROLLBACK");
         })?;
+        if options.checkpoints == Checkpoints::Background {
+            checkpoint::install(&writer);
+        }
         Ok(SqliteEventStore {
+            checkpointer: Checkpointer::new(path.clone(), options.clone()),
             path,
             options,
             writer: Mutex::new(Writer {
@@ -271,11 +283,15 @@ impl SqliteEventStore {
         });
         match outcome {
             Ok(results) => {
+                let pages = checkpoint::take_pages();
                 for (p, r) in group.iter().zip(results) {
                     p.answer(r);
                 }
                 *self.commits.lock() += 1;
                 self.appended.notify_all();
+                if self.options.checkpoints == Checkpoints::Background {
+                    self.checkpointer.after_commit(conn, pages);
+                }
             }
             Err(e) => {
                 // rusqlite errors are not Clone: every append of the group gets the same story.
