@@ -10,6 +10,7 @@
 
 mod approvals;
 mod cancel;
+mod domain;
 mod events;
 pub mod ffi;
 mod ids;
@@ -28,10 +29,11 @@ pub use approvals::{
     ApprovalRequest, ApprovalRule, AutoApprove, CallbackApprover, Decided, DenyAll, RuleAction,
 };
 pub use cancel::CancelToken;
+pub use domain::{append_domain, verify_log, DomainEvent, UnloadReason};
 pub use events::{
-    append_domain, format_rfc3339_ms, verify_log, AppendResult, Checkpoints, DomainEvent,
-    Durability, EventStore, EventStoreError, ExpectedVersion, LogProblem, LogReport, NewEvent,
-    RecordedEvent, SqliteEventStore, StoreOptions, Subscription, UnloadReason,
+    format_rfc3339_ms, verify_log_with, AppendResult, Checkpoints, Durability, EventStore,
+    EventStoreError, ExpectedVersion, LogProblem, LogReport, NewEvent, RecordedEvent,
+    SqliteEventStore, StoreOptions, Subscription,
 };
 pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
 pub use inference::{

@@ -7,7 +7,7 @@
 //! loss (see [`Durability`] for exactly what each level promises).
 //!
 //! ```
-//! use correx::{DomainEvent, EventStore, ExpectedVersion, NewEvent, SqliteEventStore};
+//! use correx::{EventStore, ExpectedVersion, NewEvent, SqliteEventStore};
 //! let dir = std::env::temp_dir().join(format!("correx-doc-{}", std::process::id()));
 //! std::fs::create_dir_all(&dir)?;
 //! let store = SqliteEventStore::open(dir.join("events.db"))?;
@@ -20,19 +20,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod domain;
 mod error;
 mod sqlite;
 mod subscription;
 mod time;
 mod verify;
 
-pub use domain::{DomainEvent, UnloadReason};
 pub use error::EventStoreError;
 pub use sqlite::{Checkpoints, Durability, SqliteEventStore, StoreOptions};
 pub use subscription::Subscription;
 pub use time::format_rfc3339_ms;
-pub use verify::{verify_log, LogProblem, LogReport};
+pub use verify::{verify_log_with, LogProblem, LogReport};
 
 use crate::ids::EventId;
 use serde::{Deserialize, Serialize};
@@ -116,16 +114,6 @@ pub struct RecordedEvent {
 }
 
 impl RecordedEvent {
-    /// The typed domain event, or `None` when `type_id` is not one correx knows (the raw event
-    /// is still here to read).
-    ///
-    /// # Errors
-    /// [`EventStoreError::CorruptEvent`] when the type is known but the payload does not match
-    /// its schema.
-    pub fn domain(&self) -> Result<Option<DomainEvent>> {
-        DomainEvent::decode(self)
-    }
-
     /// The timestamp as RFC 3339 UTC with milliseconds, e.g. `2026-11-29T18:54:06.123Z`.
     pub fn timestamp_rfc3339(&self) -> String {
         format_rfc3339_ms(self.timestamp_ms)
@@ -191,16 +179,4 @@ pub trait EventStore: Send + Sync {
     /// # Errors
     /// SQLite errors.
     fn last_position(&self) -> Result<u64>;
-}
-
-/// Appends one typed domain event to `stream` with [`ExpectedVersion::Any`].
-///
-/// # Errors
-/// As [`EventStore::append`].
-pub fn append_domain(
-    store: &dyn EventStore,
-    stream: &str,
-    event: &DomainEvent,
-) -> Result<AppendResult> {
-    store.append(stream, ExpectedVersion::Any, &[event.to_new_event()])
 }

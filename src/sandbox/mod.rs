@@ -22,7 +22,9 @@ mod journal;
 
 use crate::approvals::{ApprovalContext, ApprovalEngine, ApprovalPolicy, ApprovalRequest};
 use crate::cancel::CancelToken;
-use crate::events::{append_domain, DomainEvent, EventStore, EventStoreError, ExpectedVersion};
+pub use crate::domain::session_stream;
+use crate::domain::{append_domain, DomainEvent};
+use crate::events::{EventStore, EventStoreError, ExpectedVersion};
 use crate::tools::{
     ToolErrorKind, ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult,
 };
@@ -35,11 +37,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// The event stream of a session's tool events.
-pub fn session_stream(session_id: &str) -> String {
-    format!("session-{session_id}")
-}
 
 /// Why an executor could not be built.
 #[derive(Debug)]

@@ -42,7 +42,9 @@ use super::{
     ProviderHealth, StreamChunk, StreamControl, Tokenizer,
 };
 use crate::cancel::CancelToken;
-use crate::events::{append_domain, DomainEvent, EventStore, UnloadReason};
+pub use crate::domain::MODEL_STREAM;
+use crate::domain::{append_domain, DomainEvent, UnloadReason};
+use crate::events::EventStore;
 use crate::ids::ProviderId;
 use crate::sys::{self, kill_group};
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -54,9 +56,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
-
-/// The event stream model events go to.
-pub const MODEL_STREAM: &str = "model-manager";
 
 /// Lines of a server's log kept in memory for load errors.
 const LOG_TAIL_LINES: usize = 100;

@@ -1,6 +1,6 @@
 //! The typed events correx itself appends.
 
-use super::{EventStoreError, NewEvent, RecordedEvent, Result};
+use crate::events::{EventStoreError, NewEvent, RecordedEvent, Result};
 use crate::inference::TokenUsage;
 use serde::{Deserialize, Serialize};
 
