@@ -1236,3 +1236,137 @@ fn a_directory_swapped_for_a_symlink_mid_run_cannot_redirect_the_restore() -> Te
     }
     Ok(())
 }
+
+/// A real store whose appends of one event type fail while `failing` is set: the log refusing
+/// a run's outcome (a full disk, say).
+struct RefusingOutcomes {
+    inner: Arc<SqliteEventStore>,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl EventStore for RefusingOutcomes {
+    fn append(
+        &self,
+        stream: &str,
+        expected: correx::ExpectedVersion,
+        events: &[correx::NewEvent],
+    ) -> Result<correx::AppendResult, correx::EventStoreError> {
+        let outcome = events
+            .iter()
+            .any(|e| e.type_id == "tool.execution_completed");
+        if outcome && self.failing.load(Ordering::SeqCst) {
+            return Err(correx::EventStoreError::CommitFailed {
+                detail: "disk full (test)".into(),
+            });
+        }
+        self.inner.append(stream, expected, events)
+    }
+    fn read_stream(
+        &self,
+        stream: &str,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<RecordedEvent>, correx::EventStoreError> {
+        self.inner.read_stream(stream, from, max)
+    }
+    fn read_all(
+        &self,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<RecordedEvent>, correx::EventStoreError> {
+        self.inner.read_all(from, max)
+    }
+    fn last_position(&self) -> Result<u64, correx::EventStoreError> {
+        self.inner.last_position()
+    }
+}
+
+#[test]
+fn an_outcome_the_log_refused_is_recorded_by_the_next_executor() -> TestResult {
+    let rig = Rig::new()?;
+    std::fs::write(rig.tmp.join("f.txt"), "old")?;
+    let refusing = Arc::new(RefusingOutcomes {
+        inner: rig.store.clone(),
+        failing: std::sync::atomic::AtomicBool::new(true),
+    });
+    let write = Arc::new(FileWriteTool::new(&[rig.tmp.path().to_path_buf()])?);
+    let registry = ToolRegistry::build(vec![write as Arc<dyn Tool>])?;
+    let ex = SandboxedToolExecutor::new(
+        Arc::new(DispatchingToolExecutor::new(registry.clone())),
+        registry,
+        Arc::new(AutoApprove::up_to(Tier::T2)),
+        refusing.clone(),
+        rig.work_root.clone(),
+    )?;
+    let r = ex.execute(&req(
+        "file_write",
+        json!({"operation": "write", "path": "f.txt", "content": "new"}),
+    ));
+    assert!(r.is_success(), "{r:?}");
+    drop(ex);
+    assert_eq!(types(&rig.events()?), ["tool.execution_started"]);
+    // The executor kept the run's journal: the next one closes the run from it.
+    let next = rig.executor(vec![], Arc::new(DenyAll))?;
+    assert_eq!(next.recovered().len(), 1);
+    let events = rig.events()?;
+    assert_eq!(
+        types(&events),
+        ["tool.execution_started", "tool.execution_interrupted"]
+    );
+    assert_eq!(events[1].payload["state"], "completed");
+    assert_eq!(std::fs::read_to_string(rig.tmp.join("f.txt"))?, "new");
+    drop(next);
+    assert!(
+        std::fs::read_dir(&rig.work_root)?.next().is_none(),
+        "the working root is left clean"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_run_the_previous_layout_left_is_recovered() -> TestResult {
+    let rig = Rig::new()?;
+    let target = rig.tmp.join("old-layout.txt");
+    std::fs::write(&target, "original")?;
+    let m = std::fs::metadata(&target)?;
+    use std::os::unix::fs::MetadataExt;
+    // What a host of the previous version left when killed mid-run: its directory with a
+    // lock and a manifest, a backup beside the file, the file damaged, and the start in the log.
+    let backup = rig.tmp.join(".old-layout.txt.correx-bak-inv-1");
+    std::fs::copy(&target, &backup)?;
+    let run = rig.work_root.join("s").join("inv-1");
+    std::fs::create_dir_all(&run)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&rig.work_root, std::fs::Permissions::from_mode(0o700))?;
+    std::fs::write(run.join("lock"), "")?;
+    let manifest = json!({
+        "session_id": "s", "invocation_id": "inv-1", "tool_name": "halfway",
+        "entries": [{"path": target, "saved": {"kind": "file", "backup": backup, "identity": {
+            "dev": m.dev(), "ino": m.ino(), "size": m.size(),
+            "mtime_ns": m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            "ctime_ns": m.ctime() * 1_000_000_000 + m.ctime_nsec()}}}]
+    });
+    std::fs::write(run.join("manifest.json"), manifest.to_string())?;
+    let started = correx::DomainEvent::ToolExecutionStarted {
+        session_id: "s".into(),
+        invocation_id: "inv-1".into(),
+        tool_name: "halfway".into(),
+        tier: 2,
+        isolation: None,
+    };
+    correx::append_domain(rig.store.as_ref(), &session_stream("s"), &started)?;
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&target, "damag")?;
+    let ex = rig.executor(vec![], Arc::new(DenyAll))?;
+    assert_eq!(ex.recovered().len(), 1);
+    assert_eq!(std::fs::read_to_string(&target)?, "original");
+    let events = rig.events()?;
+    assert_eq!(
+        types(&events),
+        ["tool.execution_started", "tool.execution_failed"]
+    );
+    assert_eq!(events[1].payload["reason"], "interrupted");
+    assert!(!rig.work_root.join("s").exists(), "the old directory stays");
+    assert!(!backup.exists(), "the old backup stays");
+    Ok(())
+}

@@ -12,6 +12,8 @@
  * - Handles are jlong casts of correx pointers. Java keeps them live for the duration of each
  *   call (see dev.correx.Handle); a 0 handle becomes NULL and correx answers CORREX_E_NULL.
  * - A failure throws dev.correx.CorrexException.of(code, message) and returns a zero value.
+ * - The library is linked -z nodelete: correx's log sink and the thread-exit destructor point
+ *   into it, so it must stay mapped even if its class loader is collected.
  * - Callbacks (approver, stream chunks, log) call a Java bridge object whose methods never throw
  *   (they catch everything and answer deny / stop). A callback arriving on a thread the JVM does
  *   not know (correx's own threads) attaches it as a daemon once; a thread-exit destructor
@@ -34,6 +36,9 @@ static jmethodID g_log;           /* void LogBridge.log(int level, byte[] messag
 static pthread_key_t g_detach_key;
 static jobject g_log_bridge;      /* global ref, or NULL */
 static pthread_mutex_t g_log_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Serializes setLogger as a whole. Not g_log_lock: log_cb takes that inside correx's log sink,
+ * whose own lock correx_set_log_callback takes, so holding both here would invert the order. */
+static pthread_mutex_t g_set_logger_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void detach_thread(void *unused) {
     (void)unused;
@@ -246,6 +251,10 @@ JNIEXPORT void JNICALL Java_dev_correx_Native_setApprover(JNIEnv *env, jclass cl
         return;
     }
     a->bridge = (*env)->NewGlobalRef(env, bridge);
+    if (a->bridge == NULL) {
+        free(a); /* OutOfMemoryError pending */
+        return;
+    }
     int32_t rc = correx_runtime_set_approver(RT(rt), approve_cb, a, approver_free, &err);
     if (rc != CORREX_OK) {
         /* Not registered: the destructor will not run, so release here. */
@@ -534,7 +543,8 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_toolExecute(JNIEnv *env, jcl
 static void log_cb(void *user_data, int32_t level, const char *message) {
     (void)user_data;
     JNIEnv *env = env_for_callback();
-    if (env == NULL) {
+    /* A Java thread with an exception pending (its own) must not call Java: the record drops. */
+    if (env == NULL || (*env)->ExceptionCheck(env)) {
         return;
     }
     pthread_mutex_lock(&g_log_lock);
@@ -558,6 +568,10 @@ JNIEXPORT void JNICALL Java_dev_correx_Native_setLogger(JNIEnv *env, jclass cls,
                                                        jint max_level) {
     (void)cls;
     jobject fresh = bridge == NULL ? NULL : (*env)->NewGlobalRef(env, bridge);
+    if (bridge != NULL && fresh == NULL) {
+        return; /* OutOfMemoryError pending */
+    }
+    pthread_mutex_lock(&g_set_logger_lock);
     pthread_mutex_lock(&g_log_lock);
     jobject old = g_log_bridge;
     g_log_bridge = fresh;
@@ -575,9 +589,12 @@ JNIEXPORT void JNICALL Java_dev_correx_Native_setLogger(JNIEnv *env, jclass cls,
         if (fresh != NULL) {
             (*env)->DeleteGlobalRef(env, fresh);
         }
+        pthread_mutex_unlock(&g_set_logger_lock);
         jclass ex = (*env)->FindClass(env, "java/lang/IllegalStateException");
         if (ex != NULL) {
             (*env)->ThrowNew(env, ex, "correx: another logger owns the log facade");
         }
+        return;
     }
+    pthread_mutex_unlock(&g_set_logger_lock);
 }

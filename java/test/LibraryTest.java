@@ -118,6 +118,23 @@ public final class LibraryTest {
     }
 
     public static void main(String[] args) throws Exception {
+        // A test that hangs fails the run (with every thread's stack) rather than stall CI.
+        Thread watchdog = new Thread(() -> {
+            try {
+                Thread.sleep(TimeUnit.MINUTES.toMillis(10));
+            } catch (InterruptedException e) {
+                return;
+            }
+            System.out.println("FAIL  the tests did not finish in 10 minutes; threads:");
+            Thread.getAllStackTraces().forEach((t, st) -> {
+                System.out.println("  " + t.getName());
+                for (StackTraceElement e : st) System.out.println("    at " + e);
+            });
+            System.out.flush();
+            java.lang.Runtime.getRuntime().halt(2);
+        }, "watchdog");
+        watchdog.setDaemon(true);
+        watchdog.start();
         dir = Files.createTempDirectory("correx-java-test");
         System.out.println("java " + System.getProperty("java.version") + ", correx ABI 0x"
                 + Integer.toHexString(Runtime.abiVersion()));
@@ -191,6 +208,14 @@ public final class LibraryTest {
                 check(log.readStream("cas", 1, 10).size() == 2, "nothing appended by the failures");
             });
 
+            test("lone surrogates and endless timeouts are handled", () -> {
+                expect(InvalidArgumentException.class, () -> log.append("bad\ud800", ExpectedVersion.any(), NewEvent.of("x", 1)));
+                log.append("forever", ExpectedVersion.any(), NewEvent.of("x", 1));
+                try (Subscription sub = log.subscribe(log.lastPosition() - 1)) {
+                    check(sub.next(Duration.ofMillis(Long.MAX_VALUE)).isPresent(), "an event");
+                }
+            });
+
             test("bad input gives exceptions, never a crash", () -> {
                 expect(InvalidArgumentException.class, () -> log.append(null, ExpectedVersion.any(), NewEvent.of("x", 1)));
                 expect(InvalidArgumentException.class, () -> log.append("", ExpectedVersion.any(), NewEvent.of("x", 1)));
@@ -253,11 +278,72 @@ public final class LibraryTest {
             });
         }
 
+        test("JSON is read and written strictly", () -> {
+            for (String bad : new String[] {"01", "-", "1.", ".5", "1e", "\"\\u+041\"", "\"\\u-001\"", "1e400", "[1,]", "{\"a\" 1}", "tru"}) {
+                expect(InvalidArgumentException.class, () -> Json.parse(bad));
+            }
+            check(Json.parse("-0.5e2").equals(-50.0) && Json.parse("12").equals(12L), "numbers");
+            check(Json.parse("\"\\ud83d\\ude80 \\u00e9\"").equals("\ud83d\ude80 \u00e9"), "escapes");
+            check(Json.write(Map.of("f", 0.1f)).equals("{\"f\":0.1}"), "a float " + Json.write(Map.of("f", 0.1f)));
+            check(Json.write(List.of("a\"b\n", 1, true)).equals("[\"a\\\"b\\n\",1,true]"), "strings");
+            check(Json.parse(Json.write(Map.of("k", List.of(1L, "x")))).equals(Map.of("k", List.of(1L, "x"))), "round trip");
+        });
+
         test("a runtime opens from a map config too", () -> {
             Path d = dir.resolve("map");
             Files.createDirectories(d);
             try (Runtime rt = Runtime.open(Map.of("event_log", d.resolve("events.db").toString()))) {
                 check(rt.events().lastPosition() == 0 && !rt.isClosed(), "fresh log");
+            }
+        });
+
+        test("a callback calling its runtime while a close waits gets ClosedException, not a hang", () -> {
+            Runtime rt = config("reentry").build();
+            AtomicReference<String> seen = new AtomicReference<>("not asked");
+            CountDownLatch asked = new CountDownLatch(1);
+            rt.setApprover(r -> {
+                asked.countDown();
+                while (!rt.isClosed()) Thread.sleep(5);
+                try {
+                    rt.events().lastPosition();
+                    seen.set("answered");
+                } catch (ClosedException e) {
+                    seen.set("closed");
+                }
+                return Decision.APPROVE;
+            });
+            Thread runner = new Thread(() -> rt.tools().execute(ToolRequest.of("s", "file_write",
+                    params("operation", "write", "path", "r.txt", "content", "x"))));
+            runner.start();
+            check(asked.await(20, TimeUnit.SECONDS), "the approver was never asked");
+            Thread closer = new Thread(rt::close);
+            closer.start();
+            closer.join(20_000);
+            runner.join(20_000);
+            check(!closer.isAlive() && !runner.isAlive(), "a close and a callback deadlocked");
+            check(seen.get().equals("closed"), "the callback saw " + seen.get());
+        });
+
+        test("a cancel gets through while a close of its flag waits for the call using it", () -> {
+            try (Runtime rt = config("cancel-close").build()) {
+                rt.setApprover(r -> Decision.APPROVE);
+                Cancellation c = new Cancellation();
+                AtomicReference<ToolResult> result = new AtomicReference<>();
+                Thread runner = new Thread(() -> result.set(rt.tools().execute(
+                        ToolRequest.of("s", "shell", params("argv", List.of("sleep", "30"))), c)));
+                runner.start();
+                while (rt.events().readStream("session-s", 1, 10).stream().noneMatch(e -> e.typeId().equals("tool.execution_started"))) {
+                    Thread.sleep(5);
+                }
+                Thread closer = new Thread(c::close);
+                closer.start();
+                while (!c.isClosed()) Thread.sleep(5);
+                c.cancel();
+                runner.join(10_000);
+                closer.join(10_000);
+                check(!runner.isAlive() && !closer.isAlive(), "still waiting");
+                check("cancelled".equals(result.get().kind()), "result " + result.get());
+                expect(ClosedException.class, c::cancel);
             }
         });
 

@@ -367,6 +367,8 @@ impl<'a> BackupSet<'a> {
             .find_map(|l| copy(l).err().map(|e| (l.entry.path(), e)));
         if let Some((path, e)) = failed {
             set.discard();
+            // Never started: nothing for a recovery to close.
+            set.finish();
             return Err(format!(
                 "backup of {} failed, the tool did not run: {e}",
                 path.display()
@@ -377,16 +379,23 @@ impl<'a> BackupSet<'a> {
     }
 
     /// The tool succeeded: the journal is marked committed first (from here a crash cannot
-    /// turn the success into a rollback), then the backups go.
-    pub fn commit(&mut self) {
+    /// turn the success into a rollback), then the backups go. When the mark cannot be
+    /// written nothing is dropped: the caller restores.
+    pub fn commit(&mut self) -> std::io::Result<()> {
         if let Some(j) = &self.journal {
-            if let Err(e) = j.commit() {
-                log::error!("marking a sandboxed run committed: {e}");
-            }
+            j.commit()?;
         }
         super::seam("committed");
         self.discard();
         super::seam("discarded");
+        Ok(())
+    }
+
+    /// The run's outcome is recorded: its journal is done with (and reused).
+    pub fn finish(&mut self) {
+        if let Some(j) = self.journal.take() {
+            j.finish();
+        }
     }
 
     /// The tool never ran: drops the backups without restoring.
@@ -434,6 +443,8 @@ impl<'a> BackupSet<'a> {
 }
 
 impl Drop for BackupSet<'_> {
+    /// Restores unless committed; a journal not [`BackupSet::finish`]ed stays open for the
+    /// next executor's recovery (its outcome was never recorded).
     fn drop(&mut self) {
         for e in self.restore() {
             log::error!("{e}");
@@ -560,7 +571,10 @@ pub(crate) fn restore(entry: &Entry, dir: RawFd, blobs: &[u8]) -> io::Result<Res
                 .zip(usize::try_from(offset.saturating_add(*len)).ok())
                 .and_then(|(a, b)| blobs.get(a..b))
                 .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "journal cut short"))?;
-            let tmp = with_suffix(&entry.name, ".correx-bak-restore.tmp");
+            let tmp = with_suffix(
+                &entry.name,
+                &format!(".correx-bak-restore-{}.tmp", crate::ids::random_uuid()),
+            );
             let _ = unlinkat(dir, &tmp);
             let written = create_in(dir, &tmp, *mode)
                 .and_then(|mut f| f.write_all(bytes))

@@ -51,10 +51,13 @@ pub(crate) struct Journals {
     _lock: File,
     next: AtomicU64,
     idle: parking_lot::Mutex<Vec<File>>,
+    /// A run's outcome went unrecorded: its journal stays open, and so does the directory,
+    /// for the next executor's recovery.
+    keep: std::sync::atomic::AtomicBool,
 }
 
 /// An exclusive advisory lock on `dir/lock`; `None` when another process holds it.
-fn lock(dir: &Path, create: bool) -> io::Result<Option<File>> {
+pub(crate) fn lock(dir: &Path, create: bool) -> io::Result<Option<File>> {
     use std::os::fd::AsRawFd;
     let f = std::fs::OpenOptions::new()
         .create(create)
@@ -75,23 +78,30 @@ fn lock(dir: &Path, create: bool) -> io::Result<Option<File>> {
 }
 
 impl Journals {
-    /// A fresh private directory under `work_root`, locked.
+    /// A fresh private directory under `work_root`, locked. It is made and locked under a
+    /// name recovery does not look at, then renamed into view: a recovery never sees it
+    /// unlocked.
     pub fn create(work_root: &Path) -> io::Result<Journals> {
         use std::os::unix::fs::DirBuilderExt;
-        let dir = work_root.join(format!("{DIR_PREFIX}{}", crate::ids::random_uuid()));
-        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        let held = lock(&dir, true).and_then(|l| {
-            l.ok_or_else(|| io::Error::other("a fresh journal directory was already locked"))
-        });
+        let id = crate::ids::random_uuid();
+        let fresh = work_root.join(format!(".new-{id}"));
+        let dir = work_root.join(format!("{DIR_PREFIX}{id}"));
+        std::fs::DirBuilder::new().mode(0o700).create(&fresh)?;
+        let held = lock(&fresh, true)
+            .and_then(|l| {
+                l.ok_or_else(|| io::Error::other("a fresh journal directory was already locked"))
+            })
+            .and_then(|l| std::fs::rename(&fresh, &dir).map(|()| l));
         match held {
             Ok(l) => Ok(Journals {
                 dir,
                 _lock: l,
                 next: AtomicU64::new(0),
                 idle: parking_lot::Mutex::new(Vec::new()),
+                keep: std::sync::atomic::AtomicBool::new(false),
             }),
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = std::fs::remove_dir_all(&fresh);
                 Err(e)
             }
         }
@@ -108,7 +118,9 @@ impl Journals {
 
 impl Drop for Journals {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.keep.load(Ordering::Acquire) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -126,7 +138,9 @@ impl<'a> Run<'a> {
         let len = u32::try_from(json.len())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "manifest too large"))?;
         let mut bytes = Vec::with_capacity(5 + json.len() + blobs.len());
-        bytes.push(PENDING);
+        // Written idle, then made pending with one byte: a write cut short leaves no pending
+        // journal over an earlier run's bytes.
+        bytes.push(IDLE);
         bytes.extend_from_slice(&len.to_le_bytes());
         bytes.extend_from_slice(&json);
         bytes.extend_from_slice(blobs);
@@ -148,11 +162,13 @@ impl<'a> Run<'a> {
             blobs: blobs.to_vec(),
         };
         journal.file()?.write_all_at(&bytes, 0)?;
+        journal.file()?.write_all_at(&[PENDING], 0)?;
         Ok(journal)
     }
 }
 
-/// One run's journal, marked idle and kept for the next run when dropped.
+/// One run's journal: [`Journal::finish`] marks it idle and keeps it for the next run; dropped
+/// unfinished, it stays as it is (pending or committed) for recovery.
 pub(crate) struct Journal<'a> {
     file: Option<File>,
     journals: &'a Journals,
@@ -177,14 +193,27 @@ impl Journal<'_> {
     }
 }
 
-impl Drop for Journal<'_> {
-    fn drop(&mut self) {
+impl Journal<'_> {
+    /// The run's outcome is recorded: idle, and back in the pool.
+    pub fn finish(mut self) {
         let Some(f) = self.file.take() else { return };
         match f.write_all_at(&[IDLE], 0) {
             Ok(()) => self.journals.idle.lock().push(f),
-            // Left pending: recovery of this directory would replay a finished run, so the
-            // directory must not outlive a failure to close it; log it loudly.
-            Err(e) => log::error!("closing a sandbox journal: {e}"),
+            // Still open: recovery closes it later, finding the outcome in the log.
+            Err(e) => {
+                log::error!("closing a sandbox journal: {e}");
+                self.journals.keep.store(true, Ordering::Release);
+            }
+        }
+    }
+}
+
+impl Drop for Journal<'_> {
+    fn drop(&mut self) {
+        // Not finished: the outcome is not in the log. The journal (and its directory) stay
+        // for the next executor's recovery.
+        if self.file.take().is_some() {
+            self.journals.keep.store(true, Ordering::Release);
         }
     }
 }
@@ -204,7 +233,25 @@ pub(crate) fn dead(work_root: &Path) -> io::Result<Vec<Dead>> {
     for d in std::fs::read_dir(work_root)? {
         let d = d?;
         let name = d.file_name();
-        if !name.to_string_lossy().starts_with(DIR_PREFIX) || !d.file_type()?.is_dir() {
+        let name = name.to_string_lossy();
+        if !d.file_type()?.is_dir() {
+            continue;
+        }
+        // A directory an executor died making (before it was renamed into view): one making
+        // it now holds it for microseconds, so only an old one is removed.
+        if name.starts_with(".new-") {
+            let old = d
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > std::time::Duration::from_secs(60));
+            if old && !matches!(lock(&d.path(), false), Ok(None)) {
+                let _ = std::fs::remove_dir_all(d.path());
+            }
+            continue;
+        }
+        if !name.starts_with(DIR_PREFIX) {
             continue;
         }
         let dir = d.path();
@@ -213,7 +260,13 @@ pub(crate) fn dead(work_root: &Path) -> io::Result<Vec<Dead>> {
             continue;
         };
         let mut found = Vec::new();
-        for j in std::fs::read_dir(&dir)?.flatten() {
+        let journals = match std::fs::read_dir(&dir) {
+            Ok(j) => j,
+            // Another recovery removed it meanwhile.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for j in journals.flatten() {
             if j.file_name().to_string_lossy().ends_with(SUFFIX) {
                 found.push(std::fs::read(j.path()).ok().and_then(|b| parse(&b)));
             }

@@ -19,6 +19,7 @@
 
 mod backup;
 mod journal;
+mod legacy;
 
 use crate::approvals::{ApprovalContext, ApprovalEngine, ApprovalPolicy, ApprovalRequest};
 use crate::cancel::CancelToken;
@@ -73,6 +74,14 @@ impl std::error::Error for SandboxError {
             SandboxError::Events(e) => Some(e),
         }
     }
+}
+
+/// What recovering one run came to.
+enum Closed {
+    /// Closed (or nothing to close), with what was restored when it was recorded here.
+    Yes(Option<Recovered>),
+    /// Its files could not be put back yet: its journal stays for the next recovery.
+    Later,
 }
 
 /// What an interrupted invocation found at construction came to.
@@ -265,17 +274,32 @@ impl SandboxedToolExecutor {
         })?;
         let mut out = Vec::new();
         for d in dead {
+            let mut keep = false;
             for f in d.journals.into_iter().flatten() {
-                if let Some(r) = self.recover_one(f)? {
-                    out.push(r);
+                match self.recover_one(f)? {
+                    Closed::Yes(Some(r)) => out.push(r),
+                    Closed::Yes(None) => {}
+                    Closed::Later => keep = true,
                 }
             }
-            let _ = std::fs::remove_dir_all(&d.dir);
+            // A run whose files could not be put back keeps its journal for the next try.
+            if !keep {
+                let _ = std::fs::remove_dir_all(&d.dir);
+            }
+        }
+        for old in legacy::dead_runs(&self.work_root) {
+            if let Closed::Yes(r) = self.recover_one(old.found)? {
+                out.extend(r);
+                let _ = std::fs::remove_dir_all(&old.dir);
+                if let Some(session) = old.dir.parent() {
+                    let _ = std::fs::remove_dir(session);
+                }
+            }
         }
         Ok(out)
     }
 
-    fn recover_one(&self, found: journal::Found) -> Result<Option<Recovered>, SandboxError> {
+    fn recover_one(&self, found: journal::Found) -> Result<Closed, SandboxError> {
         let m = found.manifest;
         let entries: Vec<_> = m.entries.iter().filter(|e| e.plausible()).collect();
         backup::remove_strays(&m.entries);
@@ -291,11 +315,12 @@ impl SandboxedToolExecutor {
                 }
             }
             if started.is_none() || closed {
-                return Ok(None);
+                return Ok(Closed::Yes(None));
             }
         }
         let mut restored = Vec::new();
         let mut failed = Vec::new();
+        let mut retry = false;
         if !found.committed {
             for e in &entries {
                 let done = e.open_dir().and_then(|d| {
@@ -304,15 +329,34 @@ impl SandboxedToolExecutor {
                 match done {
                     Ok(backup::Restored::Yes) => restored.push(e.path()),
                     Ok(backup::Restored::Unchanged | backup::Restored::NoBackup) => {}
-                    Err(err) => {
+                    // A backup a power loss left short can never be restored: dropped.
+                    Err(err) if err.kind() == std::io::ErrorKind::InvalidData => {
                         log::error!("restoring {}: {err}", e.path().display());
                         failed.push(e.path());
                         let _ = backup::discard(e);
                     }
+                    // Anything else (no space, no permission) may pass: the backup and the
+                    // journal stay, and the next executor on this root tries again.
+                    Err(err) => {
+                        log::error!(
+                            "restoring {}: {err}; the backup is kept for the next recovery",
+                            e.path().display()
+                        );
+                        retry = true;
+                    }
                 }
             }
         }
-        let (session_id, invocation_id, tool_name) = (m.session_id, m.invocation_id, m.tool_name);
+        if retry {
+            return Ok(Closed::Later);
+        }
+        // A run of the old layout that stopped before its manifest names its tool only in the log.
+        let tool_name = if m.tool_name.is_empty() {
+            started.unwrap_or_default()
+        } else {
+            m.tool_name
+        };
+        let (session_id, invocation_id) = (m.session_id, m.invocation_id);
         let event = if found.committed || (restored.is_empty() && failed.is_empty()) {
             DomainEvent::ToolExecutionInterrupted {
                 session_id: session_id.clone(),
@@ -336,19 +380,32 @@ impl SandboxedToolExecutor {
             }
         };
         // At the version read: a recovery racing this one on the same log records it once.
-        match self.events.append(
-            &stream,
-            ExpectedVersion::Exact(version),
-            &[event.to_new_event()],
-        ) {
-            Ok(_) | Err(EventStoreError::WrongExpectedVersion { .. }) => {}
-            Err(e) => return Err(SandboxError::Events(e)),
+        // Another event of the session meanwhile moves the version: read again, and append
+        // unless the run was closed by then.
+        let mut version = version;
+        for _ in 0..100 {
+            match self.events.append(
+                &stream,
+                ExpectedVersion::Exact(version),
+                &[event.to_new_event()],
+            ) {
+                Ok(_) => break,
+                Err(EventStoreError::WrongExpectedVersion { .. }) => {
+                    let (_, now, closed) = run_state(self.events.as_ref(), &stream, &invocation_id)
+                        .map_err(SandboxError::Events)?;
+                    if closed {
+                        break;
+                    }
+                    version = now;
+                }
+                Err(e) => return Err(SandboxError::Events(e)),
+            }
         }
-        Ok(Some(Recovered {
+        Ok(Closed::Yes(Some(Recovered {
             session_id,
             invocation_id,
             restored,
-        }))
+        })))
     }
 
     /// Runs `request` as [`ToolExecutor::execute`] does, asking approval with `context`.
@@ -542,8 +599,12 @@ impl SandboxedToolExecutor {
                 kind: Some(kind.as_str().to_owned()),
             },
         };
-        if let Err(e) = record(event) {
-            log::error!("recording the end of invocation {id}: {e}");
+        match record(event) {
+            // Recorded: the journal is done with.
+            Ok(_) => backups.finish(),
+            // Not recorded: the journal stays open, so the next executor on this root closes
+            // the run from what it says.
+            Err(e) => log::error!("recording the end of invocation {id}: {e}"),
         }
         seam("outcome");
         drop(backups);
@@ -574,8 +635,22 @@ impl SandboxedToolExecutor {
         match result {
             ToolResult::Success { .. } => {
                 seam("tool");
-                backups.commit();
-                result
+                match backups.commit() {
+                    Ok(()) => result,
+                    // Without its commit mark a crash would roll the change back: roll it back
+                    // now, and say so.
+                    Err(e) => {
+                        let mut reason = format!(
+                            "the tool succeeded, but its commit could not be recorded in the \
+                             sandbox journal ({e}); its change was rolled back"
+                        );
+                        for err in backups.restore() {
+                            reason.push_str("; ");
+                            reason.push_str(&err);
+                        }
+                        ToolResult::failure_of(id, ToolErrorKind::Io, reason, true)
+                    }
+                }
             }
             ToolResult::Failure {
                 invocation_id,

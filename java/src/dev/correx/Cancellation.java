@@ -13,9 +13,18 @@ public final class Cancellation implements AutoCloseable {
         handle = new Handle("cancellation", Native.cancelNew());
     }
 
-    /** Asks every call using this flag to stop; they throw {@link CancelledException} soon after. */
+    /**
+     * Asks every call using this flag to stop; they throw {@link CancelledException} soon after.
+     * Never waits, also while a {@link #close()} waits for those calls.
+     *
+     * @throws ClosedException when the flag was already freed
+     */
     public void cancel() {
-        try (Handle.Use u = handle.use()) {
+        Handle.Use u = handle.tryUse();
+        if (u == null) {
+            throw new ClosedException(CorrexException.E_CLOSED, "this cancellation is closed");
+        }
+        try (u) {
             Native.cancelTrigger(u.ptr);
         }
     }
@@ -25,6 +34,11 @@ public final class Cancellation implements AutoCloseable {
         try (Handle.Use u = handle.use()) {
             Native.cancelReset(u.ptr);
         }
+    }
+
+    /** Whether a close began. */
+    public boolean isClosed() {
+        return handle.isClosed();
     }
 
     /** Frees the flag, after the calls using it returned. Idempotent. */

@@ -77,7 +77,12 @@ public final class Json {
             if (Double.isNaN(d) || Double.isInfinite(d)) {
                 throw new InvalidArgumentException(CorrexException.E_INVALID_ARGUMENT, "JSON has no " + d);
             }
-            b.append(d == Math.rint(d) && Math.abs(d) < 1e15 ? Long.toString((long) d) : Double.toString(d));
+            if (d == Math.rint(d) && Math.abs(d) < 1e15) {
+                b.append((long) d);
+            } else {
+                // A float's own shortest form, not its widened double's.
+                b.append(v instanceof Float ? Float.toString((Float) v) : Double.toString(d));
+            }
         } else if (v instanceof Number) {
             b.append(v);
         } else if (v instanceof Map) {
@@ -248,15 +253,18 @@ public final class Json {
                         case 'n': b.append('\n'); break;
                         case 'r': b.append('\r'); break;
                         case 't': b.append('\t'); break;
-                        case 'u':
+                        case 'u': {
                             if (i + 4 > s.length()) throw error("short \\u escape");
-                            try {
-                                b.append((char) Integer.parseInt(s.substring(i, i + 4), 16));
-                            } catch (NumberFormatException x) {
-                                throw error("bad \\u escape");
+                            int code = 0;
+                            for (int k = 0; k < 4; k++) {
+                                int digit = Character.digit(s.charAt(i + k), 16);
+                                if (digit < 0) throw error("bad \\u escape");
+                                code = code * 16 + digit;
                             }
+                            b.append((char) code);
                             i += 4;
                             break;
+                        }
                         default: throw error("bad escape");
                     }
                 } else if (c < 0x20) {
@@ -267,31 +275,44 @@ public final class Json {
             }
         }
 
+        private int digits() {
+            int from = i;
+            while (i < s.length() && s.charAt(i) >= '0' && s.charAt(i) <= '9') i++;
+            return i - from;
+        }
+
+        /** RFC 8259's number: -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)? */
         Object number() {
             int start = i;
             if (s.charAt(i) == '-') i++;
+            int intStart = i;
+            if (digits() == 0) throw error("a number needs digits");
+            if (s.charAt(intStart) == '0' && i - intStart > 1) throw error("a number has no leading zeros");
             boolean integral = true;
-            while (i < s.length()) {
-                char c = s.charAt(i);
-                if (c >= '0' && c <= '9') {
-                    i++;
-                } else if (c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-') {
-                    integral = false;
-                    i++;
-                } else {
-                    break;
-                }
+            if (i < s.length() && s.charAt(i) == '.') {
+                i++;
+                integral = false;
+                if (digits() == 0) throw error("a fraction needs digits");
+            }
+            if (i < s.length() && (s.charAt(i) == 'e' || s.charAt(i) == 'E')) {
+                i++;
+                integral = false;
+                if (i < s.length() && (s.charAt(i) == '+' || s.charAt(i) == '-')) i++;
+                if (digits() == 0) throw error("an exponent needs digits");
             }
             String t = s.substring(start, i);
-            try {
-                if (integral) {
-                    BigInteger big = new BigInteger(t);
-                    return big.bitLength() < 64 ? (Object) big.longValue() : big;
-                }
-                return new BigDecimal(t).doubleValue();
-            } catch (NumberFormatException x) {
-                throw error("bad number " + t);
+            if (integral) {
+                BigInteger big = new BigInteger(t);
+                return big.bitLength() < 64 ? (Object) big.longValue() : big;
             }
+            double d;
+            try {
+                d = new BigDecimal(t).doubleValue();
+            } catch (NumberFormatException | ArithmeticException x) {
+                throw error("the number " + t + " is out of range");
+            }
+            if (Double.isInfinite(d)) throw error("the number " + t + " is out of range");
+            return d;
         }
     }
 

@@ -71,7 +71,10 @@ final class Native {
         }
     }
 
-    /** UTF-8 bytes of {@code s}, refusing null and NUL characters (C strings end at NUL). */
+    /**
+     * UTF-8 bytes of {@code s}, refusing null, NUL characters (C strings end at NUL) and lone
+     * surrogates (which have no UTF-8; a silent '?' would change an id).
+     */
     static byte[] utf8(String s, String what) {
         if (s == null) {
             throw new InvalidArgumentException(CorrexException.E_NULL, what + " is null");
@@ -79,7 +82,18 @@ final class Native {
         if (s.indexOf('\0') >= 0) {
             throw new InvalidArgumentException(CorrexException.E_INVALID_ARGUMENT, what + " holds a NUL character");
         }
-        return s.getBytes(StandardCharsets.UTF_8);
+        try {
+            java.nio.ByteBuffer b = StandardCharsets.UTF_8.newEncoder()
+                    .onMalformedInput(java.nio.charset.CodingErrorAction.REPORT)
+                    .onUnmappableCharacter(java.nio.charset.CodingErrorAction.REPORT)
+                    .encode(java.nio.CharBuffer.wrap(s));
+            byte[] out = new byte[b.remaining()];
+            b.get(out);
+            return out;
+        } catch (java.nio.charset.CharacterCodingException e) {
+            throw new InvalidArgumentException(
+                    CorrexException.E_INVALID_ARGUMENT, what + " holds a lone surrogate, which UTF-8 cannot carry");
+        }
     }
 
     static String text(byte[] b) {

@@ -128,10 +128,17 @@ public final class Runtime implements AutoCloseable {
      */
     @Override
     public void close() {
+        if (handle.usedByThisThread()) {
+            throw new IllegalStateException("a runtime cannot be closed from inside one of its calls (a callback)");
+        }
         for (Subscription s : new ArrayList<>(subscriptions)) {
             s.close();
         }
         handle.close(Native::runtimeFree);
+        // A subscribe that was under way when the close began tracks its subscription late.
+        for (Subscription s : new ArrayList<>(subscriptions)) {
+            s.close();
+        }
     }
 
     Subscription track(Subscription s) {

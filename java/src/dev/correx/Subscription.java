@@ -37,7 +37,13 @@ public final class Subscription implements AutoCloseable, Iterable<Event> {
         if (timeout == null) {
             throw new InvalidArgumentException(CorrexException.E_NULL, "timeout is null");
         }
-        long deadline = System.nanoTime() + Math.max(0, timeout.toNanos());
+        long nanos;
+        try {
+            nanos = Math.max(0, timeout.toNanos());
+        } catch (ArithmeticException forever) {
+            nanos = Long.MAX_VALUE / 2;
+        }
+        long deadline = System.nanoTime() + Math.min(nanos, Long.MAX_VALUE / 2);
         while (true) {
             long left = Math.max(0, (deadline - System.nanoTime()) / 1_000_000);
             int slice = (int) Math.min(left, SLICE_MS);
