@@ -1370,3 +1370,31 @@ fn a_run_the_previous_layout_left_is_recovered() -> TestResult {
     assert!(!backup.exists(), "the old backup stays");
     Ok(())
 }
+
+#[test]
+fn a_write_through_a_symlinked_directory_inside_the_root_is_backed_up_at_its_real_path(
+) -> TestResult {
+    let rig = Rig::new()?;
+    let real = rig.tmp.join("real");
+    std::fs::create_dir_all(&real)?;
+    std::os::unix::fs::symlink("real", rig.tmp.join("link"))?;
+    std::fs::write(real.join("f.txt"), "old")?;
+    let write = Arc::new(FileWriteTool::new(&[rig.tmp.path().to_path_buf()])?);
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    let approver = CallbackApprover::new(move |req: &ApprovalRequest, _: &ApprovalContext| {
+        seen2.lock().extend(req.paths.iter().cloned());
+        Ok(true)
+    });
+    let ex = rig.executor(vec![write], Arc::new(approver))?;
+    let r = ex.execute(&req(
+        "file_write",
+        json!({"operation": "write", "path": "link/f.txt", "content": "new"}),
+    ));
+    assert!(r.is_success(), "{r:?}");
+    assert_eq!(std::fs::read_to_string(real.join("f.txt"))?, "new");
+    // The approver and the backup see the real path, not the link.
+    let canonical = std::fs::canonicalize(&real)?.join("f.txt");
+    assert_eq!(*seen.lock(), vec![canonical]);
+    rig.assert_clean(&real)
+}

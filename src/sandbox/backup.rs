@@ -133,12 +133,20 @@ impl Entry {
     /// directory was resolved to its real path when the backup was planned, so a symlink there
     /// now is something swapped in since.
     pub fn open_dir(&self) -> io::Result<OwnedFd> {
-        let mut fd = openat(
-            libc::AT_FDCWD,
-            self.root.as_os_str(),
-            libc::O_PATH | libc::O_DIRECTORY,
-            0,
-        )?;
+        self.open_dir_from(None)
+    }
+
+    /// As [`Entry::open_dir`], from `root` (this entry's root, held open) when given.
+    fn open_dir_from(&self, root: Option<&OwnedFd>) -> io::Result<OwnedFd> {
+        let mut fd = match root {
+            Some(r) => r.try_clone()?,
+            None => openat(
+                libc::AT_FDCWD,
+                self.root.as_os_str(),
+                libc::O_PATH | libc::O_DIRECTORY,
+                0,
+            )?,
+        };
         for c in self.dir.components() {
             let Component::Normal(c) = c else {
                 return Err(io::Error::new(
@@ -152,6 +160,32 @@ impl Entry {
                 libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
                 0,
             )?;
+        }
+        Ok(fd)
+    }
+}
+
+/// The roots runs back up under, each opened once and held (as the file tools hold theirs).
+#[derive(Default)]
+pub(crate) struct RootFds {
+    open: parking_lot::Mutex<std::collections::HashMap<PathBuf, std::sync::Arc<OwnedFd>>>,
+}
+
+impl RootFds {
+    fn get(&self, root: &Path) -> io::Result<std::sync::Arc<OwnedFd>> {
+        if let Some(fd) = self.open.lock().get(root) {
+            return Ok(fd.clone());
+        }
+        let fd = std::sync::Arc::new(openat(
+            libc::AT_FDCWD,
+            root.as_os_str(),
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )?);
+        let mut open = self.open.lock();
+        // A handful of roots in practice; a runaway set of them is not kept.
+        if open.len() < 64 {
+            open.insert(root.to_path_buf(), fd.clone());
         }
         Ok(fd)
     }
@@ -324,12 +358,14 @@ impl<'a> BackupSet<'a> {
         run: Run<'a>,
         paths: &[PathBuf],
         roots: &[PathBuf],
+        root_fds: &RootFds,
         tag: &str,
     ) -> Result<BackupSet<'a>, String> {
         let mut live = Vec::with_capacity(paths.len());
         let mut blobs: Vec<u8> = Vec::new();
         for p in paths {
             let planned = place(p, roots).and_then(|(root, dir, name)| {
+                let root_fd = root_fds.get(&root)?;
                 plan(
                     Entry {
                         root,
@@ -337,6 +373,7 @@ impl<'a> BackupSet<'a> {
                         name,
                         saved: Saved::Absent,
                     },
+                    &root_fd,
                     tag,
                     &mut blobs,
                 )
@@ -454,8 +491,8 @@ impl Drop for BackupSet<'_> {
 }
 
 /// What is at `entry`'s path now, read through its directory; small files into `blobs`.
-fn plan(mut entry: Entry, tag: &str, blobs: &mut Vec<u8>) -> io::Result<Live> {
-    let dir = match entry.open_dir() {
+fn plan(mut entry: Entry, root: &OwnedFd, tag: &str, blobs: &mut Vec<u8>) -> io::Result<Live> {
+    let dir = match entry.open_dir_from(Some(root)) {
         Ok(d) => d,
         // The tool may create the directory; a restore then removes what it put at the path.
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Live { entry, dir: None }),
@@ -484,11 +521,25 @@ fn plan(mut entry: Entry, tag: &str, blobs: &mut Vec<u8>) -> io::Result<Live> {
                 // The identity of what was read, not of what the lstat saw a moment earlier.
                 let st = fstat(f.as_raw_fd())?;
                 let offset = blobs.len() as u64;
-                blobs.reserve(st.st_size as usize + 1);
-                Read::by_ref(&mut f)
-                    .take(INLINE_MAX + 1)
-                    .read_to_end(blobs)?;
-                let len = blobs.len() as u64 - offset;
+                // One read of one byte more than the size: a short read is the end.
+                let want = st.st_size as usize + 1;
+                let start = blobs.len();
+                blobs.resize(start + want, 0);
+                let mut got = 0;
+                while got < want {
+                    match f.read(&mut blobs[start + got..]) {
+                        Ok(0) => break,
+                        Ok(n) if n < want - got => {
+                            got += n;
+                            break;
+                        }
+                        Ok(n) => got += n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                blobs.truncate(start + got);
+                let len = got as u64;
                 if len != st.st_size as u64 {
                     return Err(io::Error::new(
                         io::ErrorKind::Interrupted,

@@ -138,9 +138,10 @@ impl<'a> Run<'a> {
         let len = u32::try_from(json.len())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "manifest too large"))?;
         let mut bytes = Vec::with_capacity(5 + json.len() + blobs.len());
-        // Written idle, then made pending with one byte: a write cut short leaves no pending
-        // journal over an earlier run's bytes.
-        bytes.push(IDLE);
+        // One write. Cut short by a kill, it may leave "pending" over a mix of this run's and
+        // an earlier run's bytes: harmless, since this run's start is recorded only after the
+        // write returned, and recovery acts only on a run whose start is in the log.
+        bytes.push(PENDING);
         bytes.extend_from_slice(&len.to_le_bytes());
         bytes.extend_from_slice(&json);
         bytes.extend_from_slice(blobs);
@@ -162,7 +163,6 @@ impl<'a> Run<'a> {
             blobs: blobs.to_vec(),
         };
         journal.file()?.write_all_at(&bytes, 0)?;
-        journal.file()?.write_all_at(&[PENDING], 0)?;
         Ok(journal)
     }
 }

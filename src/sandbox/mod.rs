@@ -103,6 +103,7 @@ pub struct SandboxedToolExecutor {
     events: Arc<dyn EventStore>,
     work_root: PathBuf,
     journals: Journals,
+    root_fds: backup::RootFds,
     locks: Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
     recovered: Vec<Recovered>,
 }
@@ -242,6 +243,7 @@ impl SandboxedToolExecutor {
             events,
             work_root,
             journals,
+            root_fds: backup::RootFds::default(),
             locks: Mutex::new(HashMap::new()),
             recovered: Vec::new(),
         };
@@ -544,7 +546,7 @@ impl SandboxedToolExecutor {
         });
         let id_part = safe_component(id.as_str());
         let tag = crate::text::prefix(&id_part, 40);
-        let mut backups = match BackupSet::take(run, &paths, &roots, tag) {
+        let mut backups = match BackupSet::take(run, &paths, &roots, &self.root_fds, tag) {
             Ok(b) => b,
             Err(reason) => return reject(decided_event, ToolErrorKind::Io, reason.clone(), reason),
         };

@@ -208,6 +208,17 @@ pub(crate) fn openat(dir: RawFd, path: &OsStr, flags: i32, mode: u32) -> io::Res
 }
 
 fn openat2_beneath(dir: RawFd, path: &OsStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    openat2_resolve(dir, path, flags, mode, 0)
+}
+
+/// `openat2` beneath `dir` with no magic links, and `extra` resolve flags.
+fn openat2_resolve(
+    dir: RawFd,
+    path: &OsStr,
+    flags: i32,
+    mode: u32,
+    extra: u64,
+) -> io::Result<OwnedFd> {
     let c = cstr(path)?;
     // SAFETY: open_how is plain data; zero is a valid value for every field.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
@@ -217,7 +228,7 @@ fn openat2_beneath(dir: RawFd, path: &OsStr, flags: i32, mode: u32) -> io::Resul
     } else {
         0
     };
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS | extra;
     let mut again = 0;
     loop {
         // SAFETY: openat2 reads `how` (size given) and the NUL-terminated path; dir is open.
@@ -485,6 +496,31 @@ impl Roots {
     /// # Errors
     /// As [`Roots::open_parent`].
     pub fn entry_path(&self, loc: &Located) -> Result<PathBuf, ConfineError> {
+        // A path of plain names with no symlink on its way is its own real path: one kernel
+        // check instead of asking /proc where the directory is.
+        let plain = loc
+            .rel
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+            && !names_a_directory(loc.rel.as_os_str())
+            && !loc.rel.as_os_str().is_empty();
+        if plain && self.mode == ResolveMode::Openat2 {
+            let root = self.root(loc)?;
+            let parent = match loc.rel.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.as_os_str(),
+                _ => OsStr::new("."),
+            };
+            let no_links = openat2_resolve(
+                root.fd.as_raw_fd(),
+                parent,
+                libc::O_PATH | libc::O_DIRECTORY,
+                0,
+                libc::RESOLVE_NO_SYMLINKS,
+            );
+            if no_links.is_ok() {
+                return Ok(root.canonical.join(&loc.rel));
+            }
+        }
         let (dir, name) = self.open_parent(loc)?;
         let real = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))
             .map_err(|e| io_err(&loc.request, e))?;
