@@ -8,7 +8,7 @@
 //! unless it was committed, as a database transaction rolls back.
 
 use super::journal::{Journal, Run};
-use crate::tools::fs::confine::{fstat, lstatat, openat};
+use crate::tools::fs::confine::{fstat, lstatat, openat, readlinkat};
 use serde::{Deserialize, Serialize};
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Read, Write};
@@ -234,19 +234,6 @@ fn unlink_quiet(dir: RawFd, name: &OsStr) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
     }
-}
-
-fn readlinkat(dir: RawFd, name: &OsStr) -> io::Result<PathBuf> {
-    let c = cstr(name)?;
-    let mut buf = vec![0u8; libc::PATH_MAX as usize];
-    // SAFETY: buf is writable for buf.len() bytes; c is NUL-terminated; dir is open.
-    let n = unsafe { libc::readlinkat(dir, c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    buf.truncate(n as usize);
-    use std::os::unix::ffi::OsStringExt;
-    Ok(PathBuf::from(OsString::from_vec(buf)))
 }
 
 fn symlinkat(target: &Path, dir: RawFd, name: &OsStr) -> io::Result<()> {

@@ -279,7 +279,8 @@ pub(crate) fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     Ok(st)
 }
 
-fn readlinkat(dir: RawFd, name: &OsStr) -> io::Result<PathBuf> {
+/// `readlinkat(dir, name)`: the link's target.
+pub(crate) fn readlinkat(dir: RawFd, name: &OsStr) -> io::Result<PathBuf> {
     let c = cstr(name)?;
     let mut buf = vec![0u8; libc::PATH_MAX as usize];
     // SAFETY: buf is writable for buf.len() bytes; c is NUL-terminated; dir is open.
