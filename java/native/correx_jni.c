@@ -128,6 +128,15 @@ static jbyteArray take_string(JNIEnv *env, char *s) {
     return out;
 }
 
+/* A call's string result: thrown for a failed status (its out-param is then untouched), else
+ * the string as byte[], freed. */
+static jbyteArray answer(JNIEnv *env, int32_t rc, correx_error *err, char *out) {
+    if (failed(env, rc, err)) {
+        return NULL;
+    }
+    return take_string(env, out);
+}
+
 #define RT(h) ((const correx_runtime *)(intptr_t)(h))
 #define CANCEL(h) ((const correx_cancel *)(intptr_t)(h))
 #define SUB(h) ((const correx_subscription *)(intptr_t)(h))
@@ -277,10 +286,7 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_eventsAppend(JNIEnv *env, jc
     int32_t rc = correx_events_append(RT(rt), s, kind, (uint64_t)version, e, &out, &err);
     free(s);
     free(e);
-    if (failed(env, rc, err)) {
-        return NULL;
-    }
-    return take_string(env, out);
+    return answer(env, rc, err, out);
 }
 
 JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_eventsReadStream(JNIEnv *env, jclass cls, jlong rt,
@@ -292,10 +298,7 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_eventsReadStream(JNIEnv *env
     correx_error *err = NULL;
     int32_t rc = correx_events_read_stream(RT(rt), s, (uint64_t)from, (uint32_t)max, &out, &err);
     free(s);
-    if (failed(env, rc, err)) {
-        return NULL;
-    }
-    return take_string(env, out);
+    return answer(env, rc, err, out);
 }
 
 JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_eventsReadAll(JNIEnv *env, jclass cls, jlong rt,
@@ -304,10 +307,7 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_eventsReadAll(JNIEnv *env, j
     char *out = NULL;
     correx_error *err = NULL;
     int32_t rc = correx_events_read_all(RT(rt), (uint64_t)from, (uint32_t)max, &out, &err);
-    if (failed(env, rc, err)) {
-        return NULL;
-    }
-    return take_string(env, out);
+    return answer(env, rc, err, out);
 }
 
 JNIEXPORT jlong JNICALL Java_dev_correx_Native_eventsLastPosition(JNIEnv *env, jclass cls, jlong rt) {
@@ -335,10 +335,8 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_subscriptionNext(JNIEnv *env
     (void)cls;
     char *out = NULL;
     correx_error *err = NULL;
-    if (failed(env, correx_subscription_next(SUB(sub), (uint32_t)timeout_ms, &out, &err), err)) {
-        return NULL;
-    }
-    return take_string(env, out);
+    int32_t rc = correx_subscription_next(SUB(sub), (uint32_t)timeout_ms, &out, &err);
+    return answer(env, rc, err, out);
 }
 
 JNIEXPORT jlong JNICALL Java_dev_correx_Native_subscriptionPosition(JNIEnv *env, jclass cls, jlong sub) {
@@ -410,10 +408,8 @@ typedef int32_t (*json_query)(const correx_runtime *, char **, correx_error **);
 static jbyteArray query(JNIEnv *env, jlong rt, json_query f) {
     char *out = NULL;
     correx_error *err = NULL;
-    if (failed(env, f(RT(rt), &out, &err), err)) {
-        return NULL;
-    }
-    return take_string(env, out);
+    int32_t rc = f(RT(rt), &out, &err);
+    return answer(env, rc, err, out);
 }
 
 JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_modelsStatus(JNIEnv *env, jclass cls, jlong rt) {
@@ -458,10 +454,7 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_tokenize(JNIEnv *env, jclass
     correx_error *err = NULL;
     int32_t rc = correx_tokenize(RT(rt), t, &out, &err);
     free(t);
-    if (failed(env, rc, err)) {
-        return NULL;
-    }
-    return take_string(env, out);
+    return answer(env, rc, err, out);
 }
 
 JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_infer(JNIEnv *env, jclass cls, jlong rt,
@@ -475,10 +468,7 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_infer(JNIEnv *env, jclass cl
     int32_t rc = correx_infer(RT(rt), m, r, CANCEL(cancel), &out, &err);
     free(m);
     free(r);
-    if (failed(env, rc, err)) {
-        return NULL;
-    }
-    return take_string(env, out);
+    return answer(env, rc, err, out);
 }
 
 struct chunk_ctx {
@@ -516,10 +506,7 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_inferStream(JNIEnv *env, jcl
                                      &ctx, &out, &err);
     free(m);
     free(r);
-    if (failed(env, rc, err)) {
-        return NULL;
-    }
-    return take_string(env, out);
+    return answer(env, rc, err, out);
 }
 
 /* ---- tools ---- */
@@ -532,10 +519,7 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_toolExecute(JNIEnv *env, jcl
     correx_error *err = NULL;
     int32_t rc = correx_tool_execute_with_cancel(RT(rt), r, CANCEL(cancel), &out, &err);
     free(r);
-    if (failed(env, rc, err)) {
-        return NULL;
-    }
-    return take_string(env, out);
+    return answer(env, rc, err, out);
 }
 
 /* ---- log ---- */

@@ -74,6 +74,19 @@ public final class LibraryTest {
                         "liveness_interval_ms", 200));
     }
 
+    /** A started thread that cancels {@code c} after 300 ms. */
+    static Thread cancelSoon(Cancellation c) {
+        Thread t = new Thread(() -> {
+            try {
+                Thread.sleep(300);
+            } catch (InterruptedException ignored) {
+            }
+            c.cancel();
+        });
+        t.start();
+        return t;
+    }
+
     static Map<String, Object> params(Object... kv) {
         Map<String, Object> m = new HashMap<>();
         for (int i = 0; i < kv.length; i += 2) m.put((String) kv[i], kv[i + 1]);
@@ -467,14 +480,7 @@ public final class LibraryTest {
             test("a cancellation stops a running shell from another thread", () -> {
                 rt.setApprover(r -> Decision.APPROVE);
                 try (Cancellation c = new Cancellation()) {
-                    Thread canceller = new Thread(() -> {
-                        try {
-                            Thread.sleep(300);
-                        } catch (InterruptedException ignored) {
-                        }
-                        c.cancel();
-                    });
-                    canceller.start();
+                    Thread canceller = cancelSoon(c);
                     long t = System.nanoTime();
                     ToolResult r = rt.tools().execute(ToolRequest.of("s6", "shell", params("argv", List.of("sleep", "30"))), c);
                     canceller.join();
@@ -565,14 +571,7 @@ public final class LibraryTest {
 
             test("a cancellation stops an inference from another thread", () -> {
                 try (Cancellation c = new Cancellation()) {
-                    Thread canceller = new Thread(() -> {
-                        try {
-                            Thread.sleep(300);
-                        } catch (InterruptedException ignored) {
-                        }
-                        c.cancel();
-                    });
-                    canceller.start();
+                    Thread canceller = cancelSoon(c);
                     expect(CancelledException.class, () -> models.infer("gemma", story, c));
                     canceller.join();
                 }

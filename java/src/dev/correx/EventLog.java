@@ -103,13 +103,6 @@ public final class EventLog {
     }
 
     static List<Event> events(byte[] json) {
-        Map<String, Object> m = Json.parseObject(Native.text(json));
-        List<Event> out = new ArrayList<>();
-        for (Object o : Json.list(m, "events")) {
-            @SuppressWarnings("unchecked")
-            Map<String, Object> e = (Map<String, Object>) o;
-            out.add(Event.from(e));
-        }
-        return Collections.unmodifiableList(out);
+        return Json.objects(Json.parseObject(Native.text(json)), "events", Event::from);
     }
 }

@@ -349,6 +349,16 @@ public final class Json {
         return v instanceof List ? (List<Object>) v : Collections.emptyList();
     }
 
+    /** The objects of the array {@code m.k}, each read with {@code read}, unmodifiable. */
+    @SuppressWarnings("unchecked")
+    static <T> List<T> objects(Map<String, Object> m, String k, java.util.function.Function<Map<String, Object>, T> read) {
+        List<T> out = new ArrayList<>();
+        for (Object o : list(m, k)) {
+            out.add(read.apply(o instanceof Map ? (Map<String, Object>) o : Collections.emptyMap()));
+        }
+        return Collections.unmodifiableList(out);
+    }
+
     static List<String> strings(Map<String, Object> m, String k) {
         List<String> out = new ArrayList<>();
         for (Object o : list(m, k)) {

@@ -1,8 +1,6 @@
 package dev.correx;
 
 import java.nio.charset.StandardCharsets;
-import java.util.ArrayList;
-import java.util.Collections;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
@@ -59,13 +57,7 @@ public final class Models {
         try (Handle.Use u = runtime.handle.use()) {
             m = Json.parseObject(Native.text(Native.modelsStatus(u.ptr)));
         }
-        List<ModelStatus> out = new ArrayList<>();
-        for (Object o : Json.list(m, "models")) {
-            @SuppressWarnings("unchecked")
-            Map<String, Object> e = (Map<String, Object>) o;
-            out.add(ModelStatus.from(e));
-        }
-        return Collections.unmodifiableList(out);
+        return Json.objects(m, "models", ModelStatus::from);
     }
 
     /** The id of the most recently used loaded model, if any. */

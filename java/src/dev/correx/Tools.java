@@ -1,7 +1,5 @@
 package dev.correx;
 
-import java.util.ArrayList;
-import java.util.Collections;
 import java.util.List;
 import java.util.Map;
 
@@ -23,13 +21,7 @@ public final class Tools {
         try (Handle.Use u = runtime.handle.use()) {
             m = Json.parseObject(Native.text(Native.toolsList(u.ptr)));
         }
-        List<ToolInfo> out = new ArrayList<>();
-        for (Object o : Json.list(m, "tools")) {
-            @SuppressWarnings("unchecked")
-            Map<String, Object> t = (Map<String, Object>) o;
-            out.add(ToolInfo.from(t));
-        }
-        return Collections.unmodifiableList(out);
+        return Json.objects(m, "tools", ToolInfo::from);
     }
 
     /** Runs a tool; blocks while the approver decides and the tool runs. */
