@@ -57,7 +57,7 @@ pub use sandbox::{
 pub use tools::{
     looks_secret, ConfineError, DispatchingToolExecutor, FileAffectingTool, FileEditTool,
     FileReadTool, FileWriteTool, IsolationMode, IsolationOptions, ResolveMode, ResourceLimits,
-    Roots, ShellOptions, ShellTool, Tier, Tool, ToolCapability, ToolError, ToolErrorKind,
+    Roots, RunAs, ShellOptions, ShellTool, Tier, Tool, ToolCapability, ToolError, ToolErrorKind,
     ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult, DEFAULT_MAX_READ_BYTES,
     DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
 };

@@ -109,6 +109,9 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("fork_bomb", fork_bomb),
     ("cwd_and_tmp", cwd_and_tmp),
     ("host_environment", host_environment),
+    ("root_powers", root_powers),
+    ("syscall_floor", syscall_floor),
+    ("unix_datagrams", unix_datagrams),
 ];
 
 /// The child side of [`both`]: drop to nobody, then run the named scenario.
@@ -498,6 +501,329 @@ fn the_host_environment_is_not_readable_through_proc() -> TestResult {
     both("host_environment", host_environment)
 }
 
+// ------------------------------------------------------------------ nothing of root's
+
+/// What python3 reports of its own privileges: every capability set, no_new_privs, uid, gid.
+const PRIVILEGES_PY: &str = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)
+data = (ctypes.c_uint32 * 6)()
+assert libc.capget(hdr, data) == 0
+eff = data[0] | data[3] << 32
+prm = data[1] | data[4] << 32
+inh = data[2] | data[5] << 32
+bnd = sum(1 << c for c in range(64) if libc.prctl(23, c, 0, 0, 0) == 1)
+amb = sum(1 << c for c in range(64) if libc.prctl(47, 1, c, 0, 0) == 1)
+print(f"eff={eff:x} prm={prm:x} inh={inh:x} bnd={bnd:x} amb={amb:x} nnp={libc.prctl(39, 0, 0, 0, 0)} uid={os.getuid()} gid={os.getgid()}")
+"#;
+
+fn root_powers() -> TestResult {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let base = TempDir::new("confined-root");
+    let work = base.join("work");
+    let readable = base.join("readable");
+    std::fs::create_dir_all(&work)?;
+    std::fs::create_dir_all(&readable)?;
+    // A file of the host user's, 0600, under a read path: unreadable when the host is root
+    // (the run is not root), the run's own otherwise.
+    let private = readable.join("private");
+    std::fs::write(&private, "host-only")?;
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600))?;
+    std::fs::write(work.join("existing.txt"), "old\n")?;
+    let t = tool(&["sh", "python3", "mknod", "cat"], &[&work], |o| {
+        o.isolation.read_paths = vec![readable.clone()];
+    });
+    // SAFETY: geteuid and getegid have no preconditions.
+    let (host_uid, host_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+
+    // SAFETY: prctl(PR_GET_DUMPABLE) reads a flag.
+    let dumpable = || unsafe { libc::prctl(libc::PR_GET_DUMPABLE) };
+    let host_dumpable = dumpable();
+    // No capability in any set, no_new_privs, and never root.
+    let r = run(&t, &["python3", "-c", PRIVILEGES_PY]);
+    // A run's uid switch happens while it still shares the host's memory: the host's dumpable
+    // flag (its core dumps, its /proc files, a debugger) is left as it was.
+    assert_eq!(
+        dumpable(),
+        host_dumpable,
+        "the host's dumpable flag changed"
+    );
+    let line = stdout(&r).ok_or_else(|| reason(&r))?.trim().to_owned();
+    assert!(
+        line.starts_with("eff=0 prm=0 inh=0 bnd=0 amb=0 nnp=1 "),
+        "privileges: {line}"
+    );
+    let run_uid = if host_uid == 0 { 65534 } else { host_uid };
+    assert!(
+        line.ends_with(&format!(
+            "uid={run_uid} gid={}",
+            if host_uid == 0 { 65534 } else { host_gid }
+        )),
+        "{line}"
+    );
+
+    // No device node: not in the working dir, not in the private temp directory.
+    for dir in ["kmsg", "$TMPDIR/kmsg"] {
+        let script = format!("mknod {dir} c 1 11 && head -c 60 {dir} && echo made-device");
+        let r = run(&t, &["sh", "-c", &script]);
+        assert!(!r.is_success(), "{script}: {}", reason(&r));
+        assert!(!reason(&r).contains("made-device"), "{}", reason(&r));
+    }
+    assert!(!work.join("kmsg").exists(), "a device node was made");
+    // A FIFO is no device: still allowed.
+    let r = run(&t, &["sh", "-c", "mkfifo $TMPDIR/f && echo fifo-ok"]);
+    assert_eq!(stdout(&r), Some("fifo-ok\n"), "{}", reason(&r));
+
+    // The host's name cannot be changed (an own UTS namespace, and no capability).
+    let before = hostname();
+    let r = run(
+        &t,
+        &[
+            "python3",
+            "-c",
+            "import socket; socket.sethostname(socket.gethostname() + 'x'); print('renamed')",
+        ],
+    );
+    assert!(!r.is_success(), "sethostname: {}", reason(&r));
+    assert_eq!(hostname(), before);
+
+    // Root-only files stay unreadable.
+    if std::path::Path::new("/etc/shadow").exists() {
+        let r = run(&t, &["cat", "/etc/shadow"]);
+        assert!(reason(&r).contains("Permission denied"), "{}", reason(&r));
+    }
+    let r = run(&t, &["cat", &private.display().to_string()]);
+    if host_uid == 0 {
+        assert!(reason(&r).contains("Permission denied"), "{}", reason(&r));
+    } else {
+        assert_eq!(stdout(&r), Some("host-only"), "{}", reason(&r));
+    }
+
+    // The working dir is written as before, and what the run makes there is the host user's.
+    let r = run(
+        &t,
+        &["sh", "-c", "echo made > new.txt && mkdir -p sub/deeper && echo x > sub/deeper/f && echo more >> existing.txt && echo ok"],
+    );
+    assert_eq!(stdout(&r), Some("ok\n"), "{}", reason(&r));
+    for f in [
+        "new.txt",
+        "sub",
+        "sub/deeper",
+        "sub/deeper/f",
+        "existing.txt",
+    ] {
+        let m = std::fs::metadata(work.join(f))?;
+        assert_eq!(
+            (m.uid(), m.gid()),
+            (host_uid, host_gid),
+            "{f} is not the host user's"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(work.join("existing.txt"))?,
+        "old\nmore\n"
+    );
+    // Also through its absolute path, and in the private temp directory.
+    let r = run(
+        &t,
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "echo abs > {}/abs.txt && echo t > $TMPDIR/t && cat $TMPDIR/t",
+                work.display()
+            ),
+        ],
+    );
+    assert_eq!(stdout(&r), Some("t\n"), "{}", reason(&r));
+    assert_eq!(std::fs::metadata(work.join("abs.txt"))?.uid(), host_uid);
+
+    // The policy recorded is the one applied.
+    let p = t.applied_policy();
+    assert_eq!(p["capabilities"], "none", "{p}");
+    assert_eq!(p["no_new_privs"], true);
+    assert_eq!(p["namespaces"]["uts"], true, "{p}");
+    assert_eq!(p["namespaces"]["ipc"], true, "{p}");
+    assert_eq!(p["devices"], "mknod_denied");
+    assert_eq!(p["identity"]["uid"], run_uid);
+    assert_eq!(p["identity"]["working_dirs_idmapped"], host_uid == 0);
+    Ok(())
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    String::from_utf8_lossy(&buf)
+        .trim_end_matches('\0')
+        .to_owned()
+}
+
+#[test]
+fn a_run_holds_no_capability_device_host_name_or_root_only_file() -> TestResult {
+    both("root_powers", root_powers)
+}
+
+/// Each floor syscall, called as an attacker would with harmless arguments, and the errno it
+/// got ("ok" when it went through).
+const FLOOR_PY: &str = r#"
+import ctypes, ctypes.util, os, errno
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return "ok" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+import platform
+x86 = platform.machine() == "x86_64"
+N = dict(unshare=272 if x86 else 97, add_key=248 if x86 else 217, keyctl=250 if x86 else 219,
+         name_to_handle_at=303 if x86 else 264, userfaultfd=323 if x86 else 282,
+         io_uring_setup=425, bpf=321 if x86 else 280, perf_event_open=298 if x86 else 241,
+         mount=165 if x86 else 40, setns=308 if x86 else 268, clone3=435, syslog=103 if x86 else 116,
+         settimeofday=164 if x86 else 170, open_tree=428, fsopen=430, quotactl=179 if x86 else 60,
+         acct=163 if x86 else 89, swapon=167 if x86 else 224, pivot_root=155 if x86 else 41)
+buf = ctypes.create_string_buffer(512)
+mnt = ctypes.c_int()
+name = ctypes.create_string_buffer(b".")
+params = ctypes.create_string_buffer(120)
+attr = ctypes.create_string_buffer(128)
+res = {
+ "unshare(CLONE_NEWUSER)": call(N["unshare"], 0x10000000),
+ "add_key": call(N["add_key"], ctypes.addressof(ctypes.create_string_buffer(b"user")), ctypes.addressof(ctypes.create_string_buffer(b"correx-probe")), ctypes.addressof(buf), 1, -2),
+ "keyctl": call(N["keyctl"], 0, -2, 0),
+ "name_to_handle_at": call(N["name_to_handle_at"], -100, ctypes.addressof(name), ctypes.addressof(buf), ctypes.addressof(mnt), 0),
+ "userfaultfd": call(N["userfaultfd"], 1),
+ "io_uring_setup": call(N["io_uring_setup"], 1, ctypes.addressof(params)),
+ "bpf": call(N["bpf"], 0, ctypes.addressof(attr), 72),
+ "perf_event_open": call(N["perf_event_open"], ctypes.addressof(attr), 0, -1, -1, 0),
+ "mount": call(N["mount"], 0, ctypes.addressof(name), 0, 0, 0),
+ "setns": call(N["setns"], 0, 0),
+ "clone3": call(N["clone3"], 0, 0),
+ "syslog": call(N["syslog"], 10, 0, 0),
+ "settimeofday": call(N["settimeofday"], 0, 0),
+ "open_tree": call(N["open_tree"], -100, ctypes.addressof(name), 1),
+ "fsopen": call(N["fsopen"], ctypes.addressof(ctypes.create_string_buffer(b"tmpfs")), 0),
+ "acct": call(N["acct"], 0),
+ "pivot_root": call(N["pivot_root"], ctypes.addressof(name), ctypes.addressof(name)),
+}
+print(" ".join(f"{k}={v}" for k, v in res.items()))
+"#;
+
+fn syscall_floor() -> TestResult {
+    let work = TempDir::new("confined-floor");
+    // network: true keeps the floor: it is not part of the network policy.
+    for network in [false, true] {
+        let t = tool(&["python3"], &[work.path()], |o| {
+            o.isolation.network = network
+        });
+        let r = run(&t, &["python3", "-c", FLOOR_PY]);
+        let out = stdout(&r).ok_or_else(|| reason(&r))?.trim().to_owned();
+        for item in out.split(' ') {
+            let (name, errno) = item.split_once('=').ok_or("bad probe line")?;
+            let want = if name == "clone3" { "ENOSYS" } else { "EPERM" };
+            assert_eq!(errno, want, "{name} (network {network}): {out}");
+        }
+        // A thread and a subprocess still start (libc falls back from clone3 to clone).
+        let r = run(
+            &t,
+            &["python3", "-c", "import threading, subprocess; t = threading.Thread(target=print, args=('thread',)); t.start(); t.join(); subprocess.run(['/bin/true'], check=True); print('spawned')"],
+        );
+        assert_eq!(stdout(&r), Some("thread\nspawned\n"), "{}", reason(&r));
+    }
+    // The host's SysV IPC is out of reach: a segment the host made is not found (an IPC
+    // namespace of the run's) or shmget is refused (the filter, where there is none).
+    // SAFETY: shmget with a fixed key and size creates or opens a segment; no memory involved.
+    let key = 0x0c0d_e000 + (std::process::id() as i32 & 0xfff);
+    let id = unsafe { libc::shmget(key, 4096, libc::IPC_CREAT | 0o666) };
+    assert!(
+        id >= 0,
+        "shmget on the host: {}",
+        std::io::Error::last_os_error()
+    );
+    let t = tool(&["python3"], &[work.path()], |_| {});
+    let py = format!(
+        "import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\nr = libc.shmget({key}, 0, 0)\nprint('found' if r >= 0 else errno.errorcode[ctypes.get_errno()])"
+    );
+    let r = run(&t, &["python3", "-c", &py]);
+    // SAFETY: removing the segment made above.
+    unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
+    let out = stdout(&r).ok_or_else(|| reason(&r))?.trim().to_owned();
+    assert!(
+        out == "ENOENT" || out == "EPERM",
+        "the host's shm segment: {out}"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_syscall_floor_holds_in_every_run() -> TestResult {
+    both("syscall_floor", syscall_floor)
+}
+
+fn unix_datagrams() -> TestResult {
+    use std::os::unix::net::UnixDatagram;
+    let work = TempDir::new("confined-dgram");
+    let path = work.join("log.sock");
+    let listener = UnixDatagram::bind(&path)?;
+    listener.set_nonblocking(true)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777))?;
+    let t = tool(&["python3"], &[work.path()], |_| {});
+    let p = path.display().to_string();
+    // Every way a run could address the host's datagram socket, each reported.
+    let py = format!(
+        r#"
+import socket
+path = {p:?}
+out = []
+def attempt(name, f):
+    try:
+        f()
+        out.append(name + "=sent")
+    except OSError as e:
+        out.append(name + "=" + (e.__class__.__name__))
+def dgram_sendmsg():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.sendmsg([b"leak-sendmsg"], [], 0, path)
+def dgram_sendto():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.sendto(b"leak-sendto", path)
+def pair_sendmsg():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendmsg([b"leak-pair"], [], 0, path)
+def stream_pair_sendmsg():
+    a, b = socket.socketpair()
+    a.sendmsg([b"leak-stream"], [], 0, path)
+attempt("dgram_sendmsg", dgram_sendmsg)
+attempt("dgram_sendto", dgram_sendto)
+attempt("pair_sendmsg", pair_sendmsg)
+attempt("stream_pair_sendmsg", stream_pair_sendmsg)
+a, b = socket.socketpair()
+a.sendmsg([b"inside"])
+out.append("stream_pair=" + b.recv(16).decode())
+print(" ".join(out))
+"#
+    );
+    let r = run(&t, &["python3", "-c", &py]);
+    let out = stdout(&r).ok_or_else(|| reason(&r))?.trim().to_owned();
+    assert!(!out.contains("=sent"), "a datagram left the run: {out}");
+    assert!(out.contains("stream_pair=inside"), "{out}");
+    std::thread::sleep(Duration::from_millis(50));
+    let mut buf = [0u8; 64];
+    if let Ok(n) = listener.recv(&mut buf) {
+        panic!(
+            "the host's datagram socket got {:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn no_datagram_leaves_the_run() -> TestResult {
+    both("unix_datagrams", unix_datagrams)
+}
+
 // ------------------------------------------------------------------ policy and construction
 
 #[test]
@@ -541,6 +867,67 @@ fn required_refuses_a_kernel_without_the_needed_landlock_abi() {
     let t = ShellTool::new(options(IsolationMode::None)).expect("none builds");
     assert_eq!(t.applied_policy()["filesystem"], Value::Null);
     assert_eq!(t.applied_policy()["network"]["allowed"], true);
+}
+
+/// A root host whose working dir cannot be idmapped (sysfs supports no idmapped mount): the
+/// kernel's refusal is detected when the tool is built, `required` refuses naming it, and
+/// `best_effort` runs as root without capabilities and records why.
+#[test]
+fn a_working_dir_that_cannot_be_idmapped_is_detected() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("!!! not root: runs execute as the host user, nothing is idmapped !!!");
+        return;
+    }
+    let build = |mode| {
+        ShellTool::new(ShellOptions {
+            allowed_executables: vec!["true".into()],
+            working_roots: vec![PathBuf::from("/sys/kernel")],
+            isolation: IsolationOptions {
+                mode,
+                ..IsolationOptions::default()
+            },
+            ..ShellOptions::default()
+        })
+        .expect("builds")
+    };
+    let refused = build(IsolationMode::Required);
+    let why = refused.refusal().expect("required is refused").to_owned();
+    assert!(
+        why.contains("idmapped") && why.contains("/sys/kernel"),
+        "{why}"
+    );
+    assert!(!run(&refused, &["true"]).is_success());
+    let t = build(IsolationMode::BestEffort);
+    assert_eq!(t.refusal(), None);
+    let p = t.applied_policy();
+    assert_eq!(p["identity"]["run_as"], "host_root", "{p}");
+    assert_eq!(p["identity"]["uid"], 0);
+    assert!(
+        p["identity"]["fallback"]
+            .as_str()
+            .is_some_and(|f| f.contains("/sys/kernel")),
+        "{p}"
+    );
+    assert_eq!(p["capabilities"], "none");
+    let r = run(&t, &["true"]);
+    assert!(r.is_success(), "{}", reason(&r));
+    // Asked for, root keeps its uid (without capabilities) and nothing is idmapped.
+    let host = ShellTool::new(ShellOptions {
+        allowed_executables: vec!["true".into()],
+        isolation: IsolationOptions {
+            run_as: correx::RunAs::Host,
+            ..IsolationOptions::default()
+        },
+        ..ShellOptions::default()
+    })
+    .expect("builds");
+    assert_eq!(host.applied_policy()["identity"]["run_as"], "host_root");
+    assert_eq!(
+        host.applied_policy()["identity"]["working_dirs_idmapped"],
+        false
+    );
+    assert!(run(&host, &["true"]).is_success());
 }
 
 #[test]

@@ -368,6 +368,10 @@ fn tree() -> Result<Tree, Box<dyn std::error::Error>> {
         ("fd_link", "/proc/self/fd/0".into()),
         ("link_to_root", ".".into()),
         ("link_to_parent", "..".into()),
+        // A target ending in "/" asks for a directory, wherever it is spliced in.
+        ("link_slash", "file.txt/".into()),
+        ("link_sub_slash", "sub/".into()),
+        ("link_chain_slash", "link_in/".into()),
     ];
     for (name, target) in links {
         symlink(target, root.join(name))?;
@@ -437,6 +441,10 @@ fn traversal_cases(t: &Tree) -> Vec<(&'static str, String, Want)> {
         ("read", "file.txt/.".into(), Refuse),
         ("read", "sub/inner.txt/".into(), Refuse),
         ("read", "link_in/".into(), Refuse),
+        ("read", "link_slash".into(), Refuse),
+        ("read", "link_chain_slash".into(), Refuse),
+        ("list", "link_sub_slash".into(), Allow),
+        ("read", "link_sub_slash/inner.txt".into(), Allow),
         ("list", "sub/".into(), Allow),
         ("list", "sub/.".into(), Allow),
         ("list", "link_sub/".into(), Allow),
@@ -545,6 +553,7 @@ fn failure_kinds(mode: ResolveMode) -> TestResult {
         ("read", "file.txt", "too_large"),
         ("read", "sub", "wrong_kind"),
         ("read", "file.txt/", "wrong_kind"),
+        ("read", "link_slash", "wrong_kind"),
         ("list", "file.txt", "wrong_kind"),
         ("write", "link_in", "not_allowed"),
         ("write", "hard.txt", "not_allowed"),

@@ -4,7 +4,7 @@
 use crate::approvals::{ApprovalRule, RuleAction};
 use crate::events::Durability;
 use crate::tools::{
-    IsolationMode, IsolationOptions, ResourceLimits, ShellOptions, DEFAULT_MAX_READ_BYTES,
+    IsolationMode, IsolationOptions, ResourceLimits, RunAs, ShellOptions, DEFAULT_MAX_READ_BYTES,
 };
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -460,7 +460,7 @@ fn isolation(o: Option<Obj<'_>>) -> Result<IsolationOptions, ConfigError> {
     let Some(o) = o else {
         return Ok(IsolationOptions::default());
     };
-    o.only(&["mode", "read_paths", "network", "limits"])?;
+    o.only(&["mode", "read_paths", "network", "limits", "run_as"])?;
     let mode = match o.string("mode")?.as_deref() {
         None | Some("required") => IsolationMode::Required,
         Some("best_effort") => IsolationMode::BestEffort,
@@ -497,9 +497,54 @@ fn isolation(o: Option<Obj<'_>>) -> Result<IsolationOptions, ConfigError> {
         read_paths: o.abs_paths("read_paths")?,
         network: o.bool("network", false)?,
         limits,
+        run_as: run_as(&o)?,
         pretend_landlock_abi: None,
         force_subreaper: false,
     })
+}
+
+/// `run_as`: `"nobody"` (the default, 65534), `"host"`, or `{"uid": N, "gid": N}` (not 0).
+fn run_as(o: &Obj<'_>) -> Result<RunAs, ConfigError> {
+    let field = o.field("run_as");
+    match o.get("run_as") {
+        None | Some(Value::Null) => Ok(RunAs::default()),
+        Some(Value::String(s)) if s == "nobody" => Ok(RunAs::default()),
+        Some(Value::String(s)) if s == "host" => Ok(RunAs::Host),
+        Some(Value::Object(_)) => {
+            let ids = o
+                .child("run_as")?
+                .ok_or_else(|| err(&field, "must be an object"))?;
+            ids.only(&["uid", "gid"])?;
+            let id = |name: &str| -> Result<u32, ConfigError> {
+                let v = ids
+                    .positive(name)?
+                    .ok_or_else(|| err(&ids.field(name), "is required"))?;
+                u32::try_from(v)
+                    .ok()
+                    .filter(|v| *v != u32::MAX)
+                    .ok_or_else(|| {
+                        err(
+                            &ids.field(name),
+                            format!("must be below {}, got {v}", u32::MAX),
+                        )
+                    })
+            };
+            Ok(RunAs::Unprivileged {
+                uid: id("uid")?,
+                gid: id("gid")?,
+            })
+        }
+        Some(v) => Err(err(
+            &field,
+            format!(
+                "must be \"nobody\", \"host\" or {{\"uid\": N, \"gid\": N}}, got {}",
+                match v {
+                    Value::String(s) => format!("{s:?}"),
+                    other => kind(other).to_owned(),
+                }
+            ),
+        )),
+    }
 }
 
 impl ToolConfig {

@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+use super::spawner::{Prepare, Spawner};
+
 /// A directory this process can create `pids` cgroups in, and whether it is cgroup v1.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PidsParent {
@@ -145,81 +147,6 @@ impl Drop for RunCgroup {
     }
 }
 
-type Job = Box<dyn FnOnce() + Send>;
-
-/// A thread that sits in a cgroup (v1) and runs what it is handed: processes it clones are
-/// born in that cgroup. Every signal is blocked on it, so what it clones starts that way too.
-#[derive(Debug)]
-pub(crate) struct Spawner {
-    jobs: parking_lot::Mutex<Option<std::sync::mpsc::Sender<Job>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Spawner {
-    /// Starts the thread and moves it (alone) into the v1 cgroup `dir`.
-    fn start(dir: &Path) -> io::Result<Spawner> {
-        let (tx, rx) = std::sync::mpsc::channel::<Job>();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
-        let tasks = dir.join("tasks");
-        let thread = std::thread::Builder::new()
-            .name("correx-shell-spawner".into())
-            .spawn(move || {
-                // Every signal, glibc's internal ones too, on this thread only.
-                let all: u64 = !0;
-                let _ = crate::sys::syscall!(
-                    SYS_rt_sigprocmask,
-                    libc::SIG_SETMASK,
-                    &all as *const u64,
-                    std::ptr::null_mut::<u64>(),
-                    8usize
-                );
-                // SAFETY: gettid has no preconditions.
-                let tid = unsafe { libc::gettid() };
-                let joined = std::fs::write(&tasks, tid.to_string());
-                let ok = joined.is_ok();
-                let _ = ready_tx.send(joined);
-                if ok {
-                    for job in rx {
-                        job();
-                    }
-                }
-            })?;
-        let spawner = Spawner {
-            jobs: parking_lot::Mutex::new(Some(tx)),
-            thread: Some(thread),
-        };
-        ready_rx
-            .recv()
-            .unwrap_or_else(|_| Err(io::Error::other("the spawner thread died")))?;
-        Ok(spawner)
-    }
-
-    /// Runs `f` on the spawner thread and returns its result.
-    pub fn call<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> io::Result<R> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let job: Job = Box::new(move || {
-            let _ = tx.send(f());
-        });
-        let gone = || io::Error::other("the spawner thread is gone");
-        self.jobs
-            .lock()
-            .as_ref()
-            .ok_or_else(gone)?
-            .send(job)
-            .map_err(|_| gone())?;
-        rx.recv().map_err(|_| gone())
-    }
-}
-
-impl Drop for Spawner {
-    fn drop(&mut self) {
-        self.jobs.lock().take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// A tool's cgroup (v1) with its spawner thread; every run of the tool is born in it, so
 /// `pids.max` bounds the tool's runs together (a run alone gets all of it).
 #[derive(Debug)]
@@ -231,10 +158,17 @@ pub(crate) struct ToolCgroup {
 }
 
 impl ToolCgroup {
-    /// A cgroup under `parent` for `limit` processes (plus the spawner thread itself).
-    pub fn new(parent: &Path, limit: u64) -> io::Result<ToolCgroup> {
+    /// A cgroup under `parent` for `limit` processes (plus the spawner thread itself), whose
+    /// spawner thread joins it and then runs `prepare`.
+    pub fn new(parent: &Path, limit: u64, prepare: Prepare) -> io::Result<ToolCgroup> {
         let dir = RunCgroup::new(parent, limit.saturating_add(1))?;
-        let spawner = Spawner::start(&dir.dir)?;
+        let tasks = dir.dir.join("tasks");
+        let spawner = Spawner::start(Box::new(move || {
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            std::fs::write(&tasks, tid.to_string())?;
+            prepare()
+        }))?;
         Ok(ToolCgroup { spawner, _dir: dir })
     }
 

@@ -29,6 +29,9 @@ pub(crate) enum Stage {
     Exec,
     Fence,
     Cgroup,
+    Namespaces,
+    Capabilities,
+    Identity,
 }
 
 impl Stage {
@@ -46,6 +49,9 @@ impl Stage {
             10 => "exec",
             11 => "arming its parent-death signal",
             12 => "joining its cgroup",
+            13 => "joining the tool's namespaces",
+            14 => "dropping capabilities",
+            15 => "switching to the run's uid and gid",
             _ => "starting",
         }
     }
@@ -80,8 +86,18 @@ pub(crate) struct ChildPlan {
     pub(crate) seccomp: Option<libc::sock_fprog>,
     /// The `cgroup.procs` the program's process joins.
     pub(crate) cgroup: Option<CString>,
+    /// Namespaces (mount, UTS, IPC) the program's process joins first; -1 for none.
+    pub(crate) join: [RawFd; 3],
+    /// Drop every capability (effective, permitted, inheritable, ambient) before exec.
+    pub(crate) drop_caps: bool,
+    /// Empty the bounding set too (needs CAP_SETPCAP: root, or a user namespace of our own).
+    pub(crate) drop_bounding: bool,
+    /// Switch to these ids (uid, gid), with no supplementary groups, before exec.
+    pub(crate) run_as: Option<(u32, u32)>,
+    /// The host's dumpable flag (0 or 1; -1 unknown), given back after a uid switch.
+    pub(crate) host_dumpable: i32,
     /// Descriptors the supervisor keeps until the program has exec'd (besides the pipes).
-    pub(crate) keep: [RawFd; 2],
+    pub(crate) keep: [RawFd; 5],
     /// The supervisor's pid as the program's process sees it (its parent).
     pub(crate) supervisor_pid: std::sync::atomic::AtomicI32,
     /// The highest descriptor to close one by one where `close_range` is missing.
@@ -327,6 +343,9 @@ fn supervisor(plan: &ChildPlan) -> ! {
             plan.status_w,
             plan.keep[0],
             plan.keep[1],
+            plan.keep[2],
+            plan.keep[3],
+            plan.keep[4],
         ],
         plan.max_fd,
     );
@@ -567,6 +586,152 @@ fn kill_descendants() {
     }
 }
 
+/// What a process applies to itself before exec: limits, then privileges, then Landlock and
+/// seccomp. Everything it points to stays alive and unchanged until exec.
+pub(crate) struct SelfConfinement<'a> {
+    pub rlimits: &'a [Rlimit],
+    /// Drop every capability (effective, permitted, inheritable, ambient).
+    pub drop_caps: bool,
+    /// Empty the bounding set too (needs CAP_SETPCAP: root, or a user namespace of our own).
+    pub drop_bounding: bool,
+    /// Switch to these ids (uid, gid), with no supplementary groups.
+    pub run_as: Option<(u32, u32)>,
+    /// The host's dumpable flag (0 or 1; -1 unknown), given back after a uid switch in a
+    /// process that still shares the host's memory.
+    pub host_dumpable: i32,
+    /// The parent whose death must kill this process (checked again after a uid switch).
+    pub parent: Option<i32>,
+    /// A Landlock ruleset descriptor, or -1.
+    pub ruleset: RawFd,
+    pub seccomp: Option<&'a libc::sock_fprog>,
+}
+
+/// Applies `c` to the calling process: raw syscalls only, async-signal-safe, no allocation
+/// (callable between fork or clone and exec). After it the process holds no capability (when
+/// asked), `no_new_privs` is set, and the ruleset and filter are enforced. The error names the
+/// step and the errno.
+pub(crate) fn confine_self(c: &SelfConfinement<'_>) -> Result<(), (Stage, i32)> {
+    let check = |r: isize, stage: Stage| {
+        if r < 0 {
+            Err((stage, errno_of(r)))
+        } else {
+            Ok(())
+        }
+    };
+    for l in c.rlimits {
+        let v = libc::rlimit {
+            rlim_cur: l.value,
+            rlim_max: l.value,
+        };
+        check(
+            call!(
+                SYS_prlimit64,
+                0,
+                l.resource,
+                &v as *const libc::rlimit,
+                0usize
+            ),
+            Stage::Limits,
+        )?;
+    }
+    if c.drop_caps {
+        if c.drop_bounding {
+            for cap in 0..64 {
+                let r = call!(SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+                if r == -(libc::EINVAL as isize) {
+                    break; // past the kernel's last capability
+                }
+                check(r, Stage::Capabilities)?;
+            }
+        }
+        // EINVAL before Linux 4.3, which has no ambient set to clear.
+        let r = call!(
+            SYS_prctl,
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0
+        );
+        if r != -(libc::EINVAL as isize) {
+            check(r, Stage::Capabilities)?;
+        }
+    }
+    if let Some((uid, gid)) = c.run_as {
+        // Raw syscalls change only this process's credentials, which is all there is: it is
+        // not a thread of the host.
+        check(call!(SYS_setgroups, 0, 0usize), Stage::Identity)?;
+        check(call!(SYS_setresgid, gid, gid, gid), Stage::Identity)?;
+        check(call!(SYS_setresuid, uid, uid, uid), Stage::Identity)?;
+        // A new uid resets two things: this process's parent-death signal (armed again, and
+        // the parent checked again), and the dumpable flag of the memory it may still share
+        // with the host until exec (the host's own: given back its value at once; exec gives
+        // the program a flag of its own).
+        if c.host_dumpable >= 0 {
+            call!(SYS_prctl, libc::PR_SET_DUMPABLE, c.host_dumpable, 0, 0, 0);
+        }
+        check(
+            call!(SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL),
+            Stage::Fence,
+        )?;
+        if let Some(parent) = c.parent {
+            if call!(SYS_getppid) as i32 != parent {
+                return Err((Stage::Fence, libc::ESRCH));
+            }
+        }
+    }
+    if c.drop_caps {
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const VERSION_3: u32 = 0x2008_0522;
+        let header = Header {
+            version: VERSION_3,
+            pid: 0,
+        };
+        let none = || Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        };
+        let data = [none(), none()];
+        check(
+            call!(SYS_capset, &header as *const Header, data.as_ptr()),
+            Stage::Capabilities,
+        )?;
+    }
+    check(
+        call!(SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0),
+        Stage::NoNewPrivs,
+    )?;
+    if c.ruleset >= 0 {
+        check(
+            call!(SYS_landlock_restrict_self, c.ruleset, 0),
+            Stage::Landlock,
+        )?;
+    }
+    if let Some(prog) = c.seccomp {
+        check(
+            call!(
+                SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0,
+                prog as *const libc::sock_fprog
+            ),
+            Stage::Seccomp,
+        )?;
+    }
+    Ok(())
+}
+
 extern "C" fn program_entry(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `ChildPlan` the supervisor holds while it is suspended in vfork.
     program(unsafe { &*(arg as *const ChildPlan) })
@@ -600,6 +765,15 @@ fn program(plan: &ChildPlan) -> ! {
             fail(plan, Stage::Stdio, errno_of(r));
         }
     }
+    // Joining a mount namespace resets the working directory: join first, then enter it.
+    for fd in plan.join {
+        if fd >= 0 {
+            let r = call!(SYS_setns, fd, 0);
+            if r < 0 {
+                fail(plan, Stage::Namespaces, errno_of(r));
+            }
+        }
+    }
     if plan.cwd >= 0 {
         let r = call!(SYS_fchdir, plan.cwd);
         if r < 0 {
@@ -615,42 +789,21 @@ fn program(plan: &ChildPlan) -> ! {
         }
     }
     if plan.confined {
-        for l in &plan.rlimits {
-            let v = libc::rlimit {
-                rlim_cur: l.value,
-                rlim_max: l.value,
-            };
-            let r = call!(
-                SYS_prlimit64,
-                0,
-                l.resource,
-                &v as *const libc::rlimit,
-                0usize
-            );
-            if r < 0 {
-                fail(plan, Stage::Limits, errno_of(r));
-            }
-        }
-        let r = call!(SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-        if r < 0 {
-            fail(plan, Stage::NoNewPrivs, errno_of(r));
-        }
-        if plan.ruleset >= 0 {
-            let r = call!(SYS_landlock_restrict_self, plan.ruleset, 0);
-            if r < 0 {
-                fail(plan, Stage::Landlock, errno_of(r));
-            }
-        }
-        if let Some(prog) = &plan.seccomp {
-            let r = call!(
-                SYS_seccomp,
-                libc::SECCOMP_SET_MODE_FILTER,
-                0,
-                prog as *const libc::sock_fprog
-            );
-            if r < 0 {
-                fail(plan, Stage::Seccomp, errno_of(r));
-            }
+        let own = SelfConfinement {
+            rlimits: &plan.rlimits,
+            drop_caps: plan.drop_caps,
+            drop_bounding: plan.drop_bounding,
+            run_as: plan.run_as,
+            host_dumpable: plan.host_dumpable,
+            parent: Some(
+                plan.supervisor_pid
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
+            ruleset: plan.ruleset,
+            seccomp: plan.seccomp.as_ref(),
+        };
+        if let Err((stage, errno)) = confine_self(&own) {
+            fail(plan, stage, errno);
         }
     }
     let r = call!(

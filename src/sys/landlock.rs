@@ -8,11 +8,14 @@ use std::path::{Path, PathBuf};
 
 const CREATE_RULESET_VERSION: u32 = 1;
 const RULE_PATH_BENEATH: u32 = 1;
+const RULE_NET_PORT: u32 = 2;
 
 const FS_EXECUTE: u64 = 1 << 0;
 const FS_WRITE_FILE: u64 = 1 << 1;
 const FS_READ_FILE: u64 = 1 << 2;
 const FS_READ_DIR: u64 = 1 << 3;
+const FS_MAKE_CHAR: u64 = 1 << 6;
+const FS_MAKE_BLOCK: u64 = 1 << 11;
 const FS_REFER: u64 = 1 << 13;
 const FS_TRUNCATE: u64 = 1 << 14;
 const FS_IOCTL_DEV: u64 = 1 << 15;
@@ -36,6 +39,12 @@ struct RulesetAttr {
     handled_access_fs: u64,
     handled_access_net: u64,
     scoped: u64,
+}
+
+#[repr(C)]
+struct NetPortAttr {
+    allowed_access: u64,
+    port: u64,
 }
 
 #[repr(C, packed)]
@@ -70,6 +79,13 @@ fn fs_all(abi: u32) -> u64 {
         all |= FS_IOCTL_DEV;
     }
     all
+}
+
+/// What a writable directory grants: everything handled but execute (a program may not write
+/// a binary and run it past the allowlist) and device nodes (handled and never granted, so
+/// `mknod` of a character or block device fails everywhere, whatever the uid).
+fn read_write(handled_fs: u64) -> u64 {
+    handled_fs & !(FS_EXECUTE | FS_MAKE_CHAR | FS_MAKE_BLOCK)
 }
 
 /// What a rule grants beneath its path.
@@ -131,8 +147,7 @@ pub(crate) fn open_rules(abi: u32, rules: &[FsRule]) -> io::Result<OpenedRules> 
         let file_rights = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV;
         let wanted = match rule.access {
             Access::ReadExec => FS_READ_FILE | FS_READ_DIR | FS_EXECUTE,
-            // No execute: a program may not write a binary and run it past the allowlist.
-            Access::ReadWrite => handled_fs & !FS_EXECUTE,
+            Access::ReadWrite => read_write(handled_fs),
             Access::DeviceReadWrite => FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE,
         };
         // A rule on a file may grant only rights that apply to files.
@@ -142,23 +157,43 @@ pub(crate) fn open_rules(abi: u32, rules: &[FsRule]) -> io::Result<OpenedRules> 
     Ok(opened)
 }
 
+/// TCP rules: with the ABI for them, only these ports may be bound and connected to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TcpPorts {
+    pub bind: Vec<u16>,
+    pub connect: Vec<u16>,
+}
+
 /// Builds a ruleset from `base` plus read-write access beneath `extra_rw` (a run's temp
 /// directory): TCP denied when `deny_tcp` and the ABI has it, and the child scoped from
 /// signalling processes outside it (and from abstract UNIX sockets outside it when `deny_tcp`)
 /// where the ABI has scopes.
 pub(crate) fn build(base: &OpenedRules, extra_rw: &Path, deny_tcp: bool) -> io::Result<Ruleset> {
+    let tcp = deny_tcp.then(TcpPorts::default);
+    build_with(base, Some(extra_rw), tcp.as_ref(), deny_tcp)
+}
+
+/// Builds a ruleset from `base`, read-write access beneath `extra_rw`, TCP limited to `tcp`'s
+/// ports (where the ABI has TCP rules; `None` leaves TCP alone), signals scoped and, with
+/// `scope_abstract`, abstract UNIX sockets too (where the ABI has scopes).
+pub(crate) fn build_with(
+    base: &OpenedRules,
+    extra_rw: Option<&Path>,
+    tcp: Option<&TcpPorts>,
+    scope_abstract: bool,
+) -> io::Result<Ruleset> {
     let abi = base.abi;
     let handled_fs = fs_all(abi);
-    let tcp = deny_tcp && abi >= NET_ABI;
+    let tcp = tcp.filter(|_| abi >= NET_ABI);
     let scopes = abi >= SCOPE_ABI;
     let attr = RulesetAttr {
         handled_access_fs: handled_fs,
-        handled_access_net: if tcp {
+        handled_access_net: if tcp.is_some() {
             NET_BIND_TCP | NET_CONNECT_TCP
         } else {
             0
         },
-        scoped: match (scopes, deny_tcp) {
+        scoped: match (scopes, scope_abstract) {
             (false, _) => 0,
             (true, true) => SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET,
             (true, false) => SCOPE_SIGNAL,
@@ -178,14 +213,16 @@ pub(crate) fn build(base: &OpenedRules, extra_rw: &Path, deny_tcp: bool) -> io::
     )?;
     // SAFETY: a freshly created ruleset descriptor (close-on-exec) that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-    let extra = open_path(extra_rw)?.ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("{} is gone", extra_rw.display()),
-        )
-    })?;
-    let extra_rule = (extra, handled_fs & !FS_EXECUTE);
-    for (target, allowed) in base.rules.iter().chain(std::iter::once(&extra_rule)) {
+    let extra = match extra_rw {
+        Some(p) => Some((
+            open_path(p)?.ok_or_else(|| {
+                io::Error::new(io::ErrorKind::NotFound, format!("{} is gone", p.display()))
+            })?,
+            read_write(handled_fs),
+        )),
+        None => None,
+    };
+    for (target, allowed) in base.rules.iter().chain(extra.as_ref()) {
         let beneath = PathBeneathAttr {
             allowed_access: *allowed,
             parent_fd: target.as_raw_fd(),
@@ -197,6 +234,26 @@ pub(crate) fn build(base: &OpenedRules, extra_rw: &Path, deny_tcp: bool) -> io::
             &beneath as *const PathBeneathAttr,
             0u32
         )?;
+    }
+    if let Some(tcp) = tcp {
+        let rules = tcp
+            .bind
+            .iter()
+            .map(|p| (*p, NET_BIND_TCP))
+            .chain(tcp.connect.iter().map(|p| (*p, NET_CONNECT_TCP)));
+        for (port, access) in rules {
+            let rule = NetPortAttr {
+                allowed_access: access,
+                port: u64::from(port),
+            };
+            syscall!(
+                SYS_landlock_add_rule,
+                fd.as_raw_fd(),
+                RULE_NET_PORT,
+                &rule as *const NetPortAttr,
+                0u32
+            )?;
+        }
     }
     Ok(Ruleset { fd })
 }

@@ -7,8 +7,10 @@ pub(crate) mod cgroup;
 mod child;
 pub(crate) mod landlock;
 pub(crate) mod limits;
+pub(crate) mod namespaces;
 pub(crate) mod seccomp;
 pub(crate) mod spawn;
+pub(crate) mod spawner;
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -207,6 +209,28 @@ pub(crate) fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
         .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(dir)
         .map(OwnedFd::from)
+}
+
+/// A close-on-exec `O_PATH` descriptor for the directory `rel` beneath `base`, not following a
+/// symlink at its end.
+pub(crate) fn open_dir_at(base: &OwnedFd, rel: &Path) -> io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: c is a valid NUL-terminated string; base is an open descriptor.
+    let fd = unsafe {
+        libc::openat(
+            base.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// The effective uid of this process.

@@ -1,9 +1,23 @@
-//! A seccomp filter, assembled by hand, that leaves a child no network: `socket` with any family
-//! but `AF_UNIX` fails with `EACCES`, and so do `connect` and `sendto` with an address (so the
-//! UNIX sockets it may make reach nothing outside the run: only `socketpair` and sockets it
-//! binds itself work); `io_uring_setup` (which can open sockets on its own) fails with `EPERM`;
-//! a syscall from another ABI (i386 or x32 on x86-64) kills the process, since its numbers
-//! would bypass the checks.
+//! The seccomp filter of a confined run, built from tables by a small assembler with symbolic
+//! labels (no hand-counted jumps), and checked by a BPF interpreter in the tests.
+//!
+//! Every confined run gets the **floor** ([`FLOOR`]): syscalls no agent tool needs and every
+//! container runtime's default profile refuses (mounts, modules, kexec, BPF, perf, keyrings,
+//! file handles, userfaultfd, `setns`, clocks, swap, reboot, io_uring, the new mount API) fail
+//! with `EPERM`; a user namespace (`unshare` or `clone` with `CLONE_NEWUSER`) fails with
+//! `EPERM`; `clone3`, whose flags the filter cannot read, fails with `ENOSYS` so libc falls back
+//! to `clone`. Where the run has no IPC namespace of its own, SysV IPC and POSIX message queues
+//! fail with `EPERM` too ([`IPC`]).
+//!
+//! Without network ([`Options::network`] false): `socket` with any family but `AF_UNIX` fails
+//! with `EACCES`, and so do `connect`, `sendto` with an address, and UNIX **datagram** sockets
+//! (`socket` and `socketpair` with `SOCK_DGRAM`: `sendmsg` can carry a destination address the
+//! filter cannot read, and a datagram socket would reach any socket on the host with it; stream
+//! and seqpacket sockets ignore or refuse an address). So the UNIX sockets a run may make reach
+//! nothing outside it: only socketpairs and sockets it binds itself work.
+//!
+//! A syscall from another ABI (i386 or x32 on x86-64) kills the process: its numbers would
+//! bypass every check.
 
 use libc::{sock_filter, sock_fprog};
 
@@ -12,33 +26,580 @@ const AUDIT_ARCH: u32 = 0xC000_003E;
 #[cfg(target_arch = "aarch64")]
 const AUDIT_ARCH: u32 = 0xC000_00B7;
 
-// Offsets into struct seccomp_data.
+// Offsets into struct seccomp_data: nr, arch, instruction pointer, then six 64-bit arguments.
 const OFF_NR: u32 = 0;
 const OFF_ARCH: u32 = 4;
-#[cfg(target_endian = "little")]
-const OFF_ARG0_LOW: u32 = 16;
-#[cfg(target_endian = "little")]
-const OFF_ARG4_LOW: u32 = 16 + 4 * 8;
-#[cfg(target_endian = "little")]
-const OFF_ARG4_HIGH: u32 = 16 + 4 * 8 + 4;
-
-const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
-const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
-#[cfg(target_arch = "x86_64")]
-const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
-const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
-
-fn stmt(code: u16, k: u32) -> sock_filter {
-    sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
+const fn off_arg_low(n: u32) -> u32 {
+    if cfg!(target_endian = "little") {
+        16 + 8 * n
+    } else {
+        16 + 8 * n + 4
+    }
+}
+const fn off_arg_high(n: u32) -> u32 {
+    if cfg!(target_endian = "little") {
+        16 + 8 * n + 4
+    } else {
+        16 + 8 * n
     }
 }
 
-fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
-    sock_filter { code, jt, jf, k }
+const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+const AND_K: u16 = (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16;
+const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+const JSET_K: u16 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16;
+const JA: u16 = (libc::BPF_JMP | libc::BPF_JA) as u16;
+const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+
+/// Whether this build has a filter for the target architecture.
+pub(crate) const SUPPORTED: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
+
+/// What a filter returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Action {
+    Allow,
+    Errno(i32),
+    KillProcess,
+}
+
+impl Action {
+    fn value(self) -> u32 {
+        match self {
+            Action::Allow => libc::SECCOMP_RET_ALLOW,
+            Action::Errno(e) => libc::SECCOMP_RET_ERRNO | (e as u32 & libc::SECCOMP_RET_DATA),
+            Action::KillProcess => libc::SECCOMP_RET_KILL_PROCESS,
+        }
+    }
+}
+
+/// A place in the program a jump can name before it is bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Label(usize);
+
+/// Where a conditional jump goes.
+#[derive(Clone, Copy, Debug)]
+enum To {
+    Next,
+    L(Label),
+}
+
+enum Op {
+    Stmt(u16, u32),
+    Always(Label),
+    Jump(u16, u32, To, To),
+    Bind(Label),
+}
+
+/// A classic-BPF assembler whose jumps name labels; [`Asm::assemble`] resolves them (forward
+/// only, as BPF requires, and refuses a jump longer than 255 instructions).
+#[derive(Default)]
+struct Asm {
+    ops: Vec<Op>,
+    labels: usize,
+}
+
+impl Asm {
+    fn label(&mut self) -> Label {
+        self.labels += 1;
+        Label(self.labels - 1)
+    }
+    fn bind(&mut self, l: Label) {
+        self.ops.push(Op::Bind(l));
+    }
+    fn load(&mut self, offset: u32) {
+        self.ops.push(Op::Stmt(LD_W_ABS, offset));
+    }
+    fn and(&mut self, k: u32) {
+        self.ops.push(Op::Stmt(AND_K, k));
+    }
+    fn jeq(&mut self, k: u32, t: To, f: To) {
+        self.ops.push(Op::Jump(JEQ_K, k, t, f));
+    }
+    fn jge(&mut self, k: u32, t: To, f: To) {
+        self.ops.push(Op::Jump(JGE_K, k, t, f));
+    }
+    fn jset(&mut self, k: u32, t: To, f: To) {
+        self.ops.push(Op::Jump(JSET_K, k, t, f));
+    }
+    /// An unconditional jump (32-bit reach).
+    fn ja(&mut self, to: Label) {
+        self.ops.push(Op::Always(to));
+    }
+    fn ret(&mut self, a: Action) {
+        self.ops.push(Op::Stmt(RET_K, a.value()));
+    }
+
+    fn assemble(self) -> Result<Vec<sock_filter>, String> {
+        let mut at = vec![None; self.labels];
+        let mut n = 0usize;
+        for op in &self.ops {
+            match op {
+                Op::Bind(l) => at[l.0] = Some(n),
+                _ => n += 1,
+            }
+        }
+        let mut out = Vec::with_capacity(n);
+        for op in &self.ops {
+            let here = out.len();
+            let offset = |to: To| -> Result<u8, String> {
+                let target = match to {
+                    To::Next => return Ok(0),
+                    To::L(l) => at[l.0].ok_or("a jump to a label never bound")?,
+                };
+                let d = target
+                    .checked_sub(here + 1)
+                    .ok_or("a backward jump (BPF jumps forward only)")?;
+                u8::try_from(d).map_err(|_| format!("a jump of {d} instructions (at most 255)"))
+            };
+            match *op {
+                Op::Bind(_) => {}
+                Op::Always(l) => {
+                    let target = at[l.0].ok_or("a jump to a label never bound")?;
+                    let d = target
+                        .checked_sub(here + 1)
+                        .ok_or("a backward jump (BPF jumps forward only)")?;
+                    out.push(sock_filter {
+                        code: JA,
+                        jt: 0,
+                        jf: 0,
+                        k: u32::try_from(d).map_err(|_| "a jump too long")?,
+                    });
+                }
+                Op::Stmt(code, k) => out.push(sock_filter {
+                    code,
+                    jt: 0,
+                    jf: 0,
+                    k,
+                }),
+                Op::Jump(code, k, t, f) => out.push(sock_filter {
+                    code,
+                    jt: offset(t)?,
+                    jf: offset(f)?,
+                    k,
+                }),
+            }
+        }
+        if out.len() > usize::from(u16::MAX) {
+            return Err("the program is too long".into());
+        }
+        Ok(out)
+    }
+}
+
+/// What one syscall's rule checks once its number matched.
+#[derive(Clone, Copy, Debug)]
+enum Check {
+    /// Always refused with this action.
+    Always(Action),
+    /// Refused when argument `arg` (low 32 bits) has any bit of `mask`.
+    AnyBit { arg: u32, mask: u32, then: Action },
+    /// Refused when argument `arg` (low 32 bits) is not `value`.
+    Not { arg: u32, value: u32, then: Action },
+    /// Refused when `arg & mask == value` (low 32 bits).
+    Masked {
+        arg: u32,
+        mask: u32,
+        value: u32,
+        then: Action,
+    },
+    /// Refused when the 64-bit argument `arg` is not zero (a pointer that is given).
+    NonZero { arg: u32, then: Action },
+}
+
+/// One rule: a syscall by name (as recorded) and number, and its checks, all applied in order.
+#[derive(Clone, Copy, Debug)]
+struct Rule {
+    name: &'static str,
+    nr: libc::c_long,
+    checks: &'static [Check],
+}
+
+const EPERM: Action = Action::Errno(libc::EPERM);
+const EACCES: Action = Action::Errno(libc::EACCES);
+
+macro_rules! deny {
+    ($($name:ident),* $(,)?) => {
+        &[$(Rule { name: stringify!($name), nr: paste_sys!($name), checks: &[Check::Always(EPERM)] }),*]
+    };
+}
+macro_rules! paste_sys {
+    (mount) => {
+        libc::SYS_mount
+    };
+    (umount2) => {
+        libc::SYS_umount2
+    };
+    (pivot_root) => {
+        libc::SYS_pivot_root
+    };
+    (swapon) => {
+        libc::SYS_swapon
+    };
+    (swapoff) => {
+        libc::SYS_swapoff
+    };
+    (reboot) => {
+        libc::SYS_reboot
+    };
+    (kexec_load) => {
+        libc::SYS_kexec_load
+    };
+    (kexec_file_load) => {
+        libc::SYS_kexec_file_load
+    };
+    (init_module) => {
+        libc::SYS_init_module
+    };
+    (finit_module) => {
+        libc::SYS_finit_module
+    };
+    (delete_module) => {
+        libc::SYS_delete_module
+    };
+    (bpf) => {
+        libc::SYS_bpf
+    };
+    (perf_event_open) => {
+        libc::SYS_perf_event_open
+    };
+    (keyctl) => {
+        libc::SYS_keyctl
+    };
+    (add_key) => {
+        libc::SYS_add_key
+    };
+    (request_key) => {
+        libc::SYS_request_key
+    };
+    (open_by_handle_at) => {
+        libc::SYS_open_by_handle_at
+    };
+    (name_to_handle_at) => {
+        libc::SYS_name_to_handle_at
+    };
+    (userfaultfd) => {
+        libc::SYS_userfaultfd
+    };
+    (setns) => {
+        libc::SYS_setns
+    };
+    (settimeofday) => {
+        libc::SYS_settimeofday
+    };
+    (clock_settime) => {
+        libc::SYS_clock_settime
+    };
+    (clock_adjtime) => {
+        libc::SYS_clock_adjtime
+    };
+    (adjtimex) => {
+        libc::SYS_adjtimex
+    };
+    (acct) => {
+        libc::SYS_acct
+    };
+    (quotactl) => {
+        libc::SYS_quotactl
+    };
+    (quotactl_fd) => {
+        libc::SYS_quotactl_fd
+    };
+    (syslog) => {
+        libc::SYS_syslog
+    };
+    (io_uring_setup) => {
+        libc::SYS_io_uring_setup
+    };
+    (io_uring_enter) => {
+        libc::SYS_io_uring_enter
+    };
+    (io_uring_register) => {
+        libc::SYS_io_uring_register
+    };
+    (open_tree) => {
+        libc::SYS_open_tree
+    };
+    (move_mount) => {
+        libc::SYS_move_mount
+    };
+    (fsopen) => {
+        libc::SYS_fsopen
+    };
+    (fsconfig) => {
+        libc::SYS_fsconfig
+    };
+    (fsmount) => {
+        libc::SYS_fsmount
+    };
+    (fspick) => {
+        libc::SYS_fspick
+    };
+    (mount_setattr) => {
+        libc::SYS_mount_setattr
+    };
+    (vhangup) => {
+        libc::SYS_vhangup
+    };
+    (iopl) => {
+        libc::SYS_iopl
+    };
+    (ioperm) => {
+        libc::SYS_ioperm
+    };
+    (shmget) => {
+        libc::SYS_shmget
+    };
+    (shmat) => {
+        libc::SYS_shmat
+    };
+    (shmctl) => {
+        libc::SYS_shmctl
+    };
+    (shmdt) => {
+        libc::SYS_shmdt
+    };
+    (semget) => {
+        libc::SYS_semget
+    };
+    (semop) => {
+        libc::SYS_semop
+    };
+    (semctl) => {
+        libc::SYS_semctl
+    };
+    (semtimedop) => {
+        libc::SYS_semtimedop
+    };
+    (msgget) => {
+        libc::SYS_msgget
+    };
+    (msgsnd) => {
+        libc::SYS_msgsnd
+    };
+    (msgrcv) => {
+        libc::SYS_msgrcv
+    };
+    (msgctl) => {
+        libc::SYS_msgctl
+    };
+    (mq_open) => {
+        libc::SYS_mq_open
+    };
+    (mq_unlink) => {
+        libc::SYS_mq_unlink
+    };
+    (mq_timedsend) => {
+        libc::SYS_mq_timedsend
+    };
+    (mq_timedreceive) => {
+        libc::SYS_mq_timedreceive
+    };
+    (mq_notify) => {
+        libc::SYS_mq_notify
+    };
+    (mq_getsetattr) => {
+        libc::SYS_mq_getsetattr
+    };
+}
+
+/// The floor: refused in every confined run, whatever else the policy allows.
+#[cfg(target_arch = "x86_64")]
+const FLOOR: &[Rule] = deny![
+    mount,
+    umount2,
+    pivot_root,
+    swapon,
+    swapoff,
+    reboot,
+    kexec_load,
+    kexec_file_load,
+    init_module,
+    finit_module,
+    delete_module,
+    bpf,
+    perf_event_open,
+    keyctl,
+    add_key,
+    request_key,
+    open_by_handle_at,
+    name_to_handle_at,
+    userfaultfd,
+    setns,
+    settimeofday,
+    clock_settime,
+    clock_adjtime,
+    adjtimex,
+    acct,
+    quotactl,
+    quotactl_fd,
+    syslog,
+    io_uring_setup,
+    io_uring_enter,
+    io_uring_register,
+    open_tree,
+    move_mount,
+    fsopen,
+    fsconfig,
+    fsmount,
+    fspick,
+    mount_setattr,
+    vhangup,
+    iopl,
+    ioperm,
+];
+/// The floor: refused in every confined run, whatever else the policy allows.
+#[cfg(not(target_arch = "x86_64"))]
+const FLOOR: &[Rule] = deny![
+    mount,
+    umount2,
+    pivot_root,
+    swapon,
+    swapoff,
+    reboot,
+    kexec_load,
+    kexec_file_load,
+    init_module,
+    finit_module,
+    delete_module,
+    bpf,
+    perf_event_open,
+    keyctl,
+    add_key,
+    request_key,
+    open_by_handle_at,
+    name_to_handle_at,
+    userfaultfd,
+    setns,
+    settimeofday,
+    clock_settime,
+    clock_adjtime,
+    adjtimex,
+    acct,
+    quotactl,
+    quotactl_fd,
+    syslog,
+    io_uring_setup,
+    io_uring_enter,
+    io_uring_register,
+    open_tree,
+    move_mount,
+    fsopen,
+    fsconfig,
+    fsmount,
+    fspick,
+    mount_setattr,
+    vhangup,
+];
+
+/// No nested user namespace (it would hand the run every capability inside it, and the
+/// kernel's attack surface with them); `clone3` hides its flags in memory, so it is refused as
+/// missing and libc falls back to `clone`.
+const NAMESPACES: &[Rule] = &[
+    Rule {
+        name: "unshare(CLONE_NEWUSER)",
+        nr: libc::SYS_unshare,
+        checks: &[Check::AnyBit {
+            arg: 0,
+            mask: libc::CLONE_NEWUSER as u32,
+            then: EPERM,
+        }],
+    },
+    Rule {
+        name: "clone(CLONE_NEWUSER)",
+        nr: libc::SYS_clone,
+        checks: &[Check::AnyBit {
+            arg: 0,
+            mask: libc::CLONE_NEWUSER as u32,
+            then: EPERM,
+        }],
+    },
+    Rule {
+        name: "clone3",
+        nr: libc::SYS_clone3,
+        checks: &[Check::Always(Action::Errno(libc::ENOSYS))],
+    },
+];
+
+/// SysV IPC and POSIX message queues: refused where the run has no IPC namespace of its own,
+/// so it cannot reach the host's.
+const IPC: &[Rule] = deny![
+    shmget,
+    shmat,
+    shmctl,
+    shmdt,
+    semget,
+    semop,
+    semctl,
+    semtimedop,
+    msgget,
+    msgsnd,
+    msgrcv,
+    msgctl,
+    mq_open,
+    mq_unlink,
+    mq_timedsend,
+    mq_timedreceive,
+    mq_notify,
+    mq_getsetattr,
+];
+
+/// `type & SOCK_TYPE_MASK` (the low bits; the rest are SOCK_NONBLOCK and SOCK_CLOEXEC).
+const SOCK_TYPE_MASK: u32 = 0xf;
+
+/// No network: only UNIX sockets, and none that can address a socket outside the run.
+const NO_NETWORK: &[Rule] = &[
+    Rule {
+        name: "socket(not AF_UNIX, or SOCK_DGRAM)",
+        nr: libc::SYS_socket,
+        checks: &[
+            Check::Not {
+                arg: 0,
+                value: libc::AF_UNIX as u32,
+                then: EACCES,
+            },
+            Check::Masked {
+                arg: 1,
+                mask: SOCK_TYPE_MASK,
+                value: libc::SOCK_DGRAM as u32,
+                then: EACCES,
+            },
+        ],
+    },
+    Rule {
+        name: "socketpair(SOCK_DGRAM)",
+        nr: libc::SYS_socketpair,
+        checks: &[Check::Masked {
+            arg: 1,
+            mask: SOCK_TYPE_MASK,
+            value: libc::SOCK_DGRAM as u32,
+            then: EACCES,
+        }],
+    },
+    Rule {
+        name: "connect",
+        nr: libc::SYS_connect,
+        checks: &[Check::Always(EACCES)],
+    },
+    Rule {
+        name: "sendto(with an address)",
+        nr: libc::SYS_sendto,
+        checks: &[Check::NonZero {
+            arg: 4,
+            then: EACCES,
+        }],
+    },
+];
+
+/// What a filter covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Options {
+    /// The floor (and no nested user namespace); false where the spawner thread holds it.
+    pub floor: bool,
+    /// Leave the network alone (no [`NO_NETWORK`] rules).
+    pub network: bool,
+    /// Refuse SysV IPC and message queues (the run has no IPC namespace).
+    pub deny_ipc: bool,
 }
 
 /// A BPF program, kept alive for a child to install.
@@ -47,55 +608,157 @@ pub(crate) struct Filter {
     program: Vec<sock_filter>,
 }
 
-/// Whether this build has a socket filter for the target architecture.
-pub(crate) const SUPPORTED: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
+/// The rules a filter with `options` applies, in order.
+fn rules(options: Options) -> Vec<Rule> {
+    let mut all: Vec<Rule> = Vec::new();
+    if options.floor {
+        all.extend(FLOOR.iter().chain(NAMESPACES));
+    }
+    if options.deny_ipc {
+        all.extend_from_slice(IPC);
+    }
+    if !options.network {
+        all.extend_from_slice(NO_NETWORK);
+    }
+    all
+}
+
+/// The names of the syscalls the floor refuses, as recorded in the applied policy.
+pub(crate) fn floor_names() -> Vec<&'static str> {
+    FLOOR.iter().chain(NAMESPACES).map(|r| r.name).collect()
+}
+
+fn compile(rules: &[Rule]) -> Result<Vec<sock_filter>, String> {
+    let mut a = Asm::default();
+    let kill = a.label();
+    a.load(OFF_ARCH);
+    a.jeq(AUDIT_ARCH, To::Next, To::L(kill));
+    a.load(OFF_NR);
+    if cfg!(target_arch = "x86_64") {
+        // x32 syscalls carry this bit and the x86-64 arch value.
+        a.jge(0x4000_0000, To::L(kill), To::Next);
+    }
+    // Each rule's target: its body, or (for rules that only return) one return per action.
+    let mut shared: Vec<(Action, Label)> = Vec::new();
+    let mut bodies: Vec<(Label, &Rule)> = Vec::new();
+    let mut arms: Vec<(u32, Label)> = Vec::new();
+    for rule in rules {
+        let target = match rule.checks {
+            [Check::Always(action)] => match shared.iter().find(|(a, _)| a == action) {
+                Some((_, l)) => *l,
+                None => {
+                    let l = a.label();
+                    shared.push((*action, l));
+                    l
+                }
+            },
+            _ => {
+                let l = a.label();
+                bodies.push((l, rule));
+                l
+            }
+        };
+        arms.push((rule.nr as u32, target));
+    }
+    arms.sort_by_key(|(nr, _)| *nr);
+    arms.dedup_by_key(|(nr, _)| *nr);
+    let allow = a.label();
+    dispatch(&mut a, &arms, allow);
+    a.bind(allow);
+    a.ret(Action::Allow);
+    for (action, l) in shared {
+        a.bind(l);
+        a.ret(action);
+    }
+    for (l, rule) in bodies {
+        a.bind(l);
+        for check in rule.checks {
+            match *check {
+                Check::Always(action) => a.ret(action),
+                Check::AnyBit { arg, mask, then } => {
+                    let next = a.label();
+                    a.load(off_arg_low(arg));
+                    a.jset(mask, To::Next, To::L(next));
+                    a.ret(then);
+                    a.bind(next);
+                }
+                Check::Not { arg, value, then } => {
+                    let next = a.label();
+                    a.load(off_arg_low(arg));
+                    a.jeq(value, To::L(next), To::Next);
+                    a.ret(then);
+                    a.bind(next);
+                }
+                Check::Masked {
+                    arg,
+                    mask,
+                    value,
+                    then,
+                } => {
+                    let next = a.label();
+                    a.load(off_arg_low(arg));
+                    a.and(mask);
+                    a.jeq(value, To::Next, To::L(next));
+                    a.ret(then);
+                    a.bind(next);
+                }
+                Check::NonZero { arg, then } => {
+                    let next = a.label();
+                    let deny = a.label();
+                    a.load(off_arg_low(arg));
+                    a.jeq(0, To::Next, To::L(deny));
+                    a.load(off_arg_high(arg));
+                    a.jeq(0, To::L(next), To::Next);
+                    a.bind(deny);
+                    a.ret(then);
+                    a.bind(next);
+                }
+            }
+        }
+        // Every check passed: the call is allowed.
+        a.ret(Action::Allow);
+    }
+    a.bind(kill);
+    a.ret(Action::KillProcess);
+    a.assemble()
+}
+
+/// A binary search on the syscall number (in the accumulator) over `arms`, sorted: a few
+/// comparisons per syscall instead of one per rule, at run time and when the kernel builds its
+/// per-syscall cache of what the filter always allows (at install, for every syscall number:
+/// a linear list made that cost a third of a spawn).
+fn dispatch(a: &mut Asm, arms: &[(u32, Label)], allow: Label) {
+    if arms.len() <= 4 {
+        for &(nr, target) in arms {
+            let skip = a.label();
+            a.jeq(nr, To::Next, To::L(skip));
+            a.ja(target);
+            a.bind(skip);
+        }
+        a.ja(allow);
+        return;
+    }
+    let (low, high) = arms.split_at(arms.len() / 2);
+    let right = a.label();
+    a.jge(high[0].0, To::L(right), To::Next);
+    dispatch(a, low, allow);
+    a.bind(right);
+    dispatch(a, high, allow);
+}
 
 impl Filter {
-    /// The no-network filter, or `None` on an architecture without one.
-    pub fn deny_network() -> Option<Filter> {
-        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-        {
-            let allow = libc::SECCOMP_RET_ALLOW;
-            let eacces = libc::SECCOMP_RET_ERRNO | libc::EACCES as u32;
-            let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
-            let mut p = vec![
-                stmt(LD_W_ABS, OFF_ARCH),
-                jump(JEQ_K, AUDIT_ARCH, 1, 0),
-                stmt(RET_K, libc::SECCOMP_RET_KILL_PROCESS),
-                stmt(LD_W_ABS, OFF_NR),
-            ];
-            #[cfg(target_arch = "x86_64")]
-            {
-                // x32 syscalls carry this bit and the x86-64 arch value.
-                p.push(jump(JGE_K, 0x4000_0000, 0, 1));
-                p.push(stmt(RET_K, libc::SECCOMP_RET_KILL_PROCESS));
-            }
-            // Offsets are to the final ALLOW (i11) and DENY (i12) below.
-            p.extend([
-                /* i0 */ jump(JEQ_K, libc::SYS_io_uring_setup as u32, 0, 1),
-                /* i1 */ stmt(RET_K, eperm),
-                // connect: pathname and abstract UNIX sockets reach daemons outside the run
-                // (a user's D-Bus, a Docker socket); socketpair needs no connect.
-                /* i2 */
-                jump(JEQ_K, libc::SYS_connect as u32, 9, 0),
-                // sendto with a destination address: the same, for datagram sockets.
-                /* i3 */
-                jump(JEQ_K, libc::SYS_sendto as u32, 0, 4),
-                /* i4 */ stmt(LD_W_ABS, OFF_ARG4_LOW),
-                /* i5 */ jump(JEQ_K, 0, 0, 6),
-                /* i6 */ stmt(LD_W_ABS, OFF_ARG4_HIGH),
-                /* i7 */ jump(JEQ_K, 0, 3, 4),
-                /* i8 */ jump(JEQ_K, libc::SYS_socket as u32, 0, 2),
-                /* i9 */ stmt(LD_W_ABS, OFF_ARG0_LOW),
-                /* i10 */ jump(JEQ_K, libc::AF_UNIX as u32, 0, 1),
-                /* i11 */ stmt(RET_K, allow),
-                /* i12 */ stmt(RET_K, eacces),
-            ]);
-            Some(Filter { program: p })
+    /// The filter for `options`, or `None` on an architecture without one.
+    pub fn new(options: Options) -> Option<Filter> {
+        if !SUPPORTED || (!options.floor && !options.deny_ipc && options.network) {
+            return None;
         }
-        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-        {
-            None
+        match compile(&rules(options)) {
+            Ok(program) => Some(Filter { program }),
+            Err(e) => {
+                // The tables are constants and a unit test assembles every variant.
+                log::error!("the seccomp filter does not assemble: {e}");
+                None
+            }
         }
     }
 
@@ -110,5 +773,222 @@ pub(crate) fn prog_of(program: &[sock_filter]) -> sock_fprog {
     sock_fprog {
         len: program.len() as u16,
         filter: program.as_ptr() as *mut sock_filter,
+    }
+}
+
+#[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod tests {
+    use super::*;
+
+    /// A classic-BPF interpreter for the instructions the assembler emits, over a
+    /// `seccomp_data` of (nr, arch, args).
+    fn eval(program: &[sock_filter], nr: libc::c_long, arch: u32, args: [u64; 6]) -> u32 {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&(nr as u32).to_ne_bytes());
+        data[4..8].copy_from_slice(&arch.to_ne_bytes());
+        for (i, a) in args.iter().enumerate() {
+            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_ne_bytes());
+        }
+        let mut acc: u32 = 0;
+        let mut pc = 0usize;
+        loop {
+            let i = program[pc];
+            pc += 1;
+            match i.code {
+                LD_W_ABS => {
+                    let k = i.k as usize;
+                    acc = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap());
+                }
+                AND_K => acc &= i.k,
+                JA => pc += i.k as usize,
+                RET_K => return i.k,
+                JEQ_K | JGE_K | JSET_K => {
+                    let taken = match i.code {
+                        JEQ_K => acc == i.k,
+                        JGE_K => acc >= i.k,
+                        _ => acc & i.k != 0,
+                    };
+                    pc += usize::from(if taken { i.jt } else { i.jf });
+                }
+                other => panic!("unexpected instruction {other:#x}"),
+            }
+        }
+    }
+
+    const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+    fn errno(e: i32) -> u32 {
+        libc::SECCOMP_RET_ERRNO | e as u32
+    }
+
+    fn run(options: Options, nr: libc::c_long, args: [u64; 6]) -> u32 {
+        let f = Filter::new(options).expect("assembles");
+        eval(&f.program, nr, AUDIT_ARCH, args)
+    }
+
+    const ALL: [Options; 4] = [
+        Options {
+            floor: true,
+            network: false,
+            deny_ipc: false,
+        },
+        Options {
+            floor: true,
+            network: true,
+            deny_ipc: false,
+        },
+        Options {
+            floor: true,
+            network: false,
+            deny_ipc: true,
+        },
+        Options {
+            floor: true,
+            network: true,
+            deny_ipc: true,
+        },
+    ];
+
+    #[test]
+    fn every_floor_rule_refuses_its_syscall_with_eperm_in_every_variant() {
+        for o in ALL {
+            for rule in FLOOR {
+                assert_eq!(run(o, rule.nr, [0; 6]), errno(libc::EPERM), "{}", rule.name);
+            }
+            // Everyday syscalls pass.
+            for nr in [
+                libc::SYS_read,
+                libc::SYS_write,
+                libc::SYS_openat,
+                libc::SYS_execve,
+                libc::SYS_wait4,
+                libc::SYS_getpid,
+            ] {
+                assert_eq!(run(o, nr, [0; 6]), ALLOW, "syscall {nr}");
+            }
+        }
+    }
+
+    #[test]
+    fn user_namespaces_are_refused_and_plain_clones_pass() {
+        let newuser = libc::CLONE_NEWUSER as u64;
+        for o in ALL {
+            assert_eq!(
+                run(o, libc::SYS_unshare, [newuser, 0, 0, 0, 0, 0]),
+                errno(libc::EPERM)
+            );
+            assert_eq!(
+                run(o, libc::SYS_clone, [newuser | 17, 0, 0, 0, 0, 0]),
+                errno(libc::EPERM)
+            );
+            assert_eq!(
+                run(
+                    o,
+                    libc::SYS_unshare,
+                    [libc::CLONE_FILES as u64, 0, 0, 0, 0, 0]
+                ),
+                ALLOW
+            );
+            assert_eq!(run(o, libc::SYS_clone, [17, 0, 0, 0, 0, 0]), ALLOW);
+            assert_eq!(run(o, libc::SYS_clone3, [0; 6]), errno(libc::ENOSYS));
+        }
+    }
+
+    #[test]
+    fn ipc_is_refused_only_without_an_ipc_namespace() {
+        for o in ALL {
+            for rule in IPC {
+                let want = if o.deny_ipc {
+                    errno(libc::EPERM)
+                } else {
+                    ALLOW
+                };
+                assert_eq!(run(o, rule.nr, [0; 6]), want, "{} {o:?}", rule.name);
+            }
+        }
+    }
+
+    #[test]
+    fn without_network_only_unix_stream_sockets_that_address_nothing_remain() {
+        let unix = libc::AF_UNIX as u64;
+        let stream = libc::SOCK_STREAM as u64;
+        let dgram = libc::SOCK_DGRAM as u64;
+        let flags = (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u64;
+        let eacces = errno(libc::EACCES);
+        for o in ALL {
+            let deny = |allowed: bool| if o.network || allowed { ALLOW } else { eacces };
+            let socket = |family: u64, ty: u64| run(o, libc::SYS_socket, [family, ty, 0, 0, 0, 0]);
+            assert_eq!(socket(unix, stream), ALLOW);
+            assert_eq!(socket(unix, stream | flags), ALLOW);
+            assert_eq!(socket(unix, libc::SOCK_SEQPACKET as u64), ALLOW);
+            assert_eq!(socket(unix, dgram), deny(false));
+            assert_eq!(socket(unix, dgram | flags), deny(false));
+            assert_eq!(socket(libc::AF_INET as u64, stream), deny(false));
+            assert_eq!(socket(libc::AF_INET6 as u64, dgram), deny(false));
+            assert_eq!(socket(libc::AF_NETLINK as u64, dgram), deny(false));
+            // The family is compared in full: AF_UNIX plus high bits is not AF_UNIX.
+            assert_eq!(socket(unix | 0x100, stream), deny(false));
+            let pair = |ty: u64| run(o, libc::SYS_socketpair, [unix, ty, 0, 0, 0, 0]);
+            assert_eq!(pair(stream), ALLOW);
+            assert_eq!(pair(dgram | flags), deny(false));
+            assert_eq!(run(o, libc::SYS_connect, [3, 0, 0, 0, 0, 0]), deny(false));
+            let sendto = |addr: u64| run(o, libc::SYS_sendto, [3, 0, 0, 0, addr, 0]);
+            assert_eq!(sendto(0), ALLOW);
+            assert_eq!(sendto(0x7fff_0000_1000), deny(false));
+            assert_eq!(sendto(1 << 40), deny(false), "a high-word-only address");
+            // sendmsg stays: with no datagram socket and no connect it can reach nobody.
+            assert_eq!(run(o, libc::SYS_sendmsg, [3, 0, 0, 0, 0, 0]), ALLOW);
+        }
+    }
+
+    #[test]
+    fn without_the_floor_only_the_rest_is_checked() {
+        let o = Options {
+            floor: false,
+            network: false,
+            deny_ipc: false,
+        };
+        assert_eq!(run(o, libc::SYS_mount, [0; 6]), ALLOW);
+        assert_eq!(run(o, libc::SYS_connect, [0; 6]), errno(libc::EACCES));
+        let none = Options {
+            floor: false,
+            network: true,
+            deny_ipc: false,
+        };
+        assert!(Filter::new(none).is_none(), "a filter that refuses nothing");
+    }
+
+    #[test]
+    fn other_abis_are_killed() {
+        let f = Filter::new(ALL[0]).expect("assembles");
+        let kill = libc::SECCOMP_RET_KILL_PROCESS;
+        assert_eq!(eval(&f.program, libc::SYS_read, 0x4000_0003, [0; 6]), kill);
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            eval(&f.program, libc::SYS_read | 0x4000_0000, AUDIT_ARCH, [0; 6]),
+            kill
+        );
+    }
+
+    #[test]
+    fn the_assembler_refuses_what_bpf_cannot_express() {
+        let mut a = Asm::default();
+        let l = a.label();
+        a.jeq(0, To::L(l), To::Next);
+        assert!(a.assemble().is_err(), "an unbound label");
+        let mut a = Asm::default();
+        let l = a.label();
+        a.bind(l);
+        a.ret(Action::Allow);
+        a.jeq(0, To::L(l), To::Next);
+        assert!(a.assemble().is_err(), "a backward jump");
+        let mut a = Asm::default();
+        let l = a.label();
+        a.jeq(0, To::L(l), To::Next);
+        for _ in 0..300 {
+            a.ret(Action::Allow);
+        }
+        a.bind(l);
+        a.ret(Action::Allow);
+        assert!(a.assemble().is_err(), "a jump past 255");
     }
 }

@@ -117,8 +117,11 @@ impl Containment {
     fn clone_flags(self) -> libc::c_ulong {
         match self {
             Containment::PidNamespace { user_ns: false } => libc::CLONE_NEWPID as libc::c_ulong,
+            // A user namespace of its own lets an unprivileged host give the run UTS and IPC
+            // namespaces too.
             Containment::PidNamespace { user_ns: true } => {
-                (libc::CLONE_NEWPID | libc::CLONE_NEWUSER) as libc::c_ulong
+                (libc::CLONE_NEWPID | libc::CLONE_NEWUSER | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC)
+                    as libc::c_ulong
             }
             Containment::Subreaper => 0,
         }
@@ -197,8 +200,8 @@ pub(crate) fn subreaper_works() -> bool {
     std::fs::read("/proc/thread-self/children").is_ok()
 }
 
-/// Confinement a child applies to itself before exec.
-#[derive(Debug, Default)]
+/// Confinement a child applies to itself before exec. Every capability is dropped.
+#[derive(Debug)]
 pub(crate) struct Confinement {
     /// A Landlock ruleset to enforce.
     pub ruleset: Option<super::landlock::Ruleset>,
@@ -206,6 +209,25 @@ pub(crate) struct Confinement {
     pub filter: Option<super::seccomp::Filter>,
     /// Resource limits.
     pub rlimits: Vec<Rlimit>,
+    /// Namespaces to join (mount, UTS, IPC; -1 for none), held by the caller for the run.
+    pub join: [RawFd; 3],
+    /// Empty the bounding set (possible with CAP_SETPCAP: root, or in a user namespace).
+    pub drop_bounding: bool,
+    /// The uid and gid the program runs as; `None` keeps the host's.
+    pub run_as: Option<(u32, u32)>,
+}
+
+impl Default for Confinement {
+    fn default() -> Self {
+        Confinement {
+            ruleset: None,
+            filter: None,
+            rlimits: Vec::new(),
+            join: [-1; 3],
+            drop_bounding: false,
+            run_as: None,
+        }
+    }
 }
 
 /// What to run.
@@ -223,7 +245,7 @@ pub(crate) struct SpawnSpec<'a> {
     pub cgroup: Option<&'a std::ffi::CStr>,
     /// A thread inside the tool's cgroup to clone the supervisor from (the process bound
     /// without a migration per run).
-    pub spawner: Option<&'a super::cgroup::Spawner>,
+    pub spawner: Option<&'a super::spawner::Spawner>,
     pub timeout: Duration,
     /// Most bytes kept of stdout, and separately of stderr; the rest is read and dropped.
     pub output_cap: usize,
@@ -371,6 +393,7 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         .confinement
         .and_then(|c| c.ruleset.as_ref())
         .map_or(-1, |r| r.raw());
+    let join = spec.confinement.map_or([-1; 3], |c| c.join);
     let mut plan = Box::new(ChildPlan {
         argv: with_null(&argv_c),
         envp: with_null(&env_c),
@@ -394,7 +417,12 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         seccomp: None,
         _filter: filter,
         cgroup: spec.cgroup.map(std::ffi::CStr::to_owned),
-        keep: [spec.cwd.unwrap_or(-1), ruleset],
+        join,
+        drop_caps: spec.confinement.is_some(),
+        drop_bounding: spec.confinement.is_some_and(|c| c.drop_bounding),
+        run_as: spec.confinement.and_then(|c| c.run_as),
+        host_dumpable: host_dumpable(),
+        keep: [spec.cwd.unwrap_or(-1), ruleset, join[0], join[1], join[2]],
         supervisor_pid: std::sync::atomic::AtomicI32::new(0),
         max_fd: max_fd(),
         supervisor_stack: Stack::new(CHILD_STACK)?,
@@ -532,6 +560,14 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
     })
 }
 
+/// This process's dumpable flag as `PR_SET_DUMPABLE` takes it (0 or 1), or -1.
+fn host_dumpable() -> i32 {
+    match syscall!(SYS_prctl, libc::PR_GET_DUMPABLE, 0, 0, 0, 0) {
+        Ok(v @ 0..=1) => v as i32,
+        _ => -1,
+    }
+}
+
 /// Clones the supervisor (sharing our memory, on its own stack, with every signal blocked so
 /// no host handler runs in it); returns its pid (or -1), its pidfd and the clone's error.
 fn clone_supervisor(
@@ -599,8 +635,8 @@ fn read_full(fd: RawFd, buf: &mut [u8]) -> usize {
     got
 }
 
-/// Waits for the supervisor to exit and reaps it; returns its exit code when it exited.
-fn reap(pidfd: &OwnedFd) -> Option<i32> {
+/// Waits for a child (by pidfd) to exit and reaps it; returns its exit code when it exited.
+pub(crate) fn reap(pidfd: &OwnedFd) -> Option<i32> {
     loop {
         // SAFETY: siginfo_t is plain data; waitid writes it. __WALL: the supervisor sends no
         // exit signal, so it is a "clone" child.

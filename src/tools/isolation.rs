@@ -2,11 +2,13 @@
 //! kernel can enforce here (decided once, when the tool is built), and the per-run confinement
 //! (a Landlock ruleset naming the run's private temp directory, the seccomp filter, limits).
 
-use crate::sys::cgroup::{RunCgroup, Spawner, ToolCgroup};
+use crate::sys::cgroup::{RunCgroup, ToolCgroup};
 use crate::sys::landlock::{self, Access, FsRule, OpenedRules};
 use crate::sys::limits::Rlimit;
+use crate::sys::namespaces::{HeldNamespaces, Ids};
 use crate::sys::seccomp::{self, Filter};
 use crate::sys::spawn::{self, Confinement, Containment};
+use crate::sys::spawner::{self, Prepare, Spawner};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -68,6 +70,38 @@ impl Default for ResourceLimits {
     }
 }
 
+/// Whom a confined run executes as when the host runs as root (config
+/// `tools.shell.isolation.run_as`). A host that is not root runs its runs as itself: it has
+/// nothing to give up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunAs {
+    /// An unprivileged uid and gid (default 65534 and 65534, `nobody`), so files only root may
+    /// read (`/etc/shadow`, `/root`, 0600 files of root's under the read paths) stay unreadable.
+    /// The working dirs are idmapped for the run: it writes there as before, and what it creates
+    /// belongs to the host user.
+    Unprivileged {
+        /// The uid; never 0.
+        uid: u32,
+        /// The gid; never 0.
+        gid: u32,
+    },
+    /// The host's own uid (root), with every capability dropped: root's own files stay
+    /// readable wherever Landlock allows reading (config `"host"`).
+    Host,
+}
+
+impl Default for RunAs {
+    fn default() -> Self {
+        RunAs::Unprivileged {
+            uid: NOBODY,
+            gid: NOBODY,
+        }
+    }
+}
+
+/// The overflow id, `nobody` on Linux distributions.
+const NOBODY: u32 = 65534;
+
 /// Settings of the shell's confinement (config `tools.shell.isolation`).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct IsolationOptions {
@@ -79,6 +113,8 @@ pub struct IsolationOptions {
     pub network: bool,
     /// Resource limits.
     pub limits: ResourceLimits,
+    /// Whom a run executes as on a root host; default [`RunAs::Unprivileged`] 65534.
+    pub run_as: RunAs,
     /// Test seam: pretend the kernel offers at most this Landlock ABI. Not for production use.
     #[doc(hidden)]
     pub pretend_landlock_abi: Option<u32>,
@@ -106,19 +142,83 @@ pub(crate) struct Policy {
     pids_cgroup: Option<(&'static Path, u64)>,
     /// The tool's cgroup and spawner thread (cgroup v1).
     tool_cgroup: Option<ToolCgroup>,
+    /// A spawner thread of the tool's own (a root host without a v1 cgroup).
+    own_spawner: Option<Spawner>,
+    /// The spawner thread holds the tool's namespaces, an empty bounding set and the floor.
+    thread_confined: bool,
     /// An empty cgroup a finished run left, for the next.
     spare_cgroup: parking_lot::Mutex<Option<RunCgroup>>,
     pub containment: Containment,
-    filter: bool,
+    filter: Option<seccomp::Options>,
+    /// The tool's namespaces (root hosts), with the run's idmapped views of its directories.
+    pub held: Option<HeldNamespaces>,
+    /// The ids a run executes as (root hosts), when not the host's.
+    run_as: Option<Ids>,
+    drop_bounding: bool,
     /// The applied policy, as recorded in `tool.execution_started`.
     pub recorded: Value,
 }
 
+/// What a root host's runs hold: the tool's namespaces, and whom they run as.
+struct RootHost {
+    held: Option<HeldNamespaces>,
+    run_as: Option<Ids>,
+    /// Why the run keeps the host's uid, when it was asked not to.
+    fallback: Option<String>,
+}
+
+/// Makes a root host's namespaces: with the working dirs and the temp base idmapped for an
+/// unprivileged `run_as`, else (or when that fails outside `required`) without.
+fn root_host(
+    options: &IsolationOptions,
+    working_dirs: &[PathBuf],
+    tmp_base: &Path,
+) -> Result<RootHost, String> {
+    let host = Ids::effective();
+    if let RunAs::Unprivileged { uid, gid } = options.run_as {
+        let mut mapped = working_dirs.to_vec();
+        mapped.push(tmp_base.to_path_buf());
+        let run = Ids { uid, gid };
+        match HeldNamespaces::create(&mapped, host, run) {
+            Ok(held) => {
+                return Ok(RootHost {
+                    held: Some(held),
+                    run_as: Some(run),
+                    fallback: None,
+                })
+            }
+            Err(e) if options.mode == IsolationMode::Required => {
+                return Err(format!(
+                    "on a root host a run executes as uid {uid}, which needs its working dirs                      idmapped (Linux 5.12, and a filesystem that supports idmapped mounts): {e};                      set tools.shell.isolation.run_as to \"host\" (root without                      capabilities, root's files readable), or mode \"best_effort\""
+                ))
+            }
+            Err(e) => {
+                log::warn!("shell tool: runs keep the host's uid: {e}");
+                let held = HeldNamespaces::create(&[], host, host).ok();
+                return Ok(RootHost {
+                    held,
+                    run_as: None,
+                    fallback: Some(e.to_string()),
+                });
+            }
+        }
+    }
+    Ok(RootHost {
+        held: HeldNamespaces::create(&[], host, host)
+            .map_err(|e| log::warn!("shell tool: no UTS/IPC namespaces for runs: {e}"))
+            .ok(),
+        run_as: None,
+        fallback: None,
+    })
+}
+
 /// The policy the kernel here can enforce for `options`, or (in `required` mode) why it cannot.
+/// `tmp_base` is where the runs' private temp directories live (it must exist).
 pub(crate) fn plan(
     options: &IsolationOptions,
     working_dirs: &[PathBuf],
     executable_dirs: &[PathBuf],
+    tmp_base: &Path,
 ) -> Result<Policy, String> {
     let kernel_abi = landlock::abi();
     let abi = options
@@ -126,24 +226,21 @@ pub(crate) fn plan(
         .map_or(kernel_abi, |p| p.min(kernel_abi));
     let mode = options.mode;
     let confine = mode != IsolationMode::None;
-    let filter = confine && !options.network && seccomp::SUPPORTED;
-    if mode == IsolationMode::Required {
-        if abi < landlock::MIN_FS_ABI {
-            return Err(format!(
-                "the kernel offers Landlock ABI {abi} (0: Landlock missing or disabled), and \
-                 confining the shell's filesystem needs ABI {} (Linux 6.2, with landlock in the \
-                 `lsm=` boot list); set tools.shell.isolation.mode to \"best_effort\" to run with \
-                 what the kernel offers, or \"none\" to opt out",
-                landlock::MIN_FS_ABI
-            ));
-        }
-        if !options.network && !seccomp::SUPPORTED {
-            return Err(format!(
-                "denying the network needs a seccomp filter, which correx has for x86_64 and \
-                 aarch64 only (this is {}); set network: true or mode \"best_effort\"",
-                std::env::consts::ARCH
-            ));
-        }
+    if mode == IsolationMode::Required && !seccomp::SUPPORTED {
+        return Err(format!(
+            "the syscall floor needs a seccomp filter, which correx has for x86_64 and aarch64 \
+             only (this is {}); set mode \"best_effort\"",
+            std::env::consts::ARCH
+        ));
+    }
+    if mode == IsolationMode::Required && abi < landlock::MIN_FS_ABI {
+        return Err(format!(
+            "the kernel offers Landlock ABI {abi} (0: Landlock missing or disabled), and \
+             confining the shell's filesystem needs ABI {} (Linux 6.2, with landlock in the \
+             `lsm=` boot list); set tools.shell.isolation.mode to \"best_effort\" to run with \
+             what the kernel offers, or \"none\" to opt out",
+            landlock::MIN_FS_ABI
+        ));
     }
     let containment = if options.force_subreaper {
         Containment::Subreaper
@@ -155,6 +252,29 @@ pub(crate) fn plan(
     let tcp = landlock_on && !options.network && abi >= landlock::NET_ABI;
     let scopes = landlock_on && abi >= landlock::SCOPE_ABI;
     let nproc_in_userns = containment == (Containment::PidNamespace { user_ns: true });
+    let root = crate::sys::euid() == 0;
+    let host = if confine && root {
+        root_host(options, working_dirs, tmp_base)?
+    } else {
+        RootHost {
+            held: None,
+            run_as: None,
+            fallback: None,
+        }
+    };
+    // The run's own UTS and IPC namespaces: the tool's (root), or made with its user
+    // namespace (an unprivileged host); elsewhere SysV IPC is refused by the filter, and the
+    // host's name is safe for want of CAP_SYS_ADMIN.
+    let own_uts_ipc = host.held.is_some() || nproc_in_userns;
+    let filter = (confine && seccomp::SUPPORTED).then_some(seccomp::Options {
+        floor: true,
+        network: options.network,
+        deny_ipc: !own_uts_ipc,
+    });
+    // Emptying the bounding set needs CAP_SETPCAP: root has it, and so does a run in a user
+    // namespace of its own. Elsewhere the set stays, unusable: no_new_privs means no exec can
+    // raise a capability into it.
+    let drop_bounding = confine && (root || nproc_in_userns);
     if mode == IsolationMode::Required && containment == Containment::Subreaper && !scopes {
         return Err(format!(
             "no PID namespace can be made here, and without Landlock's signal scope (ABI {}, \
@@ -205,12 +325,61 @@ pub(crate) fn plan(
         Some(_) if confine && !nproc_in_userns => crate::sys::cgroup::pids_parent(),
         _ => None,
     };
+    // A root host's runs are cloned from a spawner thread that took the shared part of their
+    // confinement once: the tool's namespaces, an empty bounding set, the syscall floor (each
+    // costs a run tens of microseconds: cred changes and filter compilation are slow).
+    let thread_prepare = || -> Option<Prepare> {
+        if !(confine && root) {
+            return None;
+        }
+        let join = match &host.held {
+            Some(h) => h.clone_fds().ok()?,
+            None => Vec::new(),
+        };
+        let floor = Filter::new(seccomp::Options {
+            floor: true,
+            network: true,
+            deny_ipc: !own_uts_ipc,
+        })
+        .map(|f| f.instructions());
+        Some(Box::new(move || {
+            spawner::confine_thread(&join, floor.as_deref())
+        }))
+    };
+    let mut thread_confined = false;
     // v1: one cgroup per tool with a spawner thread in it (no migration per run).
     let tool_cgroup = match (pids_parent, l.max_processes) {
-        (Some(p), Some(limit)) if p.v1 => match ToolCgroup::new(p.dir, limit) {
-            Ok(cg) => Some(cg),
+        (Some(p), Some(limit)) if p.v1 => {
+            let with = thread_prepare().map(|prepare| ToolCgroup::new(p.dir, limit, prepare));
+            match with {
+                Some(Ok(cg)) => {
+                    thread_confined = true;
+                    Some(cg)
+                }
+                other => {
+                    if let Some(Err(e)) = other {
+                        log::warn!("shell tool: confining the spawner thread: {e}");
+                    }
+                    match ToolCgroup::new(p.dir, limit, Box::new(|| Ok(()))) {
+                        Ok(cg) => Some(cg),
+                        Err(e) => {
+                            log::warn!("shell tool: no pids cgroup in {}: {e}", p.dir.display());
+                            None
+                        }
+                    }
+                }
+            }
+        }
+        _ => None,
+    };
+    let own_spawner = match (&tool_cgroup, thread_prepare()) {
+        (None, Some(prepare)) => match Spawner::start(prepare) {
+            Ok(s) => {
+                thread_confined = true;
+                Some(s)
+            }
             Err(e) => {
-                log::warn!("shell tool: no pids cgroup in {}: {e}", p.dir.display());
+                log::warn!("shell tool: confining the spawner thread: {e}");
                 None
             }
         },
@@ -246,9 +415,44 @@ pub(crate) fn plan(
         } else { Value::Null },
         "network": {
             "allowed": options.network || !confine,
-            "seccomp_af_unix_only": filter,
+            "seccomp_af_unix_only": filter.is_some_and(|f| !f.network),
+            "unix_datagram_denied": filter.is_some_and(|f| !f.network),
             "landlock_tcp_denied": tcp,
         },
+        "identity": if confine { json!({
+            "uid": host.run_as.map_or(crate::sys::euid(), |i| i.uid),
+            "gid": host.run_as.map_or(Ids::effective().gid, |i| i.gid),
+            "run_as": match (root, host.run_as) {
+                (false, _) => "host_user",
+                (true, Some(_)) => "unprivileged",
+                (true, None) => "host_root",
+            },
+            "working_dirs_idmapped": host.run_as.is_some(),
+            "fallback": host.fallback,
+        }) } else { Value::Null },
+        "capabilities": match (confine, drop_bounding) {
+            (false, _) => "host",
+            (true, true) => "none",
+            // Effective, permitted, inheritable and ambient are empty; the bounding set
+            // cannot be emptied without CAP_SETPCAP, and no_new_privs keeps it unusable.
+            (true, false) => "none_but_bounding_set",
+        },
+        "no_new_privs": confine,
+        "devices": if landlock_on { "mknod_denied" } else { "host" },
+        "namespaces": {
+            "pid": containment != Containment::Subreaper,
+            "user": nproc_in_userns,
+            "mount": host.held.is_some(),
+            "uts": confine && own_uts_ipc,
+            "ipc": confine && own_uts_ipc,
+        },
+        "ipc": match (confine, own_uts_ipc, filter.is_some()) {
+            (false, _, _) => "host",
+            (true, true, _) => "own_namespace",
+            (true, false, true) => "seccomp_denied",
+            (true, false, false) => "host",
+        },
+        "syscall_floor": if filter.is_some() { json!(seccomp::floor_names()) } else { Value::Null },
         "scopes": {"signal": scopes, "abstract_unix_socket": scopes && !options.network},
         "limits": if confine { json!({
             "address_space_bytes": l.address_space_bytes,
@@ -298,9 +502,14 @@ pub(crate) fn plan(
         rlimits,
         pids_cgroup,
         tool_cgroup,
+        own_spawner,
+        thread_confined,
         spare_cgroup: parking_lot::Mutex::new(None),
         containment,
         filter,
+        held: host.held,
+        run_as: host.run_as,
+        drop_bounding,
         recorded,
     })
 }
@@ -324,9 +533,13 @@ impl Policy {
         })
     }
 
-    /// The thread to clone a run's supervisor from, when the tool has a cgroup of its own.
+    /// The thread to clone a run's supervisor from, when the tool has one (a v1 cgroup of its
+    /// own, or a root host).
     pub fn spawner(&self) -> Option<&Spawner> {
-        self.tool_cgroup.as_ref().map(ToolCgroup::spawner)
+        self.tool_cgroup
+            .as_ref()
+            .map(ToolCgroup::spawner)
+            .or(self.own_spawner.as_ref())
     }
 
     /// After a run: keeps its cgroup for the next run when no process is left in it.
@@ -354,12 +567,21 @@ impl Policy {
         };
         Ok(Some(Confinement {
             ruleset,
-            filter: if self.filter {
-                Filter::deny_network()
-            } else {
-                None
-            },
+            filter: self.filter.and_then(|f| {
+                Filter::new(seccomp::Options {
+                    floor: !self.thread_confined,
+                    // The spawner thread's filter refuses SysV IPC where that is needed.
+                    deny_ipc: f.deny_ipc && !self.thread_confined,
+                    ..f
+                })
+            }),
             rlimits: self.rlimits.clone(),
+            join: match (&self.held, self.thread_confined) {
+                (Some(held), false) => held.fds(),
+                _ => [-1; 3],
+            },
+            drop_bounding: self.drop_bounding && !self.thread_confined,
+            run_as: self.run_as.map(|i| (i.uid, i.gid)),
         }))
     }
 }

@@ -33,7 +33,7 @@ pub use fs::{
     ConfineError, FileEditTool, FileReadTool, FileWriteTool, ResolveMode, Roots,
     DEFAULT_MAX_READ_BYTES,
 };
-pub use isolation::{IsolationMode, IsolationOptions, ResourceLimits};
+pub use isolation::{IsolationMode, IsolationOptions, ResourceLimits, RunAs};
 pub(crate) use params::json_kind;
 pub use registry::{DispatchingToolExecutor, ToolRegistry};
 pub use shell::{looks_secret, ShellOptions, ShellTool, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT};

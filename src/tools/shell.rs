@@ -80,6 +80,8 @@ pub struct ShellTool {
     timeout: Duration,
     output_cap: usize,
     roots: Roots,
+    /// The same roots as a run sees them, where that differs (idmapped on a root host).
+    run_roots: Option<Roots>,
     working_roots: Vec<PathBuf>,
     /// The policy the kernel can enforce, or why `required` cannot be met here (every run is
     /// then refused with that reason).
@@ -229,6 +231,17 @@ fn tmp_base() -> PathBuf {
     std::env::temp_dir().join(format!("correx-shell-{}", crate::sys::euid()))
 }
 
+/// Creates the temp base (mode 0700) if missing, and checks it is private.
+fn make_tmp_base(base: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(base) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    check_private(base)
+}
+
 impl ShellTool {
     /// Resolves every allowed executable once, through the fixed PATH, to a canonical path.
     ///
@@ -280,8 +293,23 @@ impl ShellTool {
             .iter()
             .map(|r| std::fs::canonicalize(r).unwrap_or_else(|_| r.clone()))
             .collect();
-        let policy =
-            isolation::plan(&options.isolation, &working_roots, &exec_dirs).map_err(|reason| {
+        let tmp_base = tmp_base();
+        let root_confined =
+            crate::sys::euid() == 0 && options.isolation.mode != super::IsolationMode::None;
+        // A root host's runs see the temp base through an idmapped mount made now: it must
+        // exist, under its real path.
+        let tmp_base = if root_confined {
+            make_tmp_base(&tmp_base)
+                .and_then(|()| std::fs::canonicalize(&tmp_base))
+                .map_err(|e| ToolError::InvalidSetting {
+                    field: "isolation",
+                    reason: format!("creating {}: {e}", tmp_base.display()),
+                })?
+        } else {
+            tmp_base
+        };
+        let policy = isolation::plan(&options.isolation, &working_roots, &exec_dirs, &tmp_base)
+            .map_err(|reason| {
                 log::warn!("shell tool: every run will be refused: {reason}");
                 Refusal {
                     recorded: serde_json::json!({
@@ -291,15 +319,31 @@ impl ShellTool {
                     reason,
                 }
             });
+        // The working roots as the run sees them (idmapped, on a root host), in the same order.
+        let run_roots = match policy.as_ref().ok().and_then(|p| p.held.as_ref()) {
+            // Idmapped (every working root has its view), or not at all.
+            Some(held) if working_roots.iter().all(|r| held.view(r).is_some()) => {
+                let mut fds = Vec::with_capacity(working_roots.len());
+                for view in working_roots.iter().filter_map(|r| held.view(r)) {
+                    fds.push(view.try_clone().map_err(|e| ToolError::InvalidSetting {
+                        field: "working_dirs",
+                        reason: e.to_string(),
+                    })?);
+                }
+                Some(roots.with_fds(fds))
+            }
+            _ => None,
+        };
         Ok(ShellTool {
             allowed,
             env: options.env.into_iter().collect(),
             timeout: options.timeout,
             output_cap: options.output_cap,
             roots,
+            run_roots,
             working_roots,
             policy,
-            tmp_base: tmp_base(),
+            tmp_base,
             spare: parking_lot::Mutex::new(None),
         })
     }
@@ -373,45 +417,52 @@ impl ShellTool {
     }
 
     /// A directory descriptor to start in: the request's `cwd`, else the first working root,
-    /// else the run's temp directory.
+    /// else the run's temp directory; as the run sees it (through its idmapped mounts on a
+    /// root host).
     fn start_dir(&self, request: &ToolRequest, tmp: &Path) -> Result<OwnedFd, ToolResult> {
         let id = &request.invocation_id;
+        let roots = self.run_roots.as_ref().unwrap_or(&self.roots);
         // A cwd is opened beneath its root and handed to the child as a descriptor, so nothing
         // can swap a symlink in between the check and the chdir.
         if let Some(cwd) = optional_str(request, "cwd")? {
-            let loc: Located = self
-                .roots
+            let loc: Located = roots
                 .locate(cwd)
                 .map_err(|e| ToolResult::failure(id, format!("cwd: {e}"), false))?;
-            return self
-                .roots
+            return roots
                 .open_at(&loc, libc::O_PATH | libc::O_DIRECTORY, 0)
                 .map_err(|e| ToolResult::failure(id, format!("cwd: {e}"), e.recoverable()));
         }
-        let dir = self.working_roots.first().map_or(tmp, PathBuf::as_path);
-        crate::sys::open_dir(dir)
-            .map_err(|e| ToolResult::failure(id, format!("opening {}: {e}", dir.display()), true))
+        let opened = match (&self.run_roots, self.working_roots.first()) {
+            (Some(run_roots), Some(_)) => run_roots.open_root(0),
+            (None, Some(dir)) => crate::sys::open_dir(dir),
+            (_, None) => match self
+                .policy
+                .as_ref()
+                .ok()
+                .and_then(|p| p.held.as_ref())
+                .and_then(|held| held.view(&self.tmp_base))
+            {
+                Some(base) => {
+                    crate::sys::open_dir_at(base, tmp.strip_prefix(&self.tmp_base).unwrap_or(tmp))
+                }
+                None => crate::sys::open_dir(tmp),
+            },
+        };
+        opened.map_err(|e| {
+            ToolResult::failure(id, format!("opening the run's start directory: {e}"), true)
+        })
     }
 
     /// An empty private temp directory for one run, in the per-user base (checked private):
     /// the one the last run left empty, or a new one.
     fn run_tmp(&self) -> std::io::Result<PrivateDir> {
-        use std::os::unix::fs::DirBuilderExt;
         if let Some(p) = self.spare.lock().take() {
             if check_private(&p).is_ok() {
                 return Ok(PrivateDir::adopt(p));
             }
             crate::private_dir::remove_tree(&p);
         }
-        match std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&self.tmp_base)
-        {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-        check_private(&self.tmp_base)?;
+        make_tmp_base(&self.tmp_base)?;
         PrivateDir::new_in(&self.tmp_base, "run-")
     }
 
@@ -474,8 +525,9 @@ impl ShellTool {
         })?;
         let (program, arg0, allowed) = permitted;
         if Pin::of(&program).as_ref() != Some(&allowed.pin) {
-            return Err(ToolResult::failure(
+            return Err(ToolResult::failure_of(
                 id,
+                ToolErrorKind::NotAllowed,
                 format!(
                     "{} changed since the shell tool was built (replaced or rewritten); it is not run",
                     program.display()

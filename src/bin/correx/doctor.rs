@@ -369,8 +369,13 @@ fn effects(c: &RuntimeConfig) {
         say(
             "tools.shell.isolation",
             format!(
-                "also readable: {:?}; limits {:?}",
-                o.isolation.read_paths, o.isolation.limits
+                "also readable: {:?}; limits {:?}; on a root host runs execute as {}",
+                o.isolation.read_paths,
+                o.isolation.limits,
+                match o.isolation.run_as {
+                    correx::RunAs::Unprivileged { uid, gid } => format!("uid {uid} gid {gid}"),
+                    correx::RunAs::Host => "root without capabilities".into(),
+                }
             ),
         );
         say(

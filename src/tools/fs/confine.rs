@@ -300,7 +300,7 @@ fn exdev() -> io::Error {
 /// The fallback resolver: walks `rel` beneath `root` one component at a time with
 /// `O_NOFOLLOW`, splicing in relative symlink targets and refusing absolute ones and any `..`
 /// that would climb above the root.
-fn walk_beneath(root: RawFd, rel: &Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+fn walk_beneath(root: RawFd, rel: &Path, mut flags: i32, mode: u32) -> io::Result<OwnedFd> {
     let mut stack: Vec<OwnedFd> = vec![openat(
         root,
         OsStr::new("."),
@@ -336,6 +336,12 @@ fn walk_beneath(root: RawFd, rel: &Path, flags: i32, mode: u32) -> io::Result<Ow
                 let target = readlinkat(cur, &name)?;
                 if target.is_absolute() {
                     return Err(exdev());
+                }
+                // Components drop a target's trailing "/" (or "/."), which asks for a
+                // directory as the kernel reads it: when the target ends the path, so does
+                // that demand.
+                if last && names_a_directory(target.as_os_str()) {
+                    flags |= libc::O_DIRECTORY;
                 }
                 for c in target.components().rev() {
                     match c {
@@ -422,6 +428,38 @@ impl Roots {
             (None, None) => ResolveMode::Openat2,
         };
         Ok(Roots { roots, mode })
+    }
+
+    /// The same roots reached through other descriptors (a run's idmapped views of them), in
+    /// the same order; paths are located and resolved as in `self`.
+    pub(crate) fn with_fds(&self, fds: Vec<OwnedFd>) -> Roots {
+        Roots {
+            roots: self
+                .roots
+                .iter()
+                .zip(fds)
+                .map(|(r, fd)| Root {
+                    given: r.given.clone(),
+                    canonical: r.canonical.clone(),
+                    fd,
+                })
+                .collect(),
+            mode: self.mode,
+        }
+    }
+
+    /// A new `O_PATH` descriptor of root `i` itself.
+    pub(crate) fn open_root(&self, i: usize) -> io::Result<OwnedFd> {
+        let r = self
+            .roots
+            .get(i)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        openat(
+            r.fd.as_raw_fd(),
+            OsStr::new("."),
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )
     }
 
     /// The roots' canonical paths, in order.

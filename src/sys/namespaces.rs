@@ -1,0 +1,319 @@
+//! Namespaces a confined run joins when the host runs as root, made once per tool and held
+//! open by descriptor (joining costs a `setns`; making them per run would cost a mount-table
+//! copy and its teardown every time).
+//!
+//! A root host's run executes as an unprivileged uid (`run_as`), so root-only files stay
+//! unreadable to it whatever Landlock allows. Its working directories must still be writable,
+//! and what it creates there must belong to the host user: each is bind-mounted onto itself,
+//! inside a mount namespace of the tool's, as an **idmapped mount** (Linux 5.12) whose mapping
+//! shows the host user's files as the run uid's and stores the run uid's new files as the host
+//! user's. The run also gets UTS and IPC namespaces of its own: the host's name and the host's
+//! SysV IPC objects and message queues are out of its reach.
+
+use super::syscall;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+// From <linux/mount.h>.
+const OPEN_TREE_CLONE: u32 = 1;
+const AT_RECURSIVE: u32 = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 4;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// A user and group id pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ids {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Ids {
+    /// This process's effective ids.
+    pub fn effective() -> Ids {
+        // SAFETY: geteuid and getegid have no preconditions.
+        unsafe {
+            Ids {
+                uid: libc::geteuid(),
+                gid: libc::getegid(),
+            }
+        }
+    }
+}
+
+/// Mount, UTS and IPC namespaces for a tool's runs, with its paths idmapped inside.
+#[derive(Debug)]
+pub(crate) struct HeldNamespaces {
+    mnt: OwnedFd,
+    uts: OwnedFd,
+    ipc: OwnedFd,
+    /// Each idmapped path and an `O_PATH` descriptor of it as the run sees it (through the
+    /// idmapped mount), for a run to start in.
+    views: Vec<(PathBuf, OwnedFd)>,
+}
+
+impl HeldNamespaces {
+    /// Makes the namespaces, with every path of `idmapped` (canonical directories) mapped so
+    /// that `host`'s files there are `run`'s and `run`'s new files are `host`'s. Needs
+    /// `CAP_SYS_ADMIN` (a root host).
+    ///
+    /// # Errors
+    /// What failed, naming the path: idmapped mounts need Linux 5.12 and a filesystem that
+    /// supports them (ext4, xfs, btrfs; tmpfs since 6.3).
+    pub fn create(idmapped: &[PathBuf], host: Ids, run: Ids) -> io::Result<HeldNamespaces> {
+        let userns = if idmapped.is_empty() {
+            None
+        } else {
+            Some(idmap_userns(host, run).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("making the user namespace of the id mapping: {e}"),
+                )
+            })?)
+        };
+        // Parents first, and nothing beneath a path already mapped (it is mapped with it).
+        let mut paths: Vec<PathBuf> = idmapped.to_vec();
+        paths.sort_by_key(|p| p.as_os_str().len());
+        let mut mapped: Vec<PathBuf> = Vec::new();
+        for p in paths {
+            if !mapped.iter().any(|m| p.starts_with(m)) {
+                mapped.push(p);
+            }
+        }
+        let userns_fd = userns.as_ref().map_or(-1, |f| f.as_raw_fd());
+        // unshare(CLONE_NEWNS) is refused to a process with threads unless only the calling
+        // thread moves: a thread of its own does the work and leaves the namespaces behind.
+        let made = std::thread::Builder::new()
+            .name("correx-ns".into())
+            .spawn(move || make_in_this_thread(&mapped, userns_fd))?
+            .join()
+            .map_err(|_| io::Error::other("the namespace thread panicked"))??;
+        drop(userns);
+        let (mnt, uts, ipc, views) = made;
+        // Every path asked for has a view: the mapped one itself, or beneath it.
+        let mut all = Vec::new();
+        for p in idmapped {
+            let (base, fd) = views
+                .iter()
+                .find(|(m, _)| p.starts_with(m))
+                .ok_or_else(|| io::Error::other(format!("{} was not mapped", p.display())))?;
+            let rest = p.strip_prefix(base).unwrap_or(Path::new(""));
+            let fd = if rest.as_os_str().is_empty() {
+                fd.try_clone()?
+            } else {
+                open_path(fd.as_raw_fd(), rest)?
+            };
+            all.push((p.clone(), fd));
+        }
+        Ok(HeldNamespaces {
+            mnt,
+            uts,
+            ipc,
+            views: all,
+        })
+    }
+
+    /// The namespace descriptors a run's process joins (`setns`), mount namespace first.
+    pub fn fds(&self) -> [RawFd; 3] {
+        [
+            self.mnt.as_raw_fd(),
+            self.uts.as_raw_fd(),
+            self.ipc.as_raw_fd(),
+        ]
+    }
+
+    /// Copies of the namespace descriptors (mount, UTS, IPC), for a thread to join them.
+    pub fn clone_fds(&self) -> io::Result<Vec<OwnedFd>> {
+        Ok(vec![
+            self.mnt.try_clone()?,
+            self.uts.try_clone()?,
+            self.ipc.try_clone()?,
+        ])
+    }
+
+    /// The run's view of `path` (one of the idmapped paths), an `O_PATH` directory.
+    pub fn view(&self, path: &Path) -> Option<&OwnedFd> {
+        self.views.iter().find(|(p, _)| p == path).map(|(_, fd)| fd)
+    }
+}
+
+type Made = (OwnedFd, OwnedFd, OwnedFd, Vec<(PathBuf, OwnedFd)>);
+
+fn make_in_this_thread(paths: &[PathBuf], userns_fd: RawFd) -> io::Result<Made> {
+    syscall!(
+        SYS_unshare,
+        libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC
+    )
+    .map_err(|e| io::Error::new(e.kind(), format!("unshare: {e}")))?;
+    // Nothing mounted in here propagates back to the host; the host's later mounts still
+    // propagate in.
+    syscall!(
+        SYS_mount,
+        std::ptr::null::<libc::c_char>(),
+        c"/".as_ptr(),
+        std::ptr::null::<libc::c_char>(),
+        (libc::MS_REC | libc::MS_SLAVE) as libc::c_ulong,
+        std::ptr::null::<libc::c_void>()
+    )
+    .map_err(|e| io::Error::new(e.kind(), format!("making the mounts private: {e}")))?;
+    let mut views = Vec::new();
+    for p in paths {
+        let what = |step: &str, e: io::Error| {
+            io::Error::new(e.kind(), format!("{step} of {}: {e}", p.display()))
+        };
+        let c = cpath(p)?;
+        let tree = syscall!(
+            SYS_open_tree,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | AT_RECURSIVE
+        )
+        .map_err(|e| what("cloning the mount", e))?;
+        // SAFETY: a new descriptor nothing else owns.
+        let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
+        let attr = MountAttr {
+            attr_set: MOUNT_ATTR_IDMAP,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: userns_fd as u64,
+        };
+        syscall!(
+            SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            (libc::AT_EMPTY_PATH as u32) | AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>()
+        )
+        .map_err(|e| what("the idmapped mount (its filesystem may not support one)", e))?;
+        syscall!(
+            SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH
+        )
+        .map_err(|e| what("mounting", e))?;
+        let view = open_path(libc::AT_FDCWD, p).map_err(|e| what("opening", e))?;
+        views.push((p.clone(), view));
+    }
+    let ns = |name: &str| open_ns(&format!("/proc/thread-self/ns/{name}"));
+    Ok((ns("mnt")?, ns("uts")?, ns("ipc")?, views))
+}
+
+fn cpath(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path holds a NUL byte"))
+}
+
+/// An `O_PATH` descriptor of `p` (relative to `dir`), following symlinks.
+fn open_path(dir: RawFd, p: &Path) -> io::Result<OwnedFd> {
+    let c = cpath(p)?;
+    // SAFETY: c is a valid NUL-terminated string for the call.
+    let fd = unsafe { libc::openat(dir, c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A namespace descriptor (`setns` and `mount_setattr` refuse `O_PATH` ones).
+fn open_ns(path: &str) -> io::Result<OwnedFd> {
+    Ok(OwnedFd::from(std::fs::File::open(path)?))
+}
+
+/// A user namespace whose only mapping is `host` (inside) to `run` (outside): as an idmapped
+/// mount's mapping it shows files of `host` as `run`'s. A child made for the purpose holds it
+/// while the maps are written, then exits; the descriptor keeps it.
+fn idmap_userns(host: Ids, run: Ids) -> io::Result<OwnedFd> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two descriptors into the array on success.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both are new descriptors owned by nothing else.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let mut pidfd: RawFd = -1;
+    // SAFETY: clone without CLONE_VM forks this process; the child only reads the pipe (until
+    // we close it) and exits: async-signal-safe calls on memory of its own copy.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::CLONE_PIDFD) as libc::c_ulong,
+            0usize,
+            &mut pidfd as *mut RawFd,
+            0usize,
+            0usize,
+        )
+    };
+    if pid == 0 {
+        let mut b = [0u8; 1];
+        // SAFETY: in the forked child: closing its copy of the write end (so our close is an
+        // end of file), a read into a local buffer, then _exit.
+        unsafe {
+            libc::close(w.as_raw_fd());
+            libc::read(r.as_raw_fd(), b.as_mut_ptr().cast(), 1);
+            libc::_exit(0)
+        }
+    }
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: CLONE_PIDFD stored a new descriptor that nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    drop(r);
+    let result = (|| {
+        let write = |name: &str, line: String| {
+            std::fs::write(format!("/proc/{pid}/{name}"), line)
+                .map_err(|e| io::Error::new(e.kind(), format!("writing {name}: {e}")))
+        };
+        write("uid_map", format!("{} {} 1\n", host.uid, run.uid))?;
+        write("gid_map", format!("{} {} 1\n", host.gid, run.gid))?;
+        open_ns(&format!("/proc/{pid}/ns/user"))
+    })();
+    drop(w);
+    super::spawn::reap(&pidfd);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_host_maps_a_directory_for_an_unprivileged_uid() {
+        if Ids::effective().uid != 0 {
+            eprintln!("!!! not root: idmapped mounts are for root hosts !!!");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("correx-ns-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dir = std::fs::canonicalize(&dir).unwrap();
+        let run = Ids {
+            uid: 65534,
+            gid: 65534,
+        };
+        let held = HeldNamespaces::create(std::slice::from_ref(&dir), Ids { uid: 0, gid: 0 }, run)
+            .unwrap();
+        // Through the run's view the root-owned directory is the run uid's.
+        let view = held.view(&dir).unwrap();
+        let st = std::fs::metadata(format!("/proc/self/fd/{}", view.as_raw_fd())).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((st.uid(), st.gid()), (65534, 65534));
+        // The host's own view is unchanged.
+        assert_eq!(std::fs::metadata(&dir).unwrap().uid(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
