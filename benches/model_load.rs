@@ -2,11 +2,13 @@
 //! measured against an independent poller hitting `/health` every 2 ms; `load()` against the
 //! same server spawned by hand and polled every millisecond (`load_ratio_vs_bare`); short
 //! requests alternating between two resident models against the same requests to one
-//! (`hot_switch_ratio`); and a load that must evict (`evict_and_load_ms_p50`). Real Gemma.
+//! (`hot_switch_ratio`); a load that must evict (`evict_and_load_ms_p50`); and a confined load
+//! against one with `isolation: none` (`confined_load_ratio`). Real Gemma.
 
 use correx::{
     ContextPack, DefaultModelManager, GenerationConfig, InferenceRequest, LlamaInstall,
-    ManagerOptions, ModelDescriptor, ModelManager, ResidencyMode, SqliteEventStore,
+    ManagerOptions, ModelDescriptor, ModelManager, ResidencyMode, ServerIsolation,
+    SqliteEventStore,
 };
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 const LOADS: usize = 10;
 const SWAPS: usize = 6;
 const BARE_PAIRS: usize = 8;
+const CONFINED_PAIRS: usize = 12;
 const EVICTIONS: usize = 6;
 const SWITCH_REQUESTS: usize = 40;
 
@@ -144,6 +147,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         bare_ratios.push(managed / bare);
     }
 
+    // A confined load (the default isolation) against the same load with `isolation: none`,
+    // in pairs, order alternating.
+    let mut confined_ratios = Vec::new();
+    for i in 0..CONFINED_PAIRS {
+        let time = |isolation: ServerIsolation| -> Result<f64, Box<dyn std::error::Error>> {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let store = Arc::new(SqliteEventStore::open(
+                dir.join(format!("iso-{i}-{}.db", isolation.as_str())),
+            )?);
+            let manager = DefaultModelManager::new(
+                store,
+                ManagerOptions {
+                    server_bin: install.server.clone(),
+                    port,
+                    log_dir: Some(dir.join("logs")),
+                    isolation,
+                    ..ManagerOptions::default()
+                },
+            );
+            let t = Instant::now();
+            manager.load(&a)?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        let (confined, open) = if i % 2 == 0 {
+            let c = time(ServerIsolation::Default)?;
+            (c, time(ServerIsolation::None)?)
+        } else {
+            let o = time(ServerIsolation::None)?;
+            (time(ServerIsolation::Default)?, o)
+        };
+        confined_ratios.push(confined / open);
+    }
+
     // Two resident models: alternating costs no load.
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -237,6 +275,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("readiness_lag_ms_max: {:.2}", pct(lags, 1.0));
     println!("load_ratio_vs_bare: {:.4}", pct(bare_ratios, 0.5));
     println!("hot_switch_ratio: {hot_switch_ratio:.4}");
+    println!("confined_load_ratio: {:.4}", pct(confined_ratios, 0.5));
     println!("evict_and_load_ms_p50: {:.1}", pct(evictions, 0.5));
     println!(
         "status_during_load_ms_p50: {:.3}",

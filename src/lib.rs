@@ -42,8 +42,8 @@ pub use inference::{
     InferenceProvider, InferenceRequest, InferenceResponse, JsonSchemaFormat,
     LlamaCppInferenceProvider, LlamaCppTokenizer, ManagedInferenceProvider, ManagerOptions,
     ModelCapability, ModelDescriptor, ModelLoadError, ModelManager, ModelState, ModelStatus,
-    ProviderHealth, ResidencyMode, ResponseFormat, SourceType, StreamChunk, StreamControl,
-    TokenUsage, Tokenizer, ToolCall, ToolChoice, ToolSpec, MODEL_STREAM,
+    ProviderHealth, ResidencyMode, ResponseFormat, ServerIsolation, SourceType, StreamChunk,
+    StreamControl, TokenUsage, Tokenizer, ToolCall, ToolChoice, ToolSpec, MODEL_STREAM,
 };
 pub use install::LlamaInstall;
 pub use platform::{kernel_features, KernelFeatures};

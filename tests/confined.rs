@@ -122,16 +122,7 @@ fn unprivileged_child() {
         return;
     }
     let name = std::env::var("CORREX_CHILD_SCENARIO").expect("scenario name");
-    // SAFETY: plain credential syscalls with constant arguments; glibc applies them to every
-    // thread of the process.
-    unsafe {
-        assert_eq!(libc::setgroups(0, std::ptr::null()), 0, "setgroups");
-        assert_eq!(libc::setgid(NOBODY), 0, "setgid");
-        assert_eq!(libc::setuid(NOBODY), 0, "setuid");
-        // Changing credentials cleared the dumpable flag (its /proc files now belong to root);
-        // a process started by an ordinary user has it set.
-        assert_eq!(libc::prctl(libc::PR_SET_DUMPABLE, 1), 0, "dumpable");
-    }
+    crate::util::become_nobody();
     let (_, scenario) = SCENARIOS
         .iter()
         .find(|(n, _)| *n == name)
@@ -989,6 +980,7 @@ fn a_replaced_allowed_executable_is_refused() -> TestResult {
     let r = run(&t, &[&s]);
     assert!(!r.is_success(), "a rewritten executable ran");
     assert!(reason(&r).contains("changed since"), "{}", reason(&r));
+    assert_eq!(r.error_kind(), Some(correx::ToolErrorKind::NotAllowed));
     Ok(())
 }
 

@@ -49,6 +49,7 @@ fn every_domain_event() -> Vec<DomainEvent> {
             pid: Some(42),
             load_ms: 1300,
             endpoints: vec![],
+            isolation: None,
         },
         DomainEvent::ModelLoaded {
             model_id: "remote".into(),
@@ -57,6 +58,7 @@ fn every_domain_event() -> Vec<DomainEvent> {
             pid: None,
             load_ms: 3,
             endpoints: vec!["http://10.0.0.5:8080".into()],
+            isolation: None,
         },
         DomainEvent::ModelEndpointFailover {
             model_id: "remote".into(),

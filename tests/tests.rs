@@ -15,4 +15,5 @@ mod install;
 mod manager;
 mod sandbox;
 mod scheduler;
+mod server_confined;
 mod tools;

@@ -173,3 +173,18 @@ pub fn raw_http(port: u16, method: &str, path: &str, body: &str) -> std::io::Res
         .unwrap_or_default();
     Ok((status, body))
 }
+
+/// Drops this (root) test process to uid and gid 65534 (nobody), as an unprivileged host runs.
+pub fn become_nobody() {
+    const NOBODY: u32 = 65534;
+    // SAFETY: plain credential syscalls with constant arguments; glibc applies them to every
+    // thread of the process.
+    unsafe {
+        assert_eq!(libc::setgroups(0, std::ptr::null()), 0, "setgroups");
+        assert_eq!(libc::setgid(NOBODY), 0, "setgid");
+        assert_eq!(libc::setuid(NOBODY), 0, "setuid");
+        // Changing credentials cleared the dumpable flag (its /proc files now belong to root);
+        // a process started by an ordinary user has it set.
+        assert_eq!(libc::prctl(libc::PR_SET_DUMPABLE, 1), 0, "dumpable");
+    }
+}

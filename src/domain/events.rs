@@ -47,6 +47,10 @@ pub enum DomainEvent {
         /// A remote model's endpoints.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         endpoints: Vec<String>,
+        /// How the spawned server was confined (`models.isolation`), as applied; absent for a
+        /// remote model and in events written before servers were confined.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        isolation: Option<serde_json::Value>,
     },
     /// A request to a remote model's endpoint failed before any answer arrived, and went to
     /// another endpoint.

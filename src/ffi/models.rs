@@ -24,6 +24,7 @@ fn model_failure(e: ModelLoadError) -> Failure {
         | ModelLoadError::ModelFileMissing { .. }
         | ModelLoadError::PortInUse { .. }
         | ModelLoadError::Spawn { .. }
+        | ModelLoadError::Isolation { .. }
         | ModelLoadError::Log { .. }
         | ModelLoadError::ExitedWhileLoading { .. }
         | ModelLoadError::Timeout { .. }

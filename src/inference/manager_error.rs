@@ -25,6 +25,14 @@ pub enum ModelLoadError {
         /// What was seen.
         detail: String,
     },
+    /// `models.isolation` cannot be applied as asked (a kernel without a layer `required`
+    /// needs); nothing was started.
+    Isolation {
+        /// The model.
+        model_id: String,
+        /// What is missing and what to set instead.
+        reason: String,
+    },
     /// The server could not be started.
     Spawn {
         /// The binary.
@@ -125,6 +133,9 @@ impl fmt::Display for ModelLoadError {
                 f,
                 "{addr} is already in use ({detail}); stop the other server or pick another port"
             ),
+            ModelLoadError::Isolation { model_id, reason } => {
+                write!(f, "model {model_id} cannot be loaded confined: {reason}")
+            }
             ModelLoadError::Spawn { path, source } => {
                 write!(f, "could not start {}: {source}", path.display())
             }
@@ -192,6 +203,7 @@ impl std::error::Error for ModelLoadError {
             ModelLoadError::BinaryNotFound { .. }
             | ModelLoadError::ModelFileMissing { .. }
             | ModelLoadError::PortInUse { .. }
+            | ModelLoadError::Isolation { .. }
             | ModelLoadError::ExitedWhileLoading { .. }
             | ModelLoadError::Timeout { .. }
             | ModelLoadError::Cancelled

@@ -21,6 +21,6 @@ pub use llama::{
 };
 pub use manager::{
     DefaultModelManager, ManagedInferenceProvider, ManagerOptions, ModelDescriptor, ModelManager,
-    ModelState, ModelStatus, ResidencyMode, MODEL_STREAM,
+    ModelState, ModelStatus, ResidencyMode, ServerIsolation, MODEL_STREAM,
 };
 pub use manager_error::ModelLoadError;

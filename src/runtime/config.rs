@@ -3,6 +3,7 @@
 
 use crate::approvals::{ApprovalRule, RuleAction};
 use crate::events::Durability;
+use crate::inference::ServerIsolation;
 use crate::tools::{
     IsolationMode, IsolationOptions, ResourceLimits, RunAs, ShellOptions, DEFAULT_MAX_READ_BYTES,
 };
@@ -100,6 +101,9 @@ pub struct ModelsConfig {
     pub read_timeout: Option<Duration>,
     /// How long a swap or unload waits for running inferences; default 120 s.
     pub drain_timeout: Option<Duration>,
+    /// How spawned servers are confined: `required`, `best_effort`, `none`; default
+    /// `required` where the kernel offers every layer, else `best_effort`.
+    pub isolation: Option<ServerIsolation>,
 }
 
 /// Which engine decides approvals the rules leave open.
@@ -639,7 +643,22 @@ impl RuntimeConfig {
                     "memory_budget_mb",
                     "max_queued",
                     "liveness_interval_ms",
+                    "isolation",
                 ])?;
+                let isolation = match m.string("isolation")?.as_deref() {
+                    None => None,
+                    Some("required") => Some(ServerIsolation::Required),
+                    Some("best_effort") => Some(ServerIsolation::BestEffort),
+                    Some("none") => Some(ServerIsolation::None),
+                    Some(other) => {
+                        return Err(err(
+                            "models.isolation",
+                            format!(
+                                "must be \"required\", \"best_effort\" or \"none\", got {other:?}"
+                            ),
+                        ))
+                    }
+                };
                 let port_count = match m.positive("port_count")? {
                     None => None,
                     Some(n) if n <= 65535 => Some(n as u16),
@@ -671,6 +690,7 @@ impl RuntimeConfig {
                     liveness_interval: m
                         .positive("liveness_interval_ms")?
                         .map(Duration::from_millis),
+                    isolation,
                 }
             }
         };

@@ -189,6 +189,9 @@ impl Runtime {
         if let Some(t) = m.liveness_interval {
             options.liveness_interval = t;
         }
+        if let Some(i) = m.isolation {
+            options.isolation = i;
+        }
         options.log_dir = m.log_dir.clone();
         let models = DefaultModelManager::new(store, options);
         Ok(Runtime {

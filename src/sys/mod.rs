@@ -86,6 +86,42 @@ pub(crate) fn close_inherited_on_exec() {
     }
 }
 
+/// Confinement a forked child (a `Command`) applies to itself before exec: limits, every
+/// capability dropped (the bounding set too with `drop_bounding`), `no_new_privs`, the Landlock
+/// ruleset and the seccomp filter.
+#[derive(Debug)]
+pub(crate) struct ForkConfinement {
+    pub ruleset: Option<landlock::Ruleset>,
+    pub filter: Option<seccomp::Filter>,
+    pub rlimits: Vec<limits::Rlimit>,
+    pub drop_bounding: bool,
+}
+
+/// Makes `cmd`'s child apply `c` before exec (after [`fence`], when both are used). A step
+/// that fails fails the spawn with its errno.
+pub(crate) fn confine_command(cmd: &mut Command, c: ForkConfinement) {
+    let program = c.filter.as_ref().map(|f| f.instructions());
+    // SAFETY: the closure runs between fork and exec: `confine_self` makes raw,
+    // async-signal-safe syscalls and allocates nothing; everything it reads is owned by the
+    // closure and unchanged.
+    unsafe {
+        cmd.pre_exec(move || {
+            let prog = program.as_deref().map(seccomp::prog_of);
+            let own = child::SelfConfinement {
+                rlimits: &c.rlimits,
+                drop_caps: true,
+                drop_bounding: c.drop_bounding,
+                run_as: None,
+                host_dumpable: -1,
+                parent: None,
+                ruleset: c.ruleset.as_ref().map_or(-1, |r| r.raw()),
+                seccomp: prog.as_ref(),
+            };
+            child::confine_self(&own).map_err(|(_, errno)| io::Error::from_raw_os_error(errno))
+        });
+    }
+}
+
 /// SIGKILL to every process in group `pgid`; ESRCH (nobody left) counts as done.
 pub(crate) fn kill_group(pgid: i32) {
     if pgid <= 1 {

@@ -223,274 +223,86 @@ macro_rules! deny {
         &[$(Rule { name: stringify!($name), nr: paste_sys!($name), checks: &[Check::Always(EPERM)] }),*]
     };
 }
+#[rustfmt::skip]
 macro_rules! paste_sys {
-    (mount) => {
-        libc::SYS_mount
-    };
-    (umount2) => {
-        libc::SYS_umount2
-    };
-    (pivot_root) => {
-        libc::SYS_pivot_root
-    };
-    (swapon) => {
-        libc::SYS_swapon
-    };
-    (swapoff) => {
-        libc::SYS_swapoff
-    };
-    (reboot) => {
-        libc::SYS_reboot
-    };
-    (kexec_load) => {
-        libc::SYS_kexec_load
-    };
-    (kexec_file_load) => {
-        libc::SYS_kexec_file_load
-    };
-    (init_module) => {
-        libc::SYS_init_module
-    };
-    (finit_module) => {
-        libc::SYS_finit_module
-    };
-    (delete_module) => {
-        libc::SYS_delete_module
-    };
-    (bpf) => {
-        libc::SYS_bpf
-    };
-    (perf_event_open) => {
-        libc::SYS_perf_event_open
-    };
-    (keyctl) => {
-        libc::SYS_keyctl
-    };
-    (add_key) => {
-        libc::SYS_add_key
-    };
-    (request_key) => {
-        libc::SYS_request_key
-    };
-    (open_by_handle_at) => {
-        libc::SYS_open_by_handle_at
-    };
-    (name_to_handle_at) => {
-        libc::SYS_name_to_handle_at
-    };
-    (userfaultfd) => {
-        libc::SYS_userfaultfd
-    };
-    (setns) => {
-        libc::SYS_setns
-    };
-    (settimeofday) => {
-        libc::SYS_settimeofday
-    };
-    (clock_settime) => {
-        libc::SYS_clock_settime
-    };
-    (clock_adjtime) => {
-        libc::SYS_clock_adjtime
-    };
-    (adjtimex) => {
-        libc::SYS_adjtimex
-    };
-    (acct) => {
-        libc::SYS_acct
-    };
-    (quotactl) => {
-        libc::SYS_quotactl
-    };
-    (quotactl_fd) => {
-        libc::SYS_quotactl_fd
-    };
-    (syslog) => {
-        libc::SYS_syslog
-    };
-    (io_uring_setup) => {
-        libc::SYS_io_uring_setup
-    };
-    (io_uring_enter) => {
-        libc::SYS_io_uring_enter
-    };
-    (io_uring_register) => {
-        libc::SYS_io_uring_register
-    };
-    (open_tree) => {
-        libc::SYS_open_tree
-    };
-    (move_mount) => {
-        libc::SYS_move_mount
-    };
-    (fsopen) => {
-        libc::SYS_fsopen
-    };
-    (fsconfig) => {
-        libc::SYS_fsconfig
-    };
-    (fsmount) => {
-        libc::SYS_fsmount
-    };
-    (fspick) => {
-        libc::SYS_fspick
-    };
-    (mount_setattr) => {
-        libc::SYS_mount_setattr
-    };
-    (vhangup) => {
-        libc::SYS_vhangup
-    };
-    (iopl) => {
-        libc::SYS_iopl
-    };
-    (ioperm) => {
-        libc::SYS_ioperm
-    };
-    (shmget) => {
-        libc::SYS_shmget
-    };
-    (shmat) => {
-        libc::SYS_shmat
-    };
-    (shmctl) => {
-        libc::SYS_shmctl
-    };
-    (shmdt) => {
-        libc::SYS_shmdt
-    };
-    (semget) => {
-        libc::SYS_semget
-    };
-    (semop) => {
-        libc::SYS_semop
-    };
-    (semctl) => {
-        libc::SYS_semctl
-    };
-    (semtimedop) => {
-        libc::SYS_semtimedop
-    };
-    (msgget) => {
-        libc::SYS_msgget
-    };
-    (msgsnd) => {
-        libc::SYS_msgsnd
-    };
-    (msgrcv) => {
-        libc::SYS_msgrcv
-    };
-    (msgctl) => {
-        libc::SYS_msgctl
-    };
-    (mq_open) => {
-        libc::SYS_mq_open
-    };
-    (mq_unlink) => {
-        libc::SYS_mq_unlink
-    };
-    (mq_timedsend) => {
-        libc::SYS_mq_timedsend
-    };
-    (mq_timedreceive) => {
-        libc::SYS_mq_timedreceive
-    };
-    (mq_notify) => {
-        libc::SYS_mq_notify
-    };
-    (mq_getsetattr) => {
-        libc::SYS_mq_getsetattr
-    };
+    (mount) => { libc::SYS_mount };
+    (umount2) => { libc::SYS_umount2 };
+    (pivot_root) => { libc::SYS_pivot_root };
+    (swapon) => { libc::SYS_swapon };
+    (swapoff) => { libc::SYS_swapoff };
+    (reboot) => { libc::SYS_reboot };
+    (kexec_load) => { libc::SYS_kexec_load };
+    (kexec_file_load) => { libc::SYS_kexec_file_load };
+    (init_module) => { libc::SYS_init_module };
+    (finit_module) => { libc::SYS_finit_module };
+    (delete_module) => { libc::SYS_delete_module };
+    (bpf) => { libc::SYS_bpf };
+    (perf_event_open) => { libc::SYS_perf_event_open };
+    (keyctl) => { libc::SYS_keyctl };
+    (add_key) => { libc::SYS_add_key };
+    (request_key) => { libc::SYS_request_key };
+    (open_by_handle_at) => { libc::SYS_open_by_handle_at };
+    (name_to_handle_at) => { libc::SYS_name_to_handle_at };
+    (userfaultfd) => { libc::SYS_userfaultfd };
+    (setns) => { libc::SYS_setns };
+    (settimeofday) => { libc::SYS_settimeofday };
+    (clock_settime) => { libc::SYS_clock_settime };
+    (clock_adjtime) => { libc::SYS_clock_adjtime };
+    (adjtimex) => { libc::SYS_adjtimex };
+    (acct) => { libc::SYS_acct };
+    (quotactl) => { libc::SYS_quotactl };
+    (quotactl_fd) => { libc::SYS_quotactl_fd };
+    (syslog) => { libc::SYS_syslog };
+    (io_uring_setup) => { libc::SYS_io_uring_setup };
+    (io_uring_enter) => { libc::SYS_io_uring_enter };
+    (io_uring_register) => { libc::SYS_io_uring_register };
+    (open_tree) => { libc::SYS_open_tree };
+    (move_mount) => { libc::SYS_move_mount };
+    (fsopen) => { libc::SYS_fsopen };
+    (fsconfig) => { libc::SYS_fsconfig };
+    (fsmount) => { libc::SYS_fsmount };
+    (fspick) => { libc::SYS_fspick };
+    (mount_setattr) => { libc::SYS_mount_setattr };
+    (vhangup) => { libc::SYS_vhangup };
+    (iopl) => { libc::SYS_iopl };
+    (ioperm) => { libc::SYS_ioperm };
+    (shmget) => { libc::SYS_shmget };
+    (shmat) => { libc::SYS_shmat };
+    (shmctl) => { libc::SYS_shmctl };
+    (shmdt) => { libc::SYS_shmdt };
+    (semget) => { libc::SYS_semget };
+    (semop) => { libc::SYS_semop };
+    (semctl) => { libc::SYS_semctl };
+    (semtimedop) => { libc::SYS_semtimedop };
+    (msgget) => { libc::SYS_msgget };
+    (msgsnd) => { libc::SYS_msgsnd };
+    (msgrcv) => { libc::SYS_msgrcv };
+    (msgctl) => { libc::SYS_msgctl };
+    (mq_open) => { libc::SYS_mq_open };
+    (mq_unlink) => { libc::SYS_mq_unlink };
+    (mq_timedsend) => { libc::SYS_mq_timedsend };
+    (mq_timedreceive) => { libc::SYS_mq_timedreceive };
+    (mq_notify) => { libc::SYS_mq_notify };
+    (mq_getsetattr) => { libc::SYS_mq_getsetattr };
 }
 
-/// The floor: refused in every confined run, whatever else the policy allows.
+/// The floor: refused in every confined run, whatever else the policy allows (with
+/// [`ARCH_FLOOR`]).
+#[rustfmt::skip]
+const FLOOR: &[Rule] = deny![
+    mount, umount2, pivot_root, swapon, swapoff, reboot, kexec_load, kexec_file_load,
+    init_module, finit_module, delete_module, bpf, perf_event_open, keyctl, add_key,
+    request_key, open_by_handle_at, name_to_handle_at, userfaultfd, setns, settimeofday,
+    clock_settime, clock_adjtime, adjtimex, acct, quotactl, quotactl_fd, syslog, io_uring_setup,
+    io_uring_enter, io_uring_register, open_tree, move_mount, fsopen, fsconfig, fsmount, fspick,
+    mount_setattr, vhangup,
+];
+/// The floor's part that only x86 has: port I/O.
 #[cfg(target_arch = "x86_64")]
-const FLOOR: &[Rule] = deny![
-    mount,
-    umount2,
-    pivot_root,
-    swapon,
-    swapoff,
-    reboot,
-    kexec_load,
-    kexec_file_load,
-    init_module,
-    finit_module,
-    delete_module,
-    bpf,
-    perf_event_open,
-    keyctl,
-    add_key,
-    request_key,
-    open_by_handle_at,
-    name_to_handle_at,
-    userfaultfd,
-    setns,
-    settimeofday,
-    clock_settime,
-    clock_adjtime,
-    adjtimex,
-    acct,
-    quotactl,
-    quotactl_fd,
-    syslog,
-    io_uring_setup,
-    io_uring_enter,
-    io_uring_register,
-    open_tree,
-    move_mount,
-    fsopen,
-    fsconfig,
-    fsmount,
-    fspick,
-    mount_setattr,
-    vhangup,
-    iopl,
-    ioperm,
-];
-/// The floor: refused in every confined run, whatever else the policy allows.
+const ARCH_FLOOR: &[Rule] = deny![iopl, ioperm];
+/// The floor's part that only x86 has: port I/O.
 #[cfg(not(target_arch = "x86_64"))]
-const FLOOR: &[Rule] = deny![
-    mount,
-    umount2,
-    pivot_root,
-    swapon,
-    swapoff,
-    reboot,
-    kexec_load,
-    kexec_file_load,
-    init_module,
-    finit_module,
-    delete_module,
-    bpf,
-    perf_event_open,
-    keyctl,
-    add_key,
-    request_key,
-    open_by_handle_at,
-    name_to_handle_at,
-    userfaultfd,
-    setns,
-    settimeofday,
-    clock_settime,
-    clock_adjtime,
-    adjtimex,
-    acct,
-    quotactl,
-    quotactl_fd,
-    syslog,
-    io_uring_setup,
-    io_uring_enter,
-    io_uring_register,
-    open_tree,
-    move_mount,
-    fsopen,
-    fsconfig,
-    fsmount,
-    fspick,
-    mount_setattr,
-    vhangup,
-];
+const ARCH_FLOOR: &[Rule] = &[];
 
 /// No nested user namespace (it would hand the run every capability inside it, and the
 /// kernel's attack surface with them); `clone3` hides its flags in memory, so it is refused as
@@ -523,25 +335,10 @@ const NAMESPACES: &[Rule] = &[
 
 /// SysV IPC and POSIX message queues: refused where the run has no IPC namespace of its own,
 /// so it cannot reach the host's.
+#[rustfmt::skip]
 const IPC: &[Rule] = deny![
-    shmget,
-    shmat,
-    shmctl,
-    shmdt,
-    semget,
-    semop,
-    semctl,
-    semtimedop,
-    msgget,
-    msgsnd,
-    msgrcv,
-    msgctl,
-    mq_open,
-    mq_unlink,
-    mq_timedsend,
-    mq_timedreceive,
-    mq_notify,
-    mq_getsetattr,
+    shmget, shmat, shmctl, shmdt, semget, semop, semctl, semtimedop, msgget, msgsnd, msgrcv,
+    msgctl, mq_open, mq_unlink, mq_timedsend, mq_timedreceive, mq_notify, mq_getsetattr,
 ];
 
 /// `type & SOCK_TYPE_MASK` (the low bits; the rest are SOCK_NONBLOCK and SOCK_CLOEXEC).
@@ -612,7 +409,7 @@ pub(crate) struct Filter {
 fn rules(options: Options) -> Vec<Rule> {
     let mut all: Vec<Rule> = Vec::new();
     if options.floor {
-        all.extend(FLOOR.iter().chain(NAMESPACES));
+        all.extend(FLOOR.iter().chain(ARCH_FLOOR).chain(NAMESPACES));
     }
     if options.deny_ipc {
         all.extend_from_slice(IPC);
@@ -625,7 +422,12 @@ fn rules(options: Options) -> Vec<Rule> {
 
 /// The names of the syscalls the floor refuses, as recorded in the applied policy.
 pub(crate) fn floor_names() -> Vec<&'static str> {
-    FLOOR.iter().chain(NAMESPACES).map(|r| r.name).collect()
+    FLOOR
+        .iter()
+        .chain(ARCH_FLOOR)
+        .chain(NAMESPACES)
+        .map(|r| r.name)
+        .collect()
 }
 
 fn compile(rules: &[Rule]) -> Result<Vec<sock_filter>, String> {
@@ -851,7 +653,7 @@ mod tests {
     #[test]
     fn every_floor_rule_refuses_its_syscall_with_eperm_in_every_variant() {
         for o in ALL {
-            for rule in FLOOR {
+            for rule in FLOOR.iter().chain(ARCH_FLOOR) {
                 assert_eq!(run(o, rule.nr, [0; 6]), errno(libc::EPERM), "{}", rule.name);
             }
             // Everyday syscalls pass.

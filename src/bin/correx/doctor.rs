@@ -450,6 +450,21 @@ fn effects(c: &RuntimeConfig) {
         }),
     );
     say(
+        "models.isolation",
+        match m.isolation.unwrap_or_default() {
+            correx::ServerIsolation::Default => {
+                "servers confined as \"required\" where the kernel offers every layer, else \"best_effort\"".into()
+            }
+            correx::ServerIsolation::Required => {
+                "servers confined; a kernel without a layer fails the load".to_owned()
+            }
+            correx::ServerIsolation::BestEffort => {
+                "servers confined as far as the kernel allows".to_owned()
+            }
+            correx::ServerIsolation::None => "servers fenced only, not confined".to_owned(),
+        },
+    );
+    say(
         "models.max_queued",
         format!(
             "{} load(s) may wait for room",

@@ -197,6 +197,8 @@ pub struct ManagerOptions {
     pub log_dir: Option<PathBuf>,
     /// HTTP timeouts of the provider.
     pub http: HttpOptions,
+    /// How spawned servers are confined; default [`ServerIsolation::Default`](super::ServerIsolation::Default).
+    pub isolation: super::ServerIsolation,
 }
 
 impl Default for ManagerOptions {
@@ -216,6 +218,7 @@ impl Default for ManagerOptions {
             drain_timeout: Duration::from_secs(120),
             log_dir: None,
             http: HttpOptions::default(),
+            isolation: super::ServerIsolation::default(),
         }
     }
 }

@@ -19,6 +19,7 @@
 
 mod descriptor;
 mod estimate;
+mod isolation;
 mod provider;
 mod remote;
 mod residency;
@@ -28,6 +29,7 @@ mod server;
 pub use descriptor::{
     EndpointStatus, ManagerOptions, ModelDescriptor, ModelState, ModelStatus, ResidencyMode,
 };
+pub use isolation::ServerIsolation;
 pub use provider::ManagedInferenceProvider;
 
 use remote::EndpointSet;

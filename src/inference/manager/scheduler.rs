@@ -342,11 +342,13 @@ fn spawn_local(
     // The slow part, with the lock released: status, health and inference on other models
     // answer meanwhile; calls for this id wait for it.
     let spawned = MutexGuard::unlocked(st, || {
-        server::start_and_wait_healthy(inner, d, bin, &alias, generation, log_file, port, cancel)
+        server::start_and_wait_healthy(
+            inner, d, bin, &alias, generation, log_file, port, estimate, cancel,
+        )
     });
     st.loading.remove(&d.model_id);
     inner.settled.notify_all();
-    let mut child = spawned?;
+    let (mut child, isolation) = spawned?;
     if st.shutdown {
         stop_child(&mut child);
         return Err(ModelLoadError::ManagerGone);
@@ -386,6 +388,7 @@ fn spawn_local(
         pid: Some(pid),
         load_ms,
         endpoints: Vec::new(),
+        isolation: Some(isolation),
     };
     record_loaded(inner, st, d, event)
 }
@@ -474,6 +477,7 @@ fn connect_remote(
         pid: None,
         load_ms: started.elapsed().as_millis() as u64,
         endpoints: d.endpoints.clone(),
+        isolation: None,
     };
     record_loaded(inner, st, d, event)
 }

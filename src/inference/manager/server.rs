@@ -181,8 +181,9 @@ pub(super) fn start_and_wait_healthy(
     generation: u64,
     log_file: std::fs::File,
     port: u16,
+    estimate: Option<u64>,
     cancel: &CancelToken,
-) -> Result<Child, ModelLoadError> {
+) -> Result<(Child, serde_json::Value), ModelLoadError> {
     let host = &inner.options.host;
     let mut cmd = Command::new(bin);
     cmd.arg("--model")
@@ -197,6 +198,21 @@ pub(super) fn start_and_wait_healthy(
     cmd.args(&d.extra_args);
     // Cleared environment, own group, parent-death signal, no inherited host descriptors.
     sys::fence(&mut cmd);
+    let (confinement, isolation) = super::isolation::plan(
+        inner.options.isolation,
+        bin,
+        &d.model_path,
+        port,
+        &d.extra_args,
+        estimate,
+    )
+    .map_err(|reason| ModelLoadError::Isolation {
+        model_id: d.model_id.clone(),
+        reason,
+    })?;
+    if let Some(c) = confinement {
+        sys::confine_command(&mut cmd, c);
+    }
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let (tx, rx) = mpsc::channel();
     let sent = inner.spawner.lock().send(SpawnRequest {
@@ -274,5 +290,5 @@ pub(super) fn start_and_wait_healthy(
         }
         std::thread::sleep(HEALTH_POLL);
     }
-    Ok(child)
+    Ok((child, isolation))
 }

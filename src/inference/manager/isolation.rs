@@ -1,0 +1,237 @@
+//! How a spawned llama-server is confined (config `models.isolation`): it parses untrusted
+//! prompts and files and can serve static files, so a compromised or misconfigured server must
+//! hold as little as a shell run.
+//!
+//! - **Filesystem** (Landlock): read and execute the binary's directory and the system library
+//!   directories (`/usr`, `/lib`, `/lib64`); read the model file, `/etc/ld.so.cache`, CPU
+//!   topology (`/sys/devices/system/cpu`, `/proc/cpuinfo`) and every file an extra argument
+//!   names (a chat template, a projector, a LoRA); `/dev/null` and `/dev/urandom`. Nothing
+//!   is writable (its output goes through pipes to the log). A directory named by an argument
+//!   (`--path`) is not granted: static files are served from nowhere.
+//! - **Network** (Landlock ABI 4): TCP bind on its own port only; TCP connect nowhere, or to
+//!   the ports of its `--rpc` helpers. Landlock scopes signals and abstract UNIX sockets.
+//! - The seccomp **syscall floor** of the shell, SysV IPC refused; **no capability** in any
+//!   set and `no_new_privs`; no core dumps and an address-space limit from the model's size.
+//!
+//! The server keeps the host's uid (root's files are kept from it by Landlock, not by a uid).
+
+use crate::sys::landlock::{self, Access, FsRule, TcpPorts};
+use crate::sys::limits::Rlimit;
+use crate::sys::seccomp::{self, Filter};
+use crate::sys::ForkConfinement;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// How strictly spawned servers are confined (config `models.isolation`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ServerIsolation {
+    /// `required` where the kernel offers every layer (Landlock ABI 4 and the seccomp filter),
+    /// else `best_effort` with a warning. The default.
+    #[default]
+    Default,
+    /// Every layer or no load: a kernel without one fails the load naming it.
+    Required,
+    /// What the kernel offers, recorded.
+    BestEffort,
+    /// Fenced only (cleared environment, no inherited descriptors, its own process group).
+    None,
+}
+
+impl ServerIsolation {
+    /// The config spelling (`default` for [`ServerIsolation::Default`]).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerIsolation::Default => "default",
+            ServerIsolation::Required => "required",
+            ServerIsolation::BestEffort => "best_effort",
+            ServerIsolation::None => "none",
+        }
+    }
+}
+
+/// Address space beyond twice the model's estimate: thread stacks and allocator arenas reserve
+/// far more than they touch.
+const ADDRESS_SPACE_MARGIN: u64 = 8 << 30;
+
+/// The confinement of one server and the policy to record, or why `required` cannot be met.
+pub(super) fn plan(
+    mode: ServerIsolation,
+    bin: &Path,
+    model: &Path,
+    port: u16,
+    extra_args: &[String],
+    estimate: Option<u64>,
+) -> Result<(Option<ForkConfinement>, Value), String> {
+    if mode == ServerIsolation::None {
+        return Ok((None, json!({"mode": "none"})));
+    }
+    let abi = landlock::abi();
+    let complete = abi >= landlock::NET_ABI && seccomp::SUPPORTED;
+    let mode = match mode {
+        ServerIsolation::Default if complete => ServerIsolation::Required,
+        ServerIsolation::Default => {
+            log::warn!(
+                "llama-server runs less confined: the kernel offers Landlock ABI {abi} (TCP rules \
+                 need 4, Linux 6.7){}",
+                if seccomp::SUPPORTED {
+                    ""
+                } else {
+                    " and correx has no seccomp filter for this architecture"
+                }
+            );
+            ServerIsolation::BestEffort
+        }
+        other => other,
+    };
+    if mode == ServerIsolation::Required && !complete {
+        return Err(format!(
+            "models.isolation is \"required\", and confining llama-server needs Landlock ABI {} \
+             (Linux 6.7, for its TCP rules; this kernel offers {abi}) and a seccomp filter \
+             (x86_64, aarch64; this is {}); set models.isolation to \"best_effort\" or \"none\"",
+            landlock::NET_ABI,
+            std::env::consts::ARCH
+        ));
+    }
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let bin = canonical(bin);
+    let mut read_exec: Vec<PathBuf> = ["/usr", "/lib", "/lib64"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    if let Some(dir) = bin.parent() {
+        read_exec.push(dir.to_path_buf());
+    }
+    let mut read: Vec<PathBuf> = vec![
+        canonical(model),
+        PathBuf::from("/etc/ld.so.cache"),
+        PathBuf::from("/sys/devices/system/cpu"),
+        PathBuf::from("/proc/cpuinfo"),
+        PathBuf::from("/dev/urandom"),
+    ];
+    // Files an argument names (a template, a projector, a LoRA, a draft model; relative ones
+    // from the host's working directory, which the server shares); never a directory.
+    for a in extra_args {
+        let p = Path::new(a);
+        if p.is_file() {
+            read.push(canonical(p));
+        }
+    }
+    let connect = rpc_ports(extra_args);
+    let ruleset = if abi >= 1 {
+        let mut rules: Vec<FsRule> = read_exec
+            .iter()
+            .map(|p| FsRule {
+                path: p.clone(),
+                access: Access::ReadExec,
+            })
+            .collect();
+        // Files get read (and execute, which no file here is for) only.
+        rules.extend(read.iter().map(|p| FsRule {
+            path: p.clone(),
+            access: Access::ReadExec,
+        }));
+        rules.push(FsRule {
+            path: PathBuf::from("/dev/null"),
+            access: Access::DeviceReadWrite,
+        });
+        let opened = landlock::open_rules(abi, &rules)
+            .map_err(|e| format!("opening the server's Landlock rule paths: {e}"))?;
+        let tcp = TcpPorts {
+            bind: vec![port],
+            connect: connect.clone(),
+        };
+        Some(
+            landlock::build_with(&opened, None, Some(&tcp), true)
+                .map_err(|e| format!("building the server's Landlock ruleset: {e}"))?,
+        )
+    } else {
+        None
+    };
+    let filter = Filter::new(seccomp::Options {
+        floor: true,
+        network: true,
+        deny_ipc: true,
+    });
+    let size = estimate
+        .or_else(|| std::fs::metadata(model).ok().map(|m| m.len()))
+        .unwrap_or(0);
+    let address_space = size.saturating_mul(2).saturating_add(ADDRESS_SPACE_MARGIN);
+    let rlimits = vec![
+        Rlimit::at_most(libc::RLIMIT_CORE, 0),
+        Rlimit::at_most(libc::RLIMIT_AS, address_space),
+    ];
+    let root = crate::sys::euid() == 0;
+    let recorded = json!({
+        "mode": mode.as_str(),
+        "landlock_abi": abi,
+        "filesystem": if ruleset.is_some() { json!({
+            "read_exec": read_exec.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+            "read": read.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+            "read_write": [],
+        }) } else { Value::Null },
+        "network": {
+            "tcp_bind": [port],
+            "tcp_connect": connect,
+            "landlock_tcp": ruleset.is_some() && abi >= landlock::NET_ABI,
+        },
+        "syscall_floor": filter.is_some(),
+        "ipc": if filter.is_some() { "seccomp_denied" } else { "host" },
+        "uid": crate::sys::euid(),
+        // Root can empty its bounding set; another uid holds no capability to begin with.
+        "capabilities": if root { "none" } else { "none_but_bounding_set" },
+        "no_new_privs": true,
+        "limits": {"address_space_bytes": address_space, "core_dumps": false},
+    });
+    Ok((
+        Some(ForkConfinement {
+            ruleset,
+            filter,
+            rlimits,
+            drop_bounding: root,
+        }),
+        recorded,
+    ))
+}
+
+/// The ports of `--rpc host:port,host:port` (the helpers a split model connects to).
+fn rpc_ports(args: &[String]) -> Vec<u16> {
+    let mut ports = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let list = match a.strip_prefix("--rpc=") {
+            Some(v) => Some(v.to_owned()),
+            None if a == "--rpc" => it.next().cloned(),
+            None => None,
+        };
+        for endpoint in list.iter().flat_map(|l| l.split(',')) {
+            if let Some(p) = endpoint
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.trim().parse::<u16>().ok())
+            {
+                ports.push(p);
+            }
+        }
+    }
+    ports
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rpc_ports_are_read_from_either_spelling() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            rpc_ports(&args(&[
+                "--rpc",
+                "10.0.0.2:50052,host3:50053",
+                "-ngl",
+                "99"
+            ])),
+            vec![50052, 50053]
+        );
+        assert_eq!(rpc_ports(&args(&["--rpc=h:7"])), vec![7]);
+        assert!(rpc_ports(&args(&["--path", "/"])).is_empty());
+    }
+}
