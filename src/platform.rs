@@ -44,7 +44,7 @@ pub fn kernel_features() -> KernelFeatures {
         pidfd,
         close_range,
         landlock_abi: crate::sys::landlock::abi(),
-        seccomp_filter: crate::sys::seccomp::SUPPORTED,
+        seccomp_filter: crate::sys::seccomp::available(),
         containment: crate::sys::spawn::best_containment().name(),
     }
 }

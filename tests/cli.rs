@@ -606,3 +606,29 @@ fn show_on_a_terminal_is_aligned_and_coloured_unless_no_color() -> TestResult {
     assert_eq!(first, last, "{plain}");
     Ok(())
 }
+
+/// A word that is not UTF-8 is a usage error (exit 2) naming it, not a panic.
+#[test]
+fn an_argument_that_is_not_utf8_is_a_usage_error() -> Result<(), Box<dyn std::error::Error>> {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"/tmp/\xffevents.db");
+    let out = correx()
+        .args([
+            std::ffi::OsStr::new("log"),
+            std::ffi::OsStr::new("show"),
+            bad,
+        ])
+        .stdin(Stdio::null())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("argument 3") && err.contains("not valid UTF-8"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("internal error"),
+        "{err}"
+    );
+    Ok(())
+}

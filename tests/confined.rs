@@ -566,6 +566,30 @@ fn root_powers() -> TestResult {
     let r = run(&t, &["sh", "-c", "mkfifo $TMPDIR/f && echo fifo-ok"]);
     assert_eq!(stdout(&r), Some("fifo-ok\n"), "{}", reason(&r));
 
+    // No set-user-ID or set-group-ID file: by chmod, install, or a creating open.
+    for script in [
+        "cp /bin/sh ./sh-copy && chmod 4755 ./sh-copy",
+        "cp /bin/sh ./sh-copy2 && chmod g+s ./sh-copy2",
+        "cp /bin/sh ./sh-copy3 && chmod u+s ./sh-copy3",
+    ] {
+        let r = run(&t, &["sh", "-c", script]);
+        assert!(!r.is_success(), "{script}: {}", reason(&r));
+    }
+    let r = run(
+        &t,
+        &["python3", "-c", "import os; os.close(os.open('made-suid', os.O_CREAT | os.O_WRONLY, 0o4755)); print(oct(os.stat('made-suid').st_mode))"],
+    );
+    assert!(
+        !r.is_success(),
+        "a creating open with S_ISUID: {}",
+        reason(&r)
+    );
+    for f in ["sh-copy", "sh-copy2", "sh-copy3", "made-suid"] {
+        if let Ok(m) = std::fs::metadata(work.join(f)) {
+            assert_eq!(m.permissions().mode() & 0o6000, 0, "{f} got a set-id bit");
+        }
+    }
+
     // The host's name cannot be changed (an own UTS namespace, and no capability).
     let before = hostname();
     let r = run(
@@ -789,6 +813,14 @@ attempt("dgram_sendmsg", dgram_sendmsg)
 attempt("dgram_sendto", dgram_sendto)
 attempt("pair_sendmsg", pair_sendmsg)
 attempt("stream_pair_sendmsg", stream_pair_sendmsg)
+def raw_sendmsg():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_RAW)
+    s.sendmsg([b"leak-raw"], [], 0, path)
+def raw_pair_sendmsg():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_RAW)
+    a.sendmsg([b"leak-raw-pair"], [], 0, path)
+attempt("raw_sendmsg", raw_sendmsg)
+attempt("raw_pair_sendmsg", raw_pair_sendmsg)
 a, b = socket.socketpair()
 a.sendmsg([b"inside"])
 out.append("stream_pair=" + b.recv(16).decode())

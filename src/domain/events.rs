@@ -1,7 +1,7 @@
 //! The typed events correx itself appends.
 
+use super::TokenUsage;
 use crate::events::{EventStoreError, NewEvent, RecordedEvent, Result};
-use crate::inference::TokenUsage;
 use serde::{Deserialize, Serialize};
 
 /// Why a model was unloaded.

@@ -5,8 +5,10 @@
 //! id and knows nothing of what they mean.
 
 mod events;
+mod usage;
 
 pub use events::{DomainEvent, UnloadReason};
+pub use usage::TokenUsage;
 
 use crate::events::{AppendResult, EventStore, ExpectedVersion, LogReport, RecordedEvent, Result};
 use std::path::Path;

@@ -2,7 +2,7 @@
 
 use super::convert::out_arg;
 use super::{correx_error, guard, FfiResult};
-use crate::CancelToken;
+use crate::cancel::CancelToken;
 
 /// A cancellation flag for blocking calls (`correx_model_load`, `correx_infer`,
 /// `correx_infer_stream`, `correx_tool_execute_with_cancel`). Trigger it from any thread.

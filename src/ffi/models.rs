@@ -57,7 +57,7 @@ fn inference_failure(e: InferenceError) -> Failure {
 fn descriptor_from(map: serde_json::Map<String, Value>) -> FfiResult<ModelDescriptor> {
     let mut map = map;
     if !map.contains_key("model_path") && !map.contains_key("endpoints") {
-        let install = crate::LlamaInstall::locate().ok_or_else(|| {
+        let install = crate::install::LlamaInstall::locate().ok_or_else(|| {
             Failure::new(
                 CORREX_E_INVALID_ARGUMENT,
                 "model_path is missing and no installed model was found; run scripts/install-llama.sh or give model_path",

@@ -273,16 +273,8 @@ pub struct InferenceRequest {
     pub config: GenerationConfig,
 }
 
-/// Token counts of one completion.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TokenUsage {
-    /// Tokens in the prompt.
-    pub prompt_tokens: u32,
-    /// Tokens generated.
-    pub completion_tokens: u32,
-    /// Their sum.
-    pub total_tokens: u32,
-}
+// Token counts are recorded (`inference.completed`), so they live with what is recorded.
+pub use crate::domain::TokenUsage;
 
 /// Why generation stopped.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

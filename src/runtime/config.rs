@@ -444,10 +444,21 @@ fn shell(o: Option<Obj<'_>>) -> Result<ShellConfig, ConfigError> {
         enabled: o.bool("enabled", false)?,
         options: ShellOptions {
             allowed_executables: o.strings("allowed_executables")?,
-            timeout: o
-                .positive("timeout_ms")?
-                .map(Duration::from_millis)
-                .unwrap_or(d.timeout),
+            timeout: match o.positive("timeout_ms")? {
+                None => d.timeout,
+                Some(ms) if u128::from(ms) <= crate::tools::MAX_TIMEOUT.as_millis() => {
+                    Duration::from_millis(ms)
+                }
+                Some(ms) => {
+                    return Err(err(
+                        &o.field("timeout_ms"),
+                        format!(
+                            "must be at most {} (7 days), got {ms}",
+                            crate::tools::MAX_TIMEOUT.as_millis()
+                        ),
+                    ))
+                }
+            },
             output_cap: o
                 .positive("output_cap_bytes")?
                 .map(|n| n.min(usize::MAX as u64) as usize)
@@ -741,6 +752,55 @@ mod tests {
                 .expect_err(field)
                 .to_string();
             assert!(e.contains(&format!("models.{field}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn isolation_settings_parse_and_bad_values_are_named() {
+        let c = RuntimeConfig::from_json(
+            r#"{"v": 1, "event_log": "/e.db", "models": {"isolation": "best_effort"},
+                "tools": {"shell": {"isolation": {"run_as": {"uid": 1000, "gid": 1001}}}}}"#,
+        )
+        .expect("valid config");
+        assert_eq!(c.models.isolation, Some(ServerIsolation::BestEffort));
+        assert_eq!(
+            c.tools.shell.options.isolation.run_as,
+            RunAs::Unprivileged {
+                uid: 1000,
+                gid: 1001
+            }
+        );
+        let host = RuntimeConfig::from_json(
+            r#"{"v": 1, "event_log": "/e.db", "tools": {"shell": {"isolation": {"run_as": "host"}}}}"#,
+        )
+        .expect("valid config");
+        assert_eq!(host.tools.shell.options.isolation.run_as, RunAs::Host);
+        for (json, field) in [
+            (r#""models": {"isolation": "strict"}"#, "models.isolation"),
+            (
+                r#""tools": {"shell": {"isolation": {"run_as": "root"}}}"#,
+                "tools.shell.isolation.run_as",
+            ),
+            (
+                r#""tools": {"shell": {"isolation": {"run_as": [65534, 65534]}}}"#,
+                "tools.shell.isolation.run_as",
+            ),
+            (
+                r#""tools": {"shell": {"isolation": {"run_as": {"uid": 0, "gid": 0}}}}"#,
+                "tools.shell.isolation.run_as.uid",
+            ),
+            (
+                r#""tools": {"shell": {"isolation": {"run_as": {"uid": 5}}}}"#,
+                "tools.shell.isolation.run_as.gid",
+            ),
+            (
+                r#""tools": {"shell": {"timeout_ms": 18446744073709551615}}"#,
+                "tools.shell.timeout_ms",
+            ),
+        ] {
+            let text = format!(r#"{{"v": 1, "event_log": "/e.db", {json}}}"#);
+            let e = RuntimeConfig::from_json(&text).expect_err(json).to_string();
+            assert!(e.contains(field), "{json}: {e}");
         }
     }
 }

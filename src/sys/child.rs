@@ -387,6 +387,18 @@ fn supervisor(plan: &ChildPlan) -> ! {
     }
     // The program holds what it needs now. Ours (and any other host descriptor, such as
     // another run's pipes) would keep pipes open past their owners' ends.
+    // The program has exec'd (or failed): a uid switch on its way cleared the dumpable flag of
+    // the memory we share with the host; give the host its own value back.
+    if plan.run_as.is_some() && plan.host_dumpable >= 0 {
+        call!(
+            SYS_prctl,
+            libc::PR_SET_DUMPABLE,
+            plan.host_dumpable,
+            0,
+            0,
+            0
+        );
+    }
     close_all_except([plan.stop_r, plan.status_w, child_pidfd], plan.max_fd);
     let status = watch(plan, child_pidfd, pid as libc::pid_t);
     if plan.containment == Containment::Subreaper {
@@ -596,9 +608,6 @@ pub(crate) struct SelfConfinement<'a> {
     pub drop_bounding: bool,
     /// Switch to these ids (uid, gid), with no supplementary groups.
     pub run_as: Option<(u32, u32)>,
-    /// The host's dumpable flag (0 or 1; -1 unknown), given back after a uid switch in a
-    /// process that still shares the host's memory.
-    pub host_dumpable: i32,
     /// The parent whose death must kill this process (checked again after a uid switch).
     pub parent: Option<i32>,
     /// A Landlock ruleset descriptor, or -1.
@@ -663,13 +672,11 @@ pub(crate) fn confine_self(c: &SelfConfinement<'_>) -> Result<(), (Stage, i32)> 
         check(call!(SYS_setgroups, 0, 0usize), Stage::Identity)?;
         check(call!(SYS_setresgid, gid, gid, gid), Stage::Identity)?;
         check(call!(SYS_setresuid, uid, uid, uid), Stage::Identity)?;
-        // A new uid resets two things: this process's parent-death signal (armed again, and
-        // the parent checked again), and the dumpable flag of the memory it may still share
-        // with the host until exec (the host's own: given back its value at once; exec gives
-        // the program a flag of its own).
-        if c.host_dumpable >= 0 {
-            call!(SYS_prctl, libc::PR_SET_DUMPABLE, c.host_dumpable, 0, 0, 0);
-        }
+        // A new uid resets this process's parent-death signal: armed again, and the parent
+        // checked again. (It also clears the dumpable flag of the memory it may still share
+        // with the host until exec: the supervisor, root, gives the host its value back once
+        // this process has exec'd; setting it here, as the new uid, would open the host's
+        // memory to that uid.)
         check(
             call!(SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL),
             Stage::Fence,
@@ -780,7 +787,8 @@ fn program(plan: &ChildPlan) -> ! {
             fail(plan, Stage::Cwd, errno_of(r));
         }
     }
-    call!(SYS_setpgid, 0, 0);
+    // A session of its own: no controlling terminal of the host's to open or inject into.
+    call!(SYS_setsid);
     cloexec_all(plan.max_fd);
     // Before Landlock, which would deny the write.
     if let Some(procs) = &plan.cgroup {
@@ -794,7 +802,6 @@ fn program(plan: &ChildPlan) -> ! {
             drop_caps: plan.drop_caps,
             drop_bounding: plan.drop_bounding,
             run_as: plan.run_as,
-            host_dumpable: plan.host_dumpable,
             parent: Some(
                 plan.supervisor_pid
                     .load(std::sync::atomic::Ordering::Relaxed),

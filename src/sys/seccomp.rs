@@ -55,6 +55,20 @@ const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
 /// Whether this build has a filter for the target architecture.
 pub(crate) const SUPPORTED: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
 
+/// Whether filters can be installed here: this build has one for the architecture, and the
+/// kernel answers `seccomp(SECCOMP_GET_ACTION_AVAIL)` (Linux 4.14; `ENOSYS` without
+/// `CONFIG_SECCOMP_FILTER`, and under tools such as valgrind that do not pass seccomp on).
+/// Probed once.
+pub(crate) fn available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        const GET_ACTION_AVAIL: u32 = 2;
+        let action: u32 = libc::SECCOMP_RET_ERRNO;
+        SUPPORTED
+            && super::syscall!(SYS_seccomp, GET_ACTION_AVAIL, 0u32, &action as *const u32).is_ok()
+    })
+}
+
 /// What a filter returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Action {
@@ -196,11 +210,11 @@ enum Check {
     AnyBit { arg: u32, mask: u32, then: Action },
     /// Refused when argument `arg` (low 32 bits) is not `value`.
     Not { arg: u32, value: u32, then: Action },
-    /// Refused when `arg & mask == value` (low 32 bits).
-    Masked {
+    /// Refused when `arg & mask` (low 32 bits) is none of `allowed`.
+    MaskedNotIn {
         arg: u32,
         mask: u32,
-        value: u32,
+        allowed: &'static [u32],
         then: Action,
     },
     /// Refused when the 64-bit argument `arg` is not zero (a pointer that is given).
@@ -343,11 +357,116 @@ const IPC: &[Rule] = deny![
 
 /// `type & SOCK_TYPE_MASK` (the low bits; the rest are SOCK_NONBLOCK and SOCK_CLOEXEC).
 const SOCK_TYPE_MASK: u32 = 0xf;
+/// The UNIX socket types that can address nothing: a stream refuses an address on `sendmsg`,
+/// a seqpacket socket ignores it. (The kernel turns `SOCK_RAW` into `SOCK_DGRAM`, so a list
+/// of what is allowed, not of what is refused.)
+const UNIX_CONNECTED_TYPES: &[u32] = &[libc::SOCK_STREAM as u32, libc::SOCK_SEQPACKET as u32];
+
+/// Mode bits that make an executable run as its owner or group. On a root host a run's files
+/// in its working dirs belong to the host user (the idmap), so a set-user-ID bit there would be
+/// a root shell for every local user.
+const SET_ID_BITS: u32 = (libc::S_ISUID | libc::S_ISGID) as u32;
+
+/// No set-user-ID or set-group-ID bit on anything a run creates or changes (`EPERM`); `openat2`
+/// carries its mode in memory the filter cannot read, so it fails with `ENOSYS` (libc and
+/// programs fall back to `openat`).
+const NO_SET_ID: &[Rule] = &[
+    Rule {
+        name: "chmod(S_ISUID|S_ISGID)",
+        nr: libc::SYS_chmod,
+        checks: &[Check::AnyBit {
+            arg: 1,
+            mask: SET_ID_BITS,
+            then: EPERM,
+        }],
+    },
+    Rule {
+        name: "fchmod(S_ISUID|S_ISGID)",
+        nr: libc::SYS_fchmod,
+        checks: &[Check::AnyBit {
+            arg: 1,
+            mask: SET_ID_BITS,
+            then: EPERM,
+        }],
+    },
+    Rule {
+        name: "fchmodat(S_ISUID|S_ISGID)",
+        nr: libc::SYS_fchmodat,
+        checks: &[Check::AnyBit {
+            arg: 2,
+            mask: SET_ID_BITS,
+            then: EPERM,
+        }],
+    },
+    Rule {
+        name: "fchmodat2(S_ISUID|S_ISGID)",
+        nr: SYS_FCHMODAT2,
+        checks: &[Check::AnyBit {
+            arg: 2,
+            mask: SET_ID_BITS,
+            then: EPERM,
+        }],
+    },
+    Rule {
+        name: "open(O_CREAT, S_ISUID|S_ISGID)",
+        nr: SYS_OPEN,
+        checks: &[Check::AnyBit {
+            arg: 2,
+            mask: SET_ID_BITS,
+            then: EPERM,
+        }],
+    },
+    Rule {
+        name: "creat(S_ISUID|S_ISGID)",
+        nr: SYS_CREAT,
+        checks: &[Check::AnyBit {
+            arg: 1,
+            mask: SET_ID_BITS,
+            then: EPERM,
+        }],
+    },
+    Rule {
+        name: "openat(O_CREAT, S_ISUID|S_ISGID)",
+        nr: libc::SYS_openat,
+        checks: &[Check::AnyBit {
+            arg: 3,
+            mask: SET_ID_BITS,
+            then: EPERM,
+        }],
+    },
+    Rule {
+        name: "mknodat(S_ISUID|S_ISGID)",
+        nr: libc::SYS_mknodat,
+        checks: &[Check::AnyBit {
+            arg: 2,
+            mask: SET_ID_BITS,
+            then: EPERM,
+        }],
+    },
+    Rule {
+        name: "openat2",
+        nr: libc::SYS_openat2,
+        checks: &[Check::Always(Action::Errno(libc::ENOSYS))],
+    },
+];
+
+/// `fchmodat2` (Linux 6.6), by number: newer than some libc versions' tables.
+const SYS_FCHMODAT2: libc::c_long = 452;
+// `open` and `creat` exist only on x86-64 among the two architectures; elsewhere these numbers
+// are never called, and -1 matches no syscall.
+#[cfg(target_arch = "x86_64")]
+const SYS_OPEN: libc::c_long = libc::SYS_open;
+#[cfg(target_arch = "x86_64")]
+const SYS_CREAT: libc::c_long = libc::SYS_creat;
+#[cfg(not(target_arch = "x86_64"))]
+const SYS_OPEN: libc::c_long = -1;
+#[cfg(not(target_arch = "x86_64"))]
+const SYS_CREAT: libc::c_long = -2;
 
 /// No network: only UNIX sockets, and none that can address a socket outside the run.
 const NO_NETWORK: &[Rule] = &[
     Rule {
-        name: "socket(not AF_UNIX, or SOCK_DGRAM)",
+        name: "socket(not AF_UNIX, or not SOCK_STREAM or SOCK_SEQPACKET)",
         nr: libc::SYS_socket,
         checks: &[
             Check::Not {
@@ -355,21 +474,21 @@ const NO_NETWORK: &[Rule] = &[
                 value: libc::AF_UNIX as u32,
                 then: EACCES,
             },
-            Check::Masked {
+            Check::MaskedNotIn {
                 arg: 1,
                 mask: SOCK_TYPE_MASK,
-                value: libc::SOCK_DGRAM as u32,
+                allowed: UNIX_CONNECTED_TYPES,
                 then: EACCES,
             },
         ],
     },
     Rule {
-        name: "socketpair(SOCK_DGRAM)",
+        name: "socketpair(not SOCK_STREAM or SOCK_SEQPACKET)",
         nr: libc::SYS_socketpair,
-        checks: &[Check::Masked {
+        checks: &[Check::MaskedNotIn {
             arg: 1,
             mask: SOCK_TYPE_MASK,
-            value: libc::SOCK_DGRAM as u32,
+            allowed: UNIX_CONNECTED_TYPES,
             then: EACCES,
         }],
     },
@@ -388,6 +507,34 @@ const NO_NETWORK: &[Rule] = &[
     },
 ];
 
+/// TCP/IP and netlink sockets only; socketpairs that can address nothing.
+const INET_ONLY: &[Rule] = &[
+    Rule {
+        name: "socket(not AF_INET, AF_INET6 or AF_NETLINK)",
+        nr: libc::SYS_socket,
+        checks: &[Check::MaskedNotIn {
+            arg: 0,
+            mask: u32::MAX,
+            allowed: &[
+                libc::AF_INET as u32,
+                libc::AF_INET6 as u32,
+                libc::AF_NETLINK as u32,
+            ],
+            then: EACCES,
+        }],
+    },
+    Rule {
+        name: "socketpair(not SOCK_STREAM or SOCK_SEQPACKET)",
+        nr: libc::SYS_socketpair,
+        checks: &[Check::MaskedNotIn {
+            arg: 1,
+            mask: SOCK_TYPE_MASK,
+            allowed: UNIX_CONNECTED_TYPES,
+            then: EACCES,
+        }],
+    },
+];
+
 /// What a filter covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Options {
@@ -397,6 +544,9 @@ pub(crate) struct Options {
     pub network: bool,
     /// Refuse SysV IPC and message queues (the run has no IPC namespace).
     pub deny_ipc: bool,
+    /// Sockets of TCP/IP and netlink only, socketpairs of streams only (a server that needs
+    /// TCP but must reach no UNIX socket).
+    pub inet_only: bool,
 }
 
 /// A BPF program, kept alive for a child to install.
@@ -409,14 +559,24 @@ pub(crate) struct Filter {
 fn rules(options: Options) -> Vec<Rule> {
     let mut all: Vec<Rule> = Vec::new();
     if options.floor {
-        all.extend(FLOOR.iter().chain(ARCH_FLOOR).chain(NAMESPACES));
+        all.extend(
+            FLOOR
+                .iter()
+                .chain(ARCH_FLOOR)
+                .chain(NAMESPACES)
+                .chain(NO_SET_ID),
+        );
     }
     if options.deny_ipc {
         all.extend_from_slice(IPC);
     }
     if !options.network {
         all.extend_from_slice(NO_NETWORK);
+    } else if options.inet_only {
+        all.extend_from_slice(INET_ONLY);
     }
+    // Numbers below 0 stand for syscalls this architecture does not have.
+    all.retain(|r| r.nr >= 0);
     all
 }
 
@@ -426,19 +586,27 @@ pub(crate) fn floor_names() -> Vec<&'static str> {
         .iter()
         .chain(ARCH_FLOOR)
         .chain(NAMESPACES)
+        .chain(NO_SET_ID)
+        .filter(|r| r.nr >= 0)
         .map(|r| r.name)
         .collect()
 }
 
 fn compile(rules: &[Rule]) -> Result<Vec<sock_filter>, String> {
     let mut a = Asm::default();
-    let kill = a.label();
+    // Another ABI is killed at once (its returns stand here, within a short jump's reach).
+    let native = a.label();
     a.load(OFF_ARCH);
-    a.jeq(AUDIT_ARCH, To::Next, To::L(kill));
+    a.jeq(AUDIT_ARCH, To::L(native), To::Next);
+    a.ret(Action::KillProcess);
+    a.bind(native);
     a.load(OFF_NR);
     if cfg!(target_arch = "x86_64") {
         // x32 syscalls carry this bit and the x86-64 arch value.
-        a.jge(0x4000_0000, To::L(kill), To::Next);
+        let x64 = a.label();
+        a.jge(0x4000_0000, To::Next, To::L(x64));
+        a.ret(Action::KillProcess);
+        a.bind(x64);
     }
     // Each rule's target: its body, or (for rules that only return) one return per action.
     let mut shared: Vec<(Action, Label)> = Vec::new();
@@ -463,7 +631,9 @@ fn compile(rules: &[Rule]) -> Result<Vec<sock_filter>, String> {
         arms.push((rule.nr as u32, target));
     }
     arms.sort_by_key(|(nr, _)| *nr);
-    arms.dedup_by_key(|(nr, _)| *nr);
+    if let Some(w) = arms.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(format!("two rules for syscall {}", w[0].0));
+    }
     let allow = a.label();
     dispatch(&mut a, &arms, allow);
     a.bind(allow);
@@ -491,16 +661,18 @@ fn compile(rules: &[Rule]) -> Result<Vec<sock_filter>, String> {
                     a.ret(then);
                     a.bind(next);
                 }
-                Check::Masked {
+                Check::MaskedNotIn {
                     arg,
                     mask,
-                    value,
+                    allowed,
                     then,
                 } => {
                     let next = a.label();
                     a.load(off_arg_low(arg));
                     a.and(mask);
-                    a.jeq(value, To::Next, To::L(next));
+                    for value in allowed {
+                        a.jeq(*value, To::L(next), To::Next);
+                    }
                     a.ret(then);
                     a.bind(next);
                 }
@@ -520,8 +692,6 @@ fn compile(rules: &[Rule]) -> Result<Vec<sock_filter>, String> {
         // Every check passed: the call is allowed.
         a.ret(Action::Allow);
     }
-    a.bind(kill);
-    a.ret(Action::KillProcess);
     a.assemble()
 }
 
@@ -542,26 +712,33 @@ fn dispatch(a: &mut Asm, arms: &[(u32, Label)], allow: Label) {
     }
     let (low, high) = arms.split_at(arms.len() / 2);
     let right = a.label();
-    a.jge(high[0].0, To::L(right), To::Next);
+    let left = a.label();
+    // A conditional jump reaches 255 instructions, a subtree can be longer: go right by an
+    // unconditional jump.
+    a.jge(high[0].0, To::Next, To::L(left));
+    a.ja(right);
+    a.bind(left);
     dispatch(a, low, allow);
     a.bind(right);
     dispatch(a, high, allow);
 }
 
 impl Filter {
-    /// The filter for `options`, or `None` on an architecture without one.
-    pub fn new(options: Options) -> Option<Filter> {
-        if !SUPPORTED || (!options.floor && !options.deny_ipc && options.network) {
-            return None;
+    /// The filter for `options`; `None` on an architecture without one, or when `options`
+    /// refuse nothing.
+    ///
+    /// # Errors
+    /// The tables do not assemble (a bug: a unit test assembles every variant); callers fail
+    /// closed rather than run unfiltered.
+    pub fn new(options: Options) -> Result<Option<Filter>, String> {
+        if !SUPPORTED
+            || (!options.floor && !options.deny_ipc && options.network && !options.inet_only)
+        {
+            return Ok(None);
         }
-        match compile(&rules(options)) {
-            Ok(program) => Some(Filter { program }),
-            Err(e) => {
-                // The tables are constants and a unit test assembles every variant.
-                log::error!("the seccomp filter does not assemble: {e}");
-                None
-            }
-        }
+        compile(&rules(options))
+            .map(|program| Some(Filter { program }))
+            .map_err(|e| format!("the seccomp filter does not assemble: {e}"))
     }
 
     /// A copy of the instructions, for a plan that must own them.
@@ -623,7 +800,7 @@ mod tests {
     }
 
     fn run(options: Options, nr: libc::c_long, args: [u64; 6]) -> u32 {
-        let f = Filter::new(options).expect("assembles");
+        let f = Filter::new(options).expect("assembles").expect("a filter");
         eval(&f.program, nr, AUDIT_ARCH, args)
     }
 
@@ -632,21 +809,25 @@ mod tests {
             floor: true,
             network: false,
             deny_ipc: false,
+            inet_only: false,
         },
         Options {
             floor: true,
             network: true,
             deny_ipc: false,
+            inet_only: false,
         },
         Options {
             floor: true,
             network: false,
             deny_ipc: true,
+            inet_only: false,
         },
         Options {
             floor: true,
             network: true,
             deny_ipc: true,
+            inet_only: false,
         },
     ];
 
@@ -660,13 +841,66 @@ mod tests {
             for nr in [
                 libc::SYS_read,
                 libc::SYS_write,
-                libc::SYS_openat,
                 libc::SYS_execve,
                 libc::SYS_wait4,
                 libc::SYS_getpid,
             ] {
                 assert_eq!(run(o, nr, [0; 6]), ALLOW, "syscall {nr}");
             }
+        }
+    }
+
+    #[test]
+    fn no_set_id_bit_can_be_given() {
+        let suid = libc::S_ISUID as u64 | 0o755;
+        let sgid = libc::S_ISGID as u64 | 0o755;
+        let creat = (libc::O_CREAT | libc::O_WRONLY) as u64;
+        for o in ALL {
+            for mode in [suid, sgid] {
+                assert_eq!(
+                    run(o, libc::SYS_chmod, [0, mode, 0, 0, 0, 0]),
+                    errno(libc::EPERM)
+                );
+                assert_eq!(
+                    run(o, libc::SYS_fchmod, [3, mode, 0, 0, 0, 0]),
+                    errno(libc::EPERM)
+                );
+                assert_eq!(
+                    run(o, libc::SYS_fchmodat, [3, 0, mode, 0, 0, 0]),
+                    errno(libc::EPERM)
+                );
+                assert_eq!(
+                    run(o, SYS_FCHMODAT2, [3, 0, mode, 0, 0, 0]),
+                    errno(libc::EPERM)
+                );
+                assert_eq!(
+                    run(o, libc::SYS_openat, [3, 0, creat, mode, 0, 0]),
+                    errno(libc::EPERM)
+                );
+                assert_eq!(
+                    run(o, libc::SYS_mknodat, [3, 0, mode, 0, 0, 0]),
+                    errno(libc::EPERM)
+                );
+                #[cfg(target_arch = "x86_64")]
+                {
+                    assert_eq!(
+                        run(o, libc::SYS_open, [0, creat, mode, 0, 0, 0]),
+                        errno(libc::EPERM)
+                    );
+                    assert_eq!(
+                        run(o, libc::SYS_creat, [0, mode, 0, 0, 0, 0]),
+                        errno(libc::EPERM)
+                    );
+                }
+            }
+            // Ordinary modes and opens pass.
+            assert_eq!(run(o, libc::SYS_chmod, [0, 0o755, 0, 0, 0, 0]), ALLOW);
+            assert_eq!(run(o, libc::SYS_openat, [3, 0, creat, 0o644, 0, 0]), ALLOW);
+            assert_eq!(run(o, libc::SYS_openat, [3, 0, 0, 0, 0, 0]), ALLOW);
+            assert_eq!(
+                run(o, libc::SYS_openat2, [3, 0, 0, 24, 0, 0]),
+                errno(libc::ENOSYS)
+            );
         }
     }
 
@@ -723,6 +957,9 @@ mod tests {
             assert_eq!(socket(unix, stream | flags), ALLOW);
             assert_eq!(socket(unix, libc::SOCK_SEQPACKET as u64), ALLOW);
             assert_eq!(socket(unix, dgram), deny(false));
+            // The kernel makes a UNIX SOCK_RAW a datagram socket.
+            assert_eq!(socket(unix, libc::SOCK_RAW as u64), deny(false));
+            assert_eq!(socket(unix, libc::SOCK_RDM as u64), deny(false));
             assert_eq!(socket(unix, dgram | flags), deny(false));
             assert_eq!(socket(libc::AF_INET as u64, stream), deny(false));
             assert_eq!(socket(libc::AF_INET6 as u64, dgram), deny(false));
@@ -732,6 +969,8 @@ mod tests {
             let pair = |ty: u64| run(o, libc::SYS_socketpair, [unix, ty, 0, 0, 0, 0]);
             assert_eq!(pair(stream), ALLOW);
             assert_eq!(pair(dgram | flags), deny(false));
+            assert_eq!(pair(libc::SOCK_RAW as u64), deny(false));
+            assert_eq!(pair(libc::SOCK_SEQPACKET as u64 | flags), ALLOW);
             assert_eq!(run(o, libc::SYS_connect, [3, 0, 0, 0, 0, 0]), deny(false));
             let sendto = |addr: u64| run(o, libc::SYS_sendto, [3, 0, 0, 0, addr, 0]);
             assert_eq!(sendto(0), ALLOW);
@@ -748,6 +987,7 @@ mod tests {
             floor: false,
             network: false,
             deny_ipc: false,
+            inet_only: false,
         };
         assert_eq!(run(o, libc::SYS_mount, [0; 6]), ALLOW);
         assert_eq!(run(o, libc::SYS_connect, [0; 6]), errno(libc::EACCES));
@@ -755,13 +995,44 @@ mod tests {
             floor: false,
             network: true,
             deny_ipc: false,
+            inet_only: false,
         };
-        assert!(Filter::new(none).is_none(), "a filter that refuses nothing");
+        assert!(
+            Filter::new(none).expect("assembles").is_none(),
+            "a filter that refuses nothing"
+        );
+    }
+
+    #[test]
+    fn a_server_gets_tcp_ip_and_netlink_sockets_only() {
+        let o = Options {
+            floor: true,
+            network: true,
+            deny_ipc: true,
+            inet_only: true,
+        };
+        let socket =
+            |family: i32, ty: i32| run(o, libc::SYS_socket, [family as u64, ty as u64, 0, 0, 0, 0]);
+        assert_eq!(socket(libc::AF_INET, libc::SOCK_STREAM), ALLOW);
+        assert_eq!(socket(libc::AF_INET6, libc::SOCK_DGRAM), ALLOW);
+        assert_eq!(socket(libc::AF_NETLINK, libc::SOCK_RAW), ALLOW);
+        for family in [libc::AF_UNIX, libc::AF_PACKET, libc::AF_VSOCK, libc::AF_ALG] {
+            assert_eq!(
+                socket(family, libc::SOCK_STREAM),
+                errno(libc::EACCES),
+                "{family}"
+            );
+        }
+        let pair = |ty: i32| run(o, libc::SYS_socketpair, [1, ty as u64, 0, 0, 0, 0]);
+        assert_eq!(pair(libc::SOCK_STREAM), ALLOW);
+        assert_eq!(pair(libc::SOCK_DGRAM), errno(libc::EACCES));
+        assert_eq!(run(o, libc::SYS_connect, [3, 0, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(run(o, libc::SYS_shmget, [0; 6]), errno(libc::EPERM));
     }
 
     #[test]
     fn other_abis_are_killed() {
-        let f = Filter::new(ALL[0]).expect("assembles");
+        let f = Filter::new(ALL[0]).expect("assembles").expect("a filter");
         let kill = libc::SECCOMP_RET_KILL_PROCESS;
         assert_eq!(eval(&f.program, libc::SYS_read, 0x4000_0003, [0; 6]), kill);
         #[cfg(target_arch = "x86_64")]

@@ -560,12 +560,17 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
     })
 }
 
-/// This process's dumpable flag as `PR_SET_DUMPABLE` takes it (0 or 1), or -1.
+/// This process's dumpable flag as `PR_SET_DUMPABLE` takes it (0 or 1), or -1; read once,
+/// before any run could have cleared it (a run's uid switch clears it until its supervisor
+/// gives it back, so a later read could see a run's value, not the host's).
 fn host_dumpable() -> i32 {
-    match syscall!(SYS_prctl, libc::PR_GET_DUMPABLE, 0, 0, 0, 0) {
-        Ok(v @ 0..=1) => v as i32,
-        _ => -1,
-    }
+    static DUMPABLE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *DUMPABLE.get_or_init(
+        || match syscall!(SYS_prctl, libc::PR_GET_DUMPABLE, 0, 0, 0, 0) {
+            Ok(v @ 0..=1) => v as i32,
+            _ => -1,
+        },
+    )
 }
 
 /// Clones the supervisor (sharing our memory, on its own stack, with every signal blocked so

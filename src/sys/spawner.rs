@@ -25,8 +25,10 @@ impl Spawner {
         let thread = std::thread::Builder::new()
             .name("correx-shell-spawner".into())
             .spawn(move || {
-                // Every signal, glibc's internal ones too, on this thread only.
-                let all: u64 = !0;
+                // Every signal on this thread only, but glibc's SIGCANCEL (32) and SIGSETXID
+                // (33): a host thread calling setuid() waits for every thread to take the
+                // latter. (The supervisor's clone blocks every signal around itself.)
+                let all: u64 = !0 & !(1 << 31) & !(1 << 32);
                 let _ = crate::sys::syscall!(
                     SYS_rt_sigprocmask,
                     libc::SIG_SETMASK,

@@ -226,11 +226,17 @@ pub(crate) fn plan(
         .map_or(kernel_abi, |p| p.min(kernel_abi));
     let mode = options.mode;
     let confine = mode != IsolationMode::None;
-    if mode == IsolationMode::Required && !seccomp::SUPPORTED {
+    if mode == IsolationMode::Required && !seccomp::available() {
         return Err(format!(
-            "the syscall floor needs a seccomp filter, which correx has for x86_64 and aarch64 \
-             only (this is {}); set mode \"best_effort\"",
-            std::env::consts::ARCH
+            "the syscall floor needs a seccomp filter: correx has one for x86_64 and aarch64 \
+             (this is {}), and the kernel must accept it (CONFIG_SECCOMP_FILTER; {}); set \
+             mode \"best_effort\"",
+            std::env::consts::ARCH,
+            if seccomp::SUPPORTED {
+                "here it answers ENOSYS"
+            } else {
+                "not probed"
+            }
         ));
     }
     if mode == IsolationMode::Required && abi < landlock::MIN_FS_ABI {
@@ -266,10 +272,11 @@ pub(crate) fn plan(
     // namespace (an unprivileged host); elsewhere SysV IPC is refused by the filter, and the
     // host's name is safe for want of CAP_SYS_ADMIN.
     let own_uts_ipc = host.held.is_some() || nproc_in_userns;
-    let filter = (confine && seccomp::SUPPORTED).then_some(seccomp::Options {
+    let filter = (confine && seccomp::available()).then_some(seccomp::Options {
         floor: true,
         network: options.network,
         deny_ipc: !own_uts_ipc,
+        inet_only: false,
     });
     // Emptying the bounding set needs CAP_SETPCAP: root has it, and so does a run in a user
     // namespace of its own. Elsewhere the set stays, unusable: no_new_privs means no exec can
@@ -329,7 +336,9 @@ pub(crate) fn plan(
     // confinement once: the tool's namespaces, an empty bounding set, the syscall floor (each
     // costs a run tens of microseconds: cred changes and filter compilation are slow).
     let thread_prepare = || -> Option<Prepare> {
-        if !(confine && root) {
+        // A root host that could only make user-and-PID namespaces clones its supervisors with
+        // CLONE_NEWUSER, which the floor on the thread would refuse: per-run confinement then.
+        if !(confine && root) || nproc_in_userns {
             return None;
         }
         let join = match &host.held {
@@ -340,7 +349,9 @@ pub(crate) fn plan(
             floor: true,
             network: true,
             deny_ipc: !own_uts_ipc,
+            inet_only: false,
         })
+        .ok()?
         .map(|f| f.instructions());
         Some(Box::new(move || {
             spawner::confine_thread(&join, floor.as_deref())
@@ -567,14 +578,15 @@ impl Policy {
         };
         Ok(Some(Confinement {
             ruleset,
-            filter: self.filter.and_then(|f| {
-                Filter::new(seccomp::Options {
+            filter: match self.filter {
+                Some(f) => Filter::new(seccomp::Options {
                     floor: !self.thread_confined,
                     // The spawner thread's filter refuses SysV IPC where that is needed.
                     deny_ipc: f.deny_ipc && !self.thread_confined,
                     ..f
-                })
-            }),
+                })?,
+                None => None,
+            },
             rlimits: self.rlimits.clone(),
             join: match (&self.held, self.thread_confined) {
                 (Some(held), false) => held.fds(),

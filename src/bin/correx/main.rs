@@ -46,8 +46,21 @@ fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("correx: internal error: {info}");
     }));
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    match run(&argv) {
+    // `std::env::args` panics on a word that is not UTF-8: take them as they come.
+    let argv: Result<Vec<String>, Failure> = std::env::args_os()
+        .skip(1)
+        .enumerate()
+        .map(|(i, a)| {
+            a.into_string().map_err(|a| {
+                Failure::Usage(format!(
+                    "argument {} ({}) is not valid UTF-8",
+                    i + 1,
+                    a.to_string_lossy()
+                ))
+            })
+        })
+        .collect();
+    match argv.and_then(|argv| run(&argv)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Usage(msg)) => {
             eprintln!("correx: {msg}; run `correx help` for usage");

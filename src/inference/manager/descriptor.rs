@@ -159,7 +159,7 @@ impl ModelDescriptor {
 /// Settings of a [`DefaultModelManager`].
 #[derive(Clone, Debug)]
 pub struct ManagerOptions {
-    /// The llama-server binary; default `llama-server` as found by [`crate::LlamaInstall`].
+    /// The llama-server binary; default `llama-server` as found by [`crate::install::LlamaInstall`].
     pub server_bin: PathBuf,
     /// Address the servers bind; default `127.0.0.1`.
     pub host: String,
@@ -204,7 +204,7 @@ pub struct ManagerOptions {
 impl Default for ManagerOptions {
     fn default() -> Self {
         ManagerOptions {
-            server_bin: crate::LlamaInstall::locate()
+            server_bin: crate::install::LlamaInstall::locate()
                 .map(|i| i.server)
                 .unwrap_or_else(|| PathBuf::from("llama-server")),
             host: "127.0.0.1".into(),

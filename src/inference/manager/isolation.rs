@@ -66,17 +66,19 @@ pub(super) fn plan(
         return Ok((None, json!({"mode": "none"})));
     }
     let abi = landlock::abi();
-    let complete = abi >= landlock::NET_ABI && seccomp::SUPPORTED;
+    // ABI 6 scopes signals: the server keeps the host's uid, and without the scope it could
+    // signal every process of that uid.
+    let complete = abi >= landlock::SCOPE_ABI && seccomp::available();
     let mode = match mode {
         ServerIsolation::Default if complete => ServerIsolation::Required,
         ServerIsolation::Default => {
             log::warn!(
                 "llama-server runs less confined: the kernel offers Landlock ABI {abi} (TCP rules \
-                 need 4, Linux 6.7){}",
-                if seccomp::SUPPORTED {
+                 need 4, signal scoping 6, Linux 6.12){}",
+                if seccomp::available() {
                     ""
                 } else {
-                    " and correx has no seccomp filter for this architecture"
+                    " and no seccomp filter can be installed here"
                 }
             );
             ServerIsolation::BestEffort
@@ -86,9 +88,10 @@ pub(super) fn plan(
     if mode == ServerIsolation::Required && !complete {
         return Err(format!(
             "models.isolation is \"required\", and confining llama-server needs Landlock ABI {} \
-             (Linux 6.7, for its TCP rules; this kernel offers {abi}) and a seccomp filter \
-             (x86_64, aarch64; this is {}); set models.isolation to \"best_effort\" or \"none\"",
-            landlock::NET_ABI,
+             (Linux 6.12, for its TCP rules and signal scope; this kernel offers {abi}) and a \
+             seccomp filter (x86_64, aarch64, accepted by the kernel; this is {}); set \
+             models.isolation to \"best_effort\" or \"none\"",
+            landlock::SCOPE_ABI,
             std::env::consts::ARCH
         ));
     }
@@ -147,11 +150,19 @@ pub(super) fn plan(
     } else {
         None
     };
-    let filter = Filter::new(seccomp::Options {
-        floor: true,
-        network: true,
-        deny_ipc: true,
-    });
+    // Sockets: TCP/IP and netlink (getaddrinfo's address check) only. A UNIX socket would reach
+    // daemons that trust the server's uid (a Docker socket, the system bus), and Landlock does
+    // not cover connecting to one.
+    let filter = if seccomp::available() {
+        Filter::new(seccomp::Options {
+            floor: true,
+            network: true,
+            deny_ipc: true,
+            inet_only: true,
+        })?
+    } else {
+        None
+    };
     let size = estimate
         .or_else(|| std::fs::metadata(model).ok().map(|m| m.len()))
         .unwrap_or(0);
@@ -171,8 +182,14 @@ pub(super) fn plan(
         }) } else { Value::Null },
         "network": {
             "tcp_bind": [port],
-            "tcp_connect": connect,
+            // Landlock rules name ports, not hosts: these ports, on any host.
+            "tcp_connect_ports": connect,
             "landlock_tcp": ruleset.is_some() && abi >= landlock::NET_ABI,
+            "socket_families": if filter.is_some() { json!(["inet", "inet6", "netlink"]) } else { json!("any") },
+        },
+        "scopes": {
+            "signal": ruleset.is_some() && abi >= landlock::SCOPE_ABI,
+            "abstract_unix_socket": ruleset.is_some() && abi >= landlock::SCOPE_ABI,
         },
         "syscall_floor": filter.is_some(),
         "ipc": if filter.is_some() { "seccomp_denied" } else { "host" },
