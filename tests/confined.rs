@@ -892,6 +892,52 @@ fn required_refuses_a_kernel_without_the_needed_landlock_abi() {
     assert_eq!(t.applied_policy()["network"]["allowed"], true);
 }
 
+/// On a root host, a working dir of another user's (a project owned by uid 1000) is mapped
+/// for that user: the run writes its files as before, and what it makes there is theirs.
+/// A working dir removed and made again after the tool was built is refused, not shown stale.
+#[test]
+fn a_root_hosts_run_writes_another_users_project_as_that_user() -> TestResult {
+    use std::os::unix::fs::{chown, MetadataExt};
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("!!! not root: runs execute as the host user, nothing is idmapped !!!");
+        return Ok(());
+    }
+    let base = TempDir::new("confined-owner");
+    let work = base.join("project");
+    std::fs::create_dir_all(work.join("src"))?;
+    std::fs::write(work.join("src/main.c"), "int main;\n")?;
+    for p in [work.clone(), work.join("src"), work.join("src/main.c")] {
+        chown(&p, Some(1000), Some(1000))?;
+    }
+    let t = tool(&["sh"], &[&work], |_| {});
+    let r = run(
+        &t,
+        &[
+            "sh",
+            "-c",
+            "echo more >> src/main.c && mkdir out && echo built > out/a.o && echo ok",
+        ],
+    );
+    assert_eq!(stdout(&r), Some("ok\n"), "{}", reason(&r));
+    for f in ["src/main.c", "out", "out/a.o"] {
+        let m = std::fs::metadata(work.join(f))?;
+        assert_eq!((m.uid(), m.gid()), (1000, 1000), "{f}");
+    }
+    // Removed and made again: the run would see the old one, so it is refused.
+    std::fs::remove_dir_all(&work)?;
+    std::fs::create_dir_all(&work)?;
+    let r = run(&t, &["sh", "-c", "echo x > f"]);
+    assert!(!r.is_success(), "a run saw a stale working dir");
+    assert!(
+        reason(&r).contains("build the tool again"),
+        "{}",
+        reason(&r)
+    );
+    assert!(!work.join("f").exists());
+    Ok(())
+}
+
 /// A root host whose working dir cannot be idmapped (sysfs supports no idmapped mount): the
 /// kernel's refusal is detected when the tool is built, `required` refuses naming it, and
 /// `best_effort` runs as root without capabilities and records why.

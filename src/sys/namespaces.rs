@@ -64,23 +64,15 @@ pub(crate) struct HeldNamespaces {
 
 impl HeldNamespaces {
     /// Makes the namespaces, with every path of `idmapped` (canonical directories) mapped so
-    /// that `host`'s files there are `run`'s and `run`'s new files are `host`'s. Needs
+    /// that the files of the path's owner there are `run`'s and `run`'s new files are the
+    /// owner's (a root host's own directories: root's; a user's project: that user's). Needs
     /// `CAP_SYS_ADMIN` (a root host).
     ///
     /// # Errors
     /// What failed, naming the path: idmapped mounts need Linux 5.12 and a filesystem that
     /// supports them (ext4, xfs, btrfs; tmpfs since 6.3).
-    pub fn create(idmapped: &[PathBuf], host: Ids, run: Ids) -> io::Result<HeldNamespaces> {
-        let userns = if idmapped.is_empty() {
-            None
-        } else {
-            Some(idmap_userns(host, run).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("making the user namespace of the id mapping: {e}"),
-                )
-            })?)
-        };
+    pub fn create(idmapped: &[PathBuf], run: Ids) -> io::Result<HeldNamespaces> {
+        use std::os::unix::fs::MetadataExt;
         // Parents first, and nothing beneath a path already mapped (it is mapped with it).
         let mut paths: Vec<PathBuf> = idmapped.to_vec();
         paths.sort_by_key(|p| p.as_os_str().len());
@@ -90,15 +82,39 @@ impl HeldNamespaces {
                 mapped.push(p);
             }
         }
-        let userns_fd = userns.as_ref().map_or(-1, |f| f.as_raw_fd());
+        // One mapping per owner: each path's owner becomes the run's ids through its mount.
+        let mut owners: Vec<(Ids, OwnedFd)> = Vec::new();
+        let mut jobs: Vec<(PathBuf, RawFd)> = Vec::new();
+        for p in mapped {
+            let m = std::fs::metadata(&p)?;
+            let owner = Ids {
+                uid: m.uid(),
+                gid: m.gid(),
+            };
+            let fd = match owners.iter().find(|(o, _)| *o == owner) {
+                Some((_, fd)) => fd.as_raw_fd(),
+                None => {
+                    let ns = idmap_userns(owner, run).map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("making the user namespace of the id mapping: {e}"),
+                        )
+                    })?;
+                    let raw = ns.as_raw_fd();
+                    owners.push((owner, ns));
+                    raw
+                }
+            };
+            jobs.push((p, fd));
+        }
         // unshare(CLONE_NEWNS) is refused to a process with threads unless only the calling
         // thread moves: a thread of its own does the work and leaves the namespaces behind.
         let made = std::thread::Builder::new()
             .name("correx-ns".into())
-            .spawn(move || make_in_this_thread(&mapped, userns_fd))?
+            .spawn(move || make_in_this_thread(&jobs))?
             .join()
             .map_err(|_| io::Error::other("the namespace thread panicked"))??;
-        drop(userns);
+        drop(owners);
         let (mnt, uts, ipc, views) = made;
         // Every path asked for has a view: the mapped one itself, or beneath it.
         let mut all = Vec::new();
@@ -141,6 +157,22 @@ impl HeldNamespaces {
         ])
     }
 
+    /// Whether every view is still the directory at its path (a directory removed and made
+    /// again on the host is another one, which the run's namespace does not show): `Err`
+    /// names the first that is not.
+    pub fn check_views(&self) -> Result<(), PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        for (p, fd) in &self.views {
+            let view = std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+            let host = std::fs::metadata(p);
+            match (view, host) {
+                (Ok(v), Ok(h)) if v.dev() == h.dev() && v.ino() == h.ino() => {}
+                _ => return Err(p.clone()),
+            }
+        }
+        Ok(())
+    }
+
     /// The run's view of `path` (one of the idmapped paths), an `O_PATH` directory.
     pub fn view(&self, path: &Path) -> Option<&OwnedFd> {
         self.views.iter().find(|(p, _)| p == path).map(|(_, fd)| fd)
@@ -149,7 +181,7 @@ impl HeldNamespaces {
 
 type Made = (OwnedFd, OwnedFd, OwnedFd, Vec<(PathBuf, OwnedFd)>);
 
-fn make_in_this_thread(paths: &[PathBuf], userns_fd: RawFd) -> io::Result<Made> {
+fn make_in_this_thread(paths: &[(PathBuf, RawFd)]) -> io::Result<Made> {
     syscall!(
         SYS_unshare,
         libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC
@@ -167,7 +199,7 @@ fn make_in_this_thread(paths: &[PathBuf], userns_fd: RawFd) -> io::Result<Made> 
     )
     .map_err(|e| io::Error::new(e.kind(), format!("making the mounts private: {e}")))?;
     let mut views = Vec::new();
-    for p in paths {
+    for (p, userns_fd) in paths {
         let what = |step: &str, e: io::Error| {
             io::Error::new(e.kind(), format!("{step} of {}: {e}", p.display()))
         };
@@ -185,7 +217,7 @@ fn make_in_this_thread(paths: &[PathBuf], userns_fd: RawFd) -> io::Result<Made> 
             attr_set: MOUNT_ATTR_IDMAP,
             attr_clr: 0,
             propagation: 0,
-            userns_fd: userns_fd as u64,
+            userns_fd: *userns_fd as u64,
         };
         syscall!(
             SYS_mount_setattr,
@@ -305,8 +337,7 @@ mod tests {
             uid: 65534,
             gid: 65534,
         };
-        let held = HeldNamespaces::create(std::slice::from_ref(&dir), Ids { uid: 0, gid: 0 }, run)
-            .unwrap();
+        let held = HeldNamespaces::create(std::slice::from_ref(&dir), run).unwrap();
         // Through the run's view the root-owned directory is the run uid's.
         let view = held.view(&dir).unwrap();
         let st = std::fs::metadata(format!("/proc/self/fd/{}", view.as_raw_fd())).unwrap();
@@ -314,6 +345,11 @@ mod tests {
         assert_eq!((st.uid(), st.gid()), (65534, 65534));
         // The host's own view is unchanged.
         assert_eq!(std::fs::metadata(&dir).unwrap().uid(), 0);
+        assert_eq!(held.check_views(), Ok(()));
+        // A directory removed and made again is not the one the view shows.
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(held.check_views(), Err(dir.clone()));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -365,7 +365,7 @@ const UNIX_CONNECTED_TYPES: &[u32] = &[libc::SOCK_STREAM as u32, libc::SOCK_SEQP
 /// Mode bits that make an executable run as its owner or group. On a root host a run's files
 /// in its working dirs belong to the host user (the idmap), so a set-user-ID bit there would be
 /// a root shell for every local user.
-const SET_ID_BITS: u32 = (libc::S_ISUID | libc::S_ISGID) as u32;
+const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
 
 /// No set-user-ID or set-group-ID bit on anything a run creates or changes (`EPERM`); `openat2`
 /// carries its mode in memory the filter cannot read, so it fails with `ENOSYS` (libc and

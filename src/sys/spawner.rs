@@ -28,7 +28,7 @@ impl Spawner {
                 // Every signal on this thread only, but glibc's SIGCANCEL (32) and SIGSETXID
                 // (33): a host thread calling setuid() waits for every thread to take the
                 // latter. (The supervisor's clone blocks every signal around itself.)
-                let all: u64 = !0 & !(1 << 31) & !(1 << 32);
+                let all: u64 = !((1 << 31) | (1 << 32));
                 let _ = crate::sys::syscall!(
                     SYS_rt_sigprocmask,
                     libc::SIG_SETMASK,

@@ -179,7 +179,7 @@ fn root_host(
         let mut mapped = working_dirs.to_vec();
         mapped.push(tmp_base.to_path_buf());
         let run = Ids { uid, gid };
-        match HeldNamespaces::create(&mapped, host, run) {
+        match HeldNamespaces::create(&mapped, run) {
             Ok(held) => {
                 return Ok(RootHost {
                     held: Some(held),
@@ -194,7 +194,7 @@ fn root_host(
             }
             Err(e) => {
                 log::warn!("shell tool: runs keep the host's uid: {e}");
-                let held = HeldNamespaces::create(&[], host, host).ok();
+                let held = HeldNamespaces::create(&[], host).ok();
                 return Ok(RootHost {
                     held,
                     run_as: None,
@@ -204,7 +204,7 @@ fn root_host(
         }
     }
     Ok(RootHost {
-        held: HeldNamespaces::create(&[], host, host)
+        held: HeldNamespaces::create(&[], host)
             .map_err(|e| log::warn!("shell tool: no UTS/IPC namespaces for runs: {e}"))
             .ok(),
         run_as: None,

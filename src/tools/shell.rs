@@ -535,6 +535,22 @@ impl ShellTool {
                 false,
             ));
         }
+        // The run's namespace shows each working dir and the temp base as they were when the
+        // tool was built: one removed and made again since is not what the run would see.
+        if let Some(held) = &policy.held {
+            held.check_views().map_err(|p| {
+                ToolResult::failure_of(
+                    id,
+                    ToolErrorKind::Io,
+                    format!(
+                        "{} was removed (and perhaps made again) since the shell tool was built; \
+                         its runs would not see it: build the tool again (a new runtime)",
+                        p.display()
+                    ),
+                    false,
+                )
+            })?;
+        }
         let tmp = self.run_tmp().map_err(|e| {
             ToolResult::failure(id, format!("creating the run's temp directory: {e}"), true)
         })?;

@@ -120,6 +120,21 @@ pub(super) fn plan(
         }
     }
     let connect = rpc_ports(extra_args);
+    // Offloading to a GPU needs its device nodes and driver files; its runtime reserves huge
+    // address ranges, so no address-space limit then.
+    let gpu = offloads_to_gpu(extra_args);
+    let mut devices: Vec<PathBuf> = vec![PathBuf::from("/dev/null")];
+    if gpu {
+        read.extend(GPU_READ.iter().map(PathBuf::from));
+        if let Ok(dir) = std::fs::read_dir("/dev") {
+            devices.extend(dir.flatten().map(|e| e.path()).filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("nvidia"))
+            }));
+        }
+        devices.extend(["/dev/dri", "/dev/kfd"].iter().map(PathBuf::from));
+    }
     let ruleset = if abi >= 1 {
         let mut rules: Vec<FsRule> = read_exec
             .iter()
@@ -133,10 +148,10 @@ pub(super) fn plan(
             path: p.clone(),
             access: Access::ReadExec,
         }));
-        rules.push(FsRule {
-            path: PathBuf::from("/dev/null"),
+        rules.extend(devices.iter().map(|p| FsRule {
+            path: p.clone(),
             access: Access::DeviceReadWrite,
-        });
+        }));
         let opened = landlock::open_rules(abi, &rules)
             .map_err(|e| format!("opening the server's Landlock rule paths: {e}"))?;
         let tcp = TcpPorts {
@@ -167,10 +182,10 @@ pub(super) fn plan(
         .or_else(|| std::fs::metadata(model).ok().map(|m| m.len()))
         .unwrap_or(0);
     let address_space = size.saturating_mul(2).saturating_add(ADDRESS_SPACE_MARGIN);
-    let rlimits = vec![
-        Rlimit::at_most(libc::RLIMIT_CORE, 0),
-        Rlimit::at_most(libc::RLIMIT_AS, address_space),
-    ];
+    let mut rlimits = vec![Rlimit::at_most(libc::RLIMIT_CORE, 0)];
+    if !gpu {
+        rlimits.push(Rlimit::at_most(libc::RLIMIT_AS, address_space));
+    }
     let root = crate::sys::euid() == 0;
     let recorded = json!({
         "mode": mode.as_str(),
@@ -197,7 +212,11 @@ pub(super) fn plan(
         // Root can empty its bounding set; another uid holds no capability to begin with.
         "capabilities": if root { "none" } else { "none_but_bounding_set" },
         "no_new_privs": true,
-        "limits": {"address_space_bytes": address_space, "core_dumps": false},
+        "limits": {
+            "address_space_bytes": if gpu { Value::Null } else { json!(address_space) },
+            "core_dumps": false,
+        },
+        "gpu_devices": gpu,
     });
     Ok((
         Some(ForkConfinement {
@@ -208,6 +227,44 @@ pub(super) fn plan(
         }),
         recorded,
     ))
+}
+
+/// Driver and device information a GPU runtime reads.
+const GPU_READ: &[&str] = &[
+    "/proc/driver/nvidia",
+    "/sys/bus/pci",
+    "/sys/devices",
+    "/sys/class/drm",
+];
+
+/// Whether the arguments offload layers to a GPU (`-ngl`/`--n-gpu-layers`/`--gpu-layers`, or
+/// the draft model's, with a count other than 0; or a `--device` other than `none`).
+fn offloads_to_gpu(args: &[String]) -> bool {
+    let mut it = args.iter().map(String::as_str);
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) => (f, Some(v)),
+            None => (a, None),
+        };
+        let off = match flag {
+            "-ngl"
+            | "--n-gpu-layers"
+            | "--gpu-layers"
+            | "-ngld"
+            | "--n-gpu-layers-draft"
+            | "--gpu-layers-draft" => "0",
+            "-dev" | "--device" => "none",
+            _ => continue,
+        };
+        let value = match inline {
+            Some(v) => Some(v),
+            None => it.next(),
+        };
+        if value.is_some_and(|v| v.trim() != off) {
+            return true;
+        }
+    }
+    false
 }
 
 /// The ports of `--rpc host:port,host:port` (the helpers a split model connects to).
@@ -250,5 +307,19 @@ mod tests {
         );
         assert_eq!(rpc_ports(&args(&["--rpc=h:7"])), vec![7]);
         assert!(rpc_ports(&args(&["--path", "/"])).is_empty());
+    }
+
+    #[test]
+    fn gpu_offload_is_read_from_the_arguments() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(offloads_to_gpu(&args(&["-ngl", "99"])));
+        assert!(offloads_to_gpu(&args(&["--n-gpu-layers=20"])));
+        assert!(offloads_to_gpu(&args(&["--device", "CUDA0"])));
+        assert!(!offloads_to_gpu(&args(&["-ngl", "0", "--device", "none"])));
+        assert!(!offloads_to_gpu(&args(&[
+            "--no-jinja",
+            "--chat-template",
+            "gemma"
+        ])));
     }
 }
