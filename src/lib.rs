@@ -20,6 +20,7 @@ mod platform;
 mod private_dir;
 mod runtime;
 mod sandbox;
+mod strict_json;
 mod sys;
 mod text;
 mod tools;

@@ -188,3 +188,45 @@ fn infer_through_the_abi_returns_v1_json() -> TestResult {
     assert!(count >= 2);
     Ok(())
 }
+
+/// An array where an object belongs is refused, at any depth: serde's derive alone binds it by
+/// position (found by the C-ABI battery: an event made of `["pos-1","t",1,null,null,{...}]`).
+#[test]
+fn an_array_where_an_object_belongs_is_invalid() -> TestResult {
+    let dir = TempDir::new("ffi-arrays");
+    let rt = runtime(&dir, free_port())?;
+    let append = |events: &str| -> i32 {
+        let stream = CString::new("arrays").unwrap_or_default();
+        let events = CString::new(events).unwrap_or_default();
+        let mut out = ptr::null_mut();
+        let mut err = ptr::null_mut();
+        // SAFETY: valid runtime, strings and out-params; what comes back is freed below.
+        let rc = unsafe {
+            correx_events_append(
+                rt.0,
+                stream.as_ptr(),
+                CORREX_EXPECT_ANY,
+                0,
+                events.as_ptr(),
+                &mut out,
+                &mut err,
+            )
+        };
+        // SAFETY: each was made by the call above (or is NULL), and is freed once.
+        unsafe {
+            correx_string_free(out);
+            correx_error_free(err);
+        }
+        rc
+    };
+    let event = r#"{"type_id": "t", "schema_version": 1, "payload": {"a": 1}}"#;
+    assert_eq!(
+        append(&format!(r#"{{"v": 1, "events": [{event}]}}"#)),
+        CORREX_OK
+    );
+    assert_eq!(
+        append(r#"{"v": 1, "events": [["pos-1", "t", 1, null, null, {"a": 1}]]}"#),
+        CORREX_E_INVALID_ARGUMENT
+    );
+    Ok(())
+}

@@ -67,7 +67,8 @@ pub(crate) fn json_v1(text: &str, what: &str) -> FfiResult<Map<String, Value>> {
 /// Deserializes a `{"v": 1, ...}` object into `T`.
 pub(crate) fn parse_v1<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> FfiResult<T> {
     let map = json_v1(text, what)?;
-    serde_json::from_value(Value::Object(map))
+    // Strictly: an array never binds to a struct by position.
+    crate::strict_json::from_value(Value::Object(map))
         .map_err(|e| Failure::new(CORREX_E_INVALID_ARGUMENT, format!("{what}: {e}")))
 }
 

@@ -68,7 +68,7 @@ fn descriptor_from(map: serde_json::Map<String, Value>) -> FfiResult<ModelDescri
             Value::from(install.model.display().to_string()),
         );
     }
-    serde_json::from_value(Value::Object(map))
+    crate::strict_json::from_value(Value::Object(map))
         .map_err(|e| Failure::new(CORREX_E_INVALID_ARGUMENT, format!("model descriptor: {e}")))
 }
 

@@ -171,6 +171,7 @@ pub enum ResponseFormat {
     /// JSON matching a schema.
     JsonSchema {
         /// The schema and its name.
+        #[serde(deserialize_with = "crate::strict_json::object")]
         json_schema: JsonSchemaFormat,
     },
 }
