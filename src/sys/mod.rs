@@ -38,15 +38,20 @@ pub(crate) use syscall;
 pub const FIXED_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// The fence every child gets: a cleared environment but for `PATH` (callers add their own
-/// variables after this), stdin from `/dev/null`, its own session and process group (so no
-/// controlling terminal of the host's), `PR_SET_PDEATHSIG`
+/// variables after this), stdin from `/dev/null`, its own process group (in the host's
+/// session, unlike a shell run: a confined llama-server's Landlock rules give it no terminal,
+/// and a session of its own would also change how the kernel's autogroup schedules it
+/// against the host), `PR_SET_PDEATHSIG`
 /// checked against the parent's pid (so a child whose parent already died does not run), and
 /// every inherited descriptor above stderr marked close-on-exec.
 ///
 /// The parent-death signal fires when the *thread* that forked the child exits: spawn from a
 /// thread that outlives the child.
 pub(crate) fn fence(cmd: &mut Command) {
-    cmd.env_clear().env("PATH", FIXED_PATH).stdin(Stdio::null());
+    cmd.env_clear()
+        .env("PATH", FIXED_PATH)
+        .stdin(Stdio::null())
+        .process_group(0);
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: the closure runs between fork and exec and only calls `fence_in_child`, which
     // makes async-signal-safe syscalls and allocates nothing.
@@ -58,10 +63,6 @@ pub(crate) fn fence(cmd: &mut Command) {
 /// The child's half of [`fence`], callable between fork and exec: async-signal-safe syscalls
 /// only. Returns an errno on failure.
 pub(crate) fn fence_in_child(parent: libc::pid_t) -> Result<(), i32> {
-    // SAFETY: setsid has no memory arguments; a fresh child is no group leader, so it succeeds.
-    if unsafe { libc::setsid() } < 0 {
-        return Err(libc::EPERM);
-    }
     // SAFETY: prctl with integer arguments; no memory involved.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
         return Err(libc::EINVAL);
