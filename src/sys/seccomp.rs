@@ -463,6 +463,18 @@ const SYS_OPEN: libc::c_long = -1;
 #[cfg(not(target_arch = "x86_64"))]
 const SYS_CREAT: libc::c_long = -2;
 
+/// Socketpairs of the types that can address nothing.
+const SOCKETPAIR_CONNECTED: Rule = Rule {
+    name: "socketpair(not SOCK_STREAM or SOCK_SEQPACKET)",
+    nr: libc::SYS_socketpair,
+    checks: &[Check::MaskedNotIn {
+        arg: 1,
+        mask: SOCK_TYPE_MASK,
+        allowed: UNIX_CONNECTED_TYPES,
+        then: EACCES,
+    }],
+};
+
 /// No network: only UNIX sockets, and none that can address a socket outside the run.
 const NO_NETWORK: &[Rule] = &[
     Rule {
@@ -482,16 +494,7 @@ const NO_NETWORK: &[Rule] = &[
             },
         ],
     },
-    Rule {
-        name: "socketpair(not SOCK_STREAM or SOCK_SEQPACKET)",
-        nr: libc::SYS_socketpair,
-        checks: &[Check::MaskedNotIn {
-            arg: 1,
-            mask: SOCK_TYPE_MASK,
-            allowed: UNIX_CONNECTED_TYPES,
-            then: EACCES,
-        }],
-    },
+    SOCKETPAIR_CONNECTED,
     Rule {
         name: "connect",
         nr: libc::SYS_connect,
@@ -523,16 +526,7 @@ const INET_ONLY: &[Rule] = &[
             then: EACCES,
         }],
     },
-    Rule {
-        name: "socketpair(not SOCK_STREAM or SOCK_SEQPACKET)",
-        nr: libc::SYS_socketpair,
-        checks: &[Check::MaskedNotIn {
-            arg: 1,
-            mask: SOCK_TYPE_MASK,
-            allowed: UNIX_CONNECTED_TYPES,
-            then: EACCES,
-        }],
-    },
+    SOCKETPAIR_CONNECTED,
 ];
 
 /// What a filter covers.
