@@ -125,9 +125,7 @@ pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
 /// A seed from the kernel, or from the time, pid and a counter when `getrandom` fails.
 fn seed() -> u64 {
     let mut buf = [0u8; 8];
-    // SAFETY: buf is a valid, writable buffer of 8 bytes; getrandom writes at most 8.
-    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n == 8 {
+    if crate::sys::getrandom(&mut buf) {
         return u64::from_le_bytes(buf);
     }
     use std::sync::atomic::{AtomicU64, Ordering};

@@ -33,15 +33,17 @@ impl PrivateDir {
     }
 
     /// Gives the directory up without removing it.
-    pub fn keep(self) -> PathBuf {
-        let me = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `me` is never dropped, so its path is moved out exactly once.
-        unsafe { std::ptr::read(&me.path) }
+    pub fn keep(mut self) -> PathBuf {
+        // An empty path is what drop leaves alone.
+        std::mem::take(&mut self.path)
     }
 }
 
 impl Drop for PrivateDir {
     fn drop(&mut self) {
+        if self.path.as_os_str().is_empty() {
+            return; // kept
+        }
         remove_tree(&self.path);
     }
 }
@@ -74,8 +76,7 @@ pub(crate) fn remove_tree(path: &Path) {
 pub(crate) fn check_private(root: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::symlink_metadata(root)?;
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = crate::sys::uid();
     let why = if !m.is_dir() {
         "is not a directory (or is a symlink)"
     } else if m.uid() != uid {

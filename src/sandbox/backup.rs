@@ -8,7 +8,7 @@
 //! unless it was committed, as a database transaction rolls back.
 
 use super::journal::{Journal, Run};
-use crate::tools::fs::confine::{fstat, lstatat, openat, readlinkat};
+use crate::sys::fs::{fchmod, fstat, lstatat, openat, readlinkat, renameat, symlinkat, unlinkat};
 use serde::{Deserialize, Serialize};
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Read, Write};
@@ -207,42 +207,11 @@ impl Live {
     }
 }
 
-fn cstr(s: &OsStr) -> io::Result<std::ffi::CString> {
-    std::ffi::CString::new(s.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-fn renameat(dir: RawFd, from: &OsStr, to: &OsStr) -> io::Result<()> {
-    let (f, t) = (cstr(from)?, cstr(to)?);
-    // SAFETY: both names are NUL-terminated; dir is an open directory fd.
-    if unsafe { libc::renameat(dir, f.as_ptr(), dir, t.as_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn unlinkat(dir: RawFd, name: &OsStr) -> io::Result<()> {
-    let c = cstr(name)?;
-    // SAFETY: NUL-terminated name; dir is an open directory fd.
-    if unsafe { libc::unlinkat(dir, c.as_ptr(), 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 fn unlink_quiet(dir: RawFd, name: &OsStr) -> io::Result<()> {
     match unlinkat(dir, name) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
     }
-}
-
-fn symlinkat(target: &Path, dir: RawFd, name: &OsStr) -> io::Result<()> {
-    let (t, n) = (cstr(target.as_os_str())?, cstr(name)?);
-    // SAFETY: both strings are NUL-terminated; dir is an open directory fd.
-    if unsafe { libc::symlinkat(t.as_ptr(), dir, n.as_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 fn file(fd: OwnedFd) -> std::fs::File {
@@ -258,10 +227,7 @@ fn create_in(dir: RawFd, name: &OsStr, mode: u32) -> io::Result<std::fs::File> {
         libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
         0o600,
     )?);
-    // SAFETY: fchmod on an fd we own.
-    if unsafe { libc::fchmod(f.as_raw_fd(), mode & 0o7777) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    fchmod(f.as_raw_fd(), mode & 0o7777)?;
     Ok(f)
 }
 

@@ -66,15 +66,7 @@ pub(crate) fn lock(dir: &Path, create: bool) -> io::Result<Option<File>> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(dir.join(LOCK))?;
-    // SAFETY: flock on an fd we own; no memory is involved.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Ok(None);
-        }
-        return Err(e);
-    }
-    Ok(Some(f))
+    Ok(crate::sys::fs::try_lock_exclusive(f.as_raw_fd())?.then_some(f))
 }
 
 impl Journals {

@@ -120,8 +120,7 @@ impl fmt::Debug for SandboxedToolExecutor {
 /// The default working root: `correx-sandbox-{uid}` under the system temp directory, one per
 /// user (a root shared between users would let one plant manifests for another to "recover").
 pub fn default_work_root() -> PathBuf {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = crate::sys::uid();
     std::env::temp_dir().join(format!("correx-sandbox-{uid}"))
 }
 

@@ -5,6 +5,7 @@
 
 pub(crate) mod cgroup;
 mod child;
+pub(crate) mod fs;
 pub(crate) mod landlock;
 pub(crate) mod limits;
 pub(crate) mod namespaces;
@@ -269,6 +270,31 @@ pub(crate) fn open_dir_at(base: &OwnedFd, rel: &Path) -> io::Result<OwnedFd> {
     }
     // SAFETY: a new descriptor nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The real uid of this process.
+pub(crate) fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// Whether `fd` turns readable within `timeout_ms` (a pidfd: the process exited).
+pub(crate) fn wait_readable(fd: std::os::fd::RawFd, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on this frame.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
+}
+
+/// Fills `buf` from the kernel's random source; `false` when it could not (a kernel before
+/// 3.17, or a seccomp filter refusing it).
+pub(crate) fn getrandom(buf: &mut [u8]) -> bool {
+    // SAFETY: buf is valid and writable for buf.len() bytes; getrandom writes at most that.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    n >= 0 && n as usize == buf.len()
 }
 
 /// The effective uid of this process.

@@ -132,15 +132,8 @@ pub(super) fn watch_exit(
 ) {
     loop {
         let exited = match &pidfd {
-            Some(fd) => {
-                let mut p = libc::pollfd {
-                    fd: fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd; a timeout lets us notice a dropped manager.
-                unsafe { libc::poll(&mut p, 1, 500) > 0 }
-            }
+            // A timeout lets us notice a dropped manager.
+            Some(fd) => sys::wait_readable(fd.as_raw_fd(), 500),
             // Without pidfds, look every 100 ms.
             None => {
                 std::thread::sleep(Duration::from_millis(100));

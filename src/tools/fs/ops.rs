@@ -1,7 +1,8 @@
 //! File operations through [`Roots`]: every open goes beneath a root fd.
 
-use super::confine::{fstat, lstatat, openat, ConfineError, Located, Roots};
-use std::ffi::{CString, OsStr, OsString};
+use super::confine::{ConfineError, Located, Roots};
+use crate::sys::fs::{fchmod, fstat, lstatat, openat, renameat, unlinkat};
+use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -199,28 +200,6 @@ pub(crate) fn exists(roots: &Roots, loc: &Located) -> Result<bool, FsError> {
     }
 }
 
-fn cstr(name: &OsStr) -> io::Result<CString> {
-    CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-fn unlinkat(dir: RawFd, name: &OsStr) -> io::Result<()> {
-    let c = cstr(name)?;
-    // SAFETY: dir is open; c is NUL-terminated.
-    if unsafe { libc::unlinkat(dir, c.as_ptr(), 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn renameat(dir: RawFd, from: &OsStr, to: &OsStr) -> io::Result<()> {
-    let (f, t) = (cstr(from)?, cstr(to)?);
-    // SAFETY: dir is open; both names are NUL-terminated.
-    if unsafe { libc::renameat(dir, f.as_ptr(), dir, t.as_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// What stands at the entry a write would replace.
 fn existing_entry(dir: RawFd, name: &OsStr, loc: &Located) -> Result<Option<libc::stat>, FsError> {
     match lstatat(dir, name) {
@@ -271,10 +250,8 @@ pub(crate) fn write_atomic(roots: &Roots, loc: &Located, content: &[u8]) -> Resu
 }
 
 fn fill(fd: OwnedFd, mode: u32, content: &[u8]) -> io::Result<()> {
-    // SAFETY: fd is open; fchmod sets the exact mode the umask may have narrowed.
-    if unsafe { libc::fchmod(fd.as_raw_fd(), mode) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // The exact mode, which the umask may have narrowed.
+    fchmod(fd.as_raw_fd(), mode)?;
     let mut file = std::fs::File::from(fd);
     file.write_all(content)?;
     file.sync_data()
