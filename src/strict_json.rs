@@ -28,6 +28,20 @@ where
     from_value(Value::Object(map)).map_err(de::Error::custom)
 }
 
+/// As [`object`], for an optional field: `null` (or absent, with `#[serde(default)]`) is `None`.
+pub(crate) fn optional_object<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    match Option::<Map<String, Value>>::deserialize(d)? {
+        None => Ok(None),
+        Some(map) => from_value(Value::Object(map))
+            .map(Some)
+            .map_err(de::Error::custom),
+    }
+}
+
 fn unexpected(v: &Value) -> Unexpected<'_> {
     match v {
         Value::Null => Unexpected::Unit,
@@ -251,5 +265,29 @@ mod tests {
         }))
         .expect_err("an array inside a tagged enum");
         assert!(e.to_string().contains("map"), "{e}");
+        // The tagged enum itself as an array: the tag, then the fields by position.
+        for format in [
+            json!(["json_schema", {"schema": {}}]),
+            json!(["json_object", {}]),
+        ] {
+            let e = from_value::<InferenceRequest>(json!({
+                "context": {"task": "hi"},
+                "config": {"response_format": format}
+            }))
+            .expect_err("an array for response_format");
+            assert!(e.to_string().contains("map"), "{e}");
+        }
+        let ok: InferenceRequest = from_value(json!({
+            "context": {"task": "hi"},
+            "config": {"response_format": {"type": "json_object"}}
+        }))
+        .expect("an object binds");
+        assert!(ok.config.response_format.is_some());
+        let none: InferenceRequest = from_value(json!({
+            "context": {"task": "hi"},
+            "config": {"response_format": null}
+        }))
+        .expect("null is none");
+        assert!(none.config.response_format.is_none());
     }
 }

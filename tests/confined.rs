@@ -584,7 +584,16 @@ fn root_powers() -> TestResult {
         "a creating open with S_ISUID: {}",
         reason(&r)
     );
-    for f in ["sh-copy", "sh-copy2", "sh-copy3", "made-suid"] {
+    let r = run(
+        &t,
+        &[
+            "python3",
+            "-c",
+            "import os, stat; os.mknod('mknod-suid', stat.S_IFREG | 0o4755); print('made')",
+        ],
+    );
+    assert!(!r.is_success(), "mknod of a set-uid file: {}", reason(&r));
+    for f in ["sh-copy", "sh-copy2", "sh-copy3", "made-suid", "mknod-suid"] {
         if let Ok(m) = std::fs::metadata(work.join(f)) {
             assert_eq!(m.permissions().mode() & 0o6000, 0, "{f} got a set-id bit");
         }

@@ -116,7 +116,11 @@ pub struct GenerationConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mirostat_eta: Option<f64>,
     /// Constrains the answer: JSON, or JSON matching a schema.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    // Internally tagged: serde would read an array as the tag and the fields by position.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::strict_json::optional_object"
+    )]
     pub response_format: Option<ResponseFormat>,
     /// Constrains the answer to a GBNF grammar; the server refuses it together with `tools`.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -373,7 +373,7 @@ const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
 const NO_SET_ID: &[Rule] = &[
     Rule {
         name: "chmod(S_ISUID|S_ISGID)",
-        nr: libc::SYS_chmod,
+        nr: SYS_CHMOD,
         checks: &[Check::AnyBit {
             arg: 1,
             mask: SET_ID_BITS,
@@ -435,6 +435,15 @@ const NO_SET_ID: &[Rule] = &[
         }],
     },
     Rule {
+        name: "mknod(S_ISUID|S_ISGID)",
+        nr: SYS_MKNOD,
+        checks: &[Check::AnyBit {
+            arg: 1,
+            mask: SET_ID_BITS,
+            then: EPERM,
+        }],
+    },
+    Rule {
         name: "mknodat(S_ISUID|S_ISGID)",
         nr: libc::SYS_mknodat,
         checks: &[Check::AnyBit {
@@ -452,16 +461,25 @@ const NO_SET_ID: &[Rule] = &[
 
 /// `fchmodat2` (Linux 6.6), by number: newer than some libc versions' tables.
 const SYS_FCHMODAT2: libc::c_long = 452;
-// `open` and `creat` exist only on x86-64 among the two architectures; elsewhere these numbers
-// are never called, and -1 matches no syscall.
+// `open`, `creat`, `chmod` and `mknod` exist only on x86-64 of the two architectures (aarch64
+// has only the `*at` forms); elsewhere a number below 0 stands for them and the rule is left
+// out.
 #[cfg(target_arch = "x86_64")]
 const SYS_OPEN: libc::c_long = libc::SYS_open;
 #[cfg(target_arch = "x86_64")]
 const SYS_CREAT: libc::c_long = libc::SYS_creat;
+#[cfg(target_arch = "x86_64")]
+const SYS_CHMOD: libc::c_long = libc::SYS_chmod;
+#[cfg(target_arch = "x86_64")]
+const SYS_MKNOD: libc::c_long = libc::SYS_mknod;
 #[cfg(not(target_arch = "x86_64"))]
 const SYS_OPEN: libc::c_long = -1;
 #[cfg(not(target_arch = "x86_64"))]
 const SYS_CREAT: libc::c_long = -2;
+#[cfg(not(target_arch = "x86_64"))]
+const SYS_CHMOD: libc::c_long = -3;
+#[cfg(not(target_arch = "x86_64"))]
+const SYS_MKNOD: libc::c_long = -4;
 
 /// Socketpairs of the types that can address nothing.
 const SOCKETPAIR_CONNECTED: Rule = Rule {
@@ -596,8 +614,10 @@ fn compile(rules: &[Rule]) -> Result<Vec<sock_filter>, String> {
     a.bind(native);
     a.load(OFF_NR);
     if cfg!(target_arch = "x86_64") {
-        // x32 syscalls carry this bit and the x86-64 arch value.
+        // x32 syscalls carry this bit and the x86-64 arch value; -1 (no syscall, which the
+        // kernel answers with ENOSYS) is not one.
         let x64 = a.label();
+        a.jeq(u32::MAX, To::L(x64), To::Next);
         a.jge(0x4000_0000, To::Next, To::L(x64));
         a.ret(Action::KillProcess);
         a.bind(x64);
@@ -852,10 +872,6 @@ mod tests {
         for o in ALL {
             for mode in [suid, sgid] {
                 assert_eq!(
-                    run(o, libc::SYS_chmod, [0, mode, 0, 0, 0, 0]),
-                    errno(libc::EPERM)
-                );
-                assert_eq!(
                     run(o, libc::SYS_fchmod, [3, mode, 0, 0, 0, 0]),
                     errno(libc::EPERM)
                 );
@@ -878,6 +894,18 @@ mod tests {
                 #[cfg(target_arch = "x86_64")]
                 {
                     assert_eq!(
+                        run(o, libc::SYS_chmod, [0, mode, 0, 0, 0, 0]),
+                        errno(libc::EPERM)
+                    );
+                    assert_eq!(
+                        run(
+                            o,
+                            libc::SYS_mknod,
+                            [0, mode | libc::S_IFREG as u64, 0, 0, 0, 0]
+                        ),
+                        errno(libc::EPERM)
+                    );
+                    assert_eq!(
                         run(o, libc::SYS_open, [0, creat, mode, 0, 0, 0]),
                         errno(libc::EPERM)
                     );
@@ -888,7 +916,7 @@ mod tests {
                 }
             }
             // Ordinary modes and opens pass.
-            assert_eq!(run(o, libc::SYS_chmod, [0, 0o755, 0, 0, 0, 0]), ALLOW);
+            assert_eq!(run(o, libc::SYS_fchmod, [3, 0o755, 0, 0, 0, 0]), ALLOW);
             assert_eq!(run(o, libc::SYS_openat, [3, 0, creat, 0o644, 0, 0]), ALLOW);
             assert_eq!(run(o, libc::SYS_openat, [3, 0, 0, 0, 0, 0]), ALLOW);
             assert_eq!(
@@ -1030,10 +1058,14 @@ mod tests {
         let kill = libc::SECCOMP_RET_KILL_PROCESS;
         assert_eq!(eval(&f.program, libc::SYS_read, 0x4000_0003, [0; 6]), kill);
         #[cfg(target_arch = "x86_64")]
-        assert_eq!(
-            eval(&f.program, libc::SYS_read | 0x4000_0000, AUDIT_ARCH, [0; 6]),
-            kill
-        );
+        {
+            assert_eq!(
+                eval(&f.program, libc::SYS_read | 0x4000_0000, AUDIT_ARCH, [0; 6]),
+                kill
+            );
+            // syscall(-1) is no x32 call: the kernel answers it with ENOSYS.
+            assert_eq!(eval(&f.program, -1, AUDIT_ARCH, [0; 6]), ALLOW);
+        }
     }
 
     #[test]
