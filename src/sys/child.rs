@@ -787,8 +787,14 @@ fn program(plan: &ChildPlan) -> ! {
             fail(plan, Stage::Cwd, errno_of(r));
         }
     }
-    // A session of its own: no controlling terminal of the host's to open or inject into.
-    call!(SYS_setsid);
+    // The host's controlling terminal must stay out of reach (TIOCSTI types into it). Landlock
+    // grants no terminal; without it, a session of its own. Not always: each new session is a
+    // scheduling group of its own under autogroup, which costs every spawn measurably.
+    if plan.confined && plan.ruleset < 0 {
+        call!(SYS_setsid);
+    } else {
+        call!(SYS_setpgid, 0, 0);
+    }
     cloexec_all(plan.max_fd);
     // Before Landlock, which would deny the write.
     if let Some(procs) = &plan.cgroup {
