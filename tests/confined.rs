@@ -87,11 +87,7 @@ fn both(name: &str, scenario: Scenario) -> TestResult {
     let out = child_test("confined::unprivileged_child")
         .env("CORREX_CHILD_SCENARIO", name)
         .output()?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = crate::util::both_streams(&out);
     assert!(
         out.status.success() && text.contains("scenario passed"),
         "{name} as uid {NOBODY}:\n{text}"
@@ -1114,8 +1110,7 @@ fn bad_settings_are_refused_at_construction() {
 #[test]
 fn a_host_ignoring_sigchld_still_gets_exit_statuses() -> TestResult {
     let out = child_test("confined::sigchld_child").output()?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text = crate::util::both_streams(&out);
     assert!(
         out.status.success() && text.contains("sigchld ok"),
         "{text}"
@@ -1209,8 +1204,7 @@ fn file_tools_refuse_to_rewrite_an_allowed_executable() -> TestResult {
 #[test]
 fn a_waiting_run_costs_no_cpu() -> TestResult {
     let out = child_test("confined::cpu_child").output()?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text = crate::util::both_streams(&out);
     assert!(out.status.success() && text.contains("cpu ok"), "{text}");
     Ok(())
 }

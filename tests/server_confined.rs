@@ -110,11 +110,7 @@ fn llama_server_is_confined_as_root_and_as_nobody() -> TestResult {
         .env("CORREX_CHILD_SERVER", &server)
         .env("CORREX_CHILD_MODEL", &model)
         .output()?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = crate::util::both_streams(&out);
     assert!(
         out.status.success() && text.contains("scenario passed"),
         "as uid {NOBODY}:\n{text}"

@@ -188,3 +188,12 @@ pub fn become_nobody() {
         assert_eq!(libc::prctl(libc::PR_SET_DUMPABLE, 1), 0, "dumpable");
     }
 }
+
+/// A child's stdout and stderr, one after the other, as text (for its assertion messages).
+pub fn both_streams(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

@@ -88,8 +88,6 @@ pub(crate) struct ChildPlan {
     pub(crate) cgroup: Option<CString>,
     /// Namespaces (mount, UTS, IPC) the program's process joins first; -1 for none.
     pub(crate) join: [RawFd; 3],
-    /// Drop every capability (effective, permitted, inheritable, ambient) before exec.
-    pub(crate) drop_caps: bool,
     /// Empty the bounding set too (needs CAP_SETPCAP: root, or a user namespace of our own).
     pub(crate) drop_bounding: bool,
     /// Switch to these ids (uid, gid), with no supplementary groups, before exec.
@@ -602,8 +600,6 @@ fn kill_descendants() {
 /// seccomp. Everything it points to stays alive and unchanged until exec.
 pub(crate) struct SelfConfinement<'a> {
     pub rlimits: &'a [Rlimit],
-    /// Drop every capability (effective, permitted, inheritable, ambient).
-    pub drop_caps: bool,
     /// Empty the bounding set too (needs CAP_SETPCAP: root, or a user namespace of our own).
     pub drop_bounding: bool,
     /// Switch to these ids (uid, gid), with no supplementary groups.
@@ -616,8 +612,9 @@ pub(crate) struct SelfConfinement<'a> {
 }
 
 /// Applies `c` to the calling process: raw syscalls only, async-signal-safe, no allocation
-/// (callable between fork or clone and exec). After it the process holds no capability (when
-/// asked), `no_new_privs` is set, and the ruleset and filter are enforced. The error names the
+/// (callable between fork or clone and exec). After it the process holds no capability
+/// (effective, permitted, inheritable, ambient; the bounding set too with `drop_bounding`),
+/// `no_new_privs` is set, and the ruleset and filter are enforced. The error names the
 /// step and the errno.
 pub(crate) fn confine_self(c: &SelfConfinement<'_>) -> Result<(), (Stage, i32)> {
     let check = |r: isize, stage: Stage| {
@@ -643,28 +640,26 @@ pub(crate) fn confine_self(c: &SelfConfinement<'_>) -> Result<(), (Stage, i32)> 
             Stage::Limits,
         )?;
     }
-    if c.drop_caps {
-        if c.drop_bounding {
-            for cap in 0..64 {
-                let r = call!(SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-                if r == -(libc::EINVAL as isize) {
-                    break; // past the kernel's last capability
-                }
-                check(r, Stage::Capabilities)?;
+    if c.drop_bounding {
+        for cap in 0..64 {
+            let r = call!(SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+            if r == -(libc::EINVAL as isize) {
+                break; // past the kernel's last capability
             }
-        }
-        // EINVAL before Linux 4.3, which has no ambient set to clear.
-        let r = call!(
-            SYS_prctl,
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL,
-            0,
-            0,
-            0
-        );
-        if r != -(libc::EINVAL as isize) {
             check(r, Stage::Capabilities)?;
         }
+    }
+    // EINVAL before Linux 4.3, which has no ambient set to clear.
+    let r = call!(
+        SYS_prctl,
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL,
+        0,
+        0,
+        0
+    );
+    if r != -(libc::EINVAL as isize) {
+        check(r, Stage::Capabilities)?;
     }
     if let Some((uid, gid)) = c.run_as {
         // Raw syscalls change only this process's credentials, which is all there is: it is
@@ -687,34 +682,32 @@ pub(crate) fn confine_self(c: &SelfConfinement<'_>) -> Result<(), (Stage, i32)> 
             }
         }
     }
-    if c.drop_caps {
-        #[repr(C)]
-        struct Header {
-            version: u32,
-            pid: i32,
-        }
-        #[repr(C)]
-        struct Data {
-            effective: u32,
-            permitted: u32,
-            inheritable: u32,
-        }
-        const VERSION_3: u32 = 0x2008_0522;
-        let header = Header {
-            version: VERSION_3,
-            pid: 0,
-        };
-        let none = || Data {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        };
-        let data = [none(), none()];
-        check(
-            call!(SYS_capset, &header as *const Header, data.as_ptr()),
-            Stage::Capabilities,
-        )?;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
     }
+    #[repr(C)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let none = || Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    };
+    let data = [none(), none()];
+    check(
+        call!(SYS_capset, &header as *const Header, data.as_ptr()),
+        Stage::Capabilities,
+    )?;
     check(
         call!(SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0),
         Stage::NoNewPrivs,
@@ -805,7 +798,6 @@ fn program(plan: &ChildPlan) -> ! {
     if plan.confined {
         let own = SelfConfinement {
             rlimits: &plan.rlimits,
-            drop_caps: plan.drop_caps,
             drop_bounding: plan.drop_bounding,
             run_as: plan.run_as,
             parent: Some(

@@ -9,7 +9,8 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-fn cstr(p: &OsStr) -> io::Result<CString> {
+/// `p` as a C string; a NUL byte in it is `EINVAL`.
+pub(crate) fn cstr(p: &OsStr) -> io::Result<CString> {
     CString::new(p.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 

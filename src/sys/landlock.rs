@@ -106,6 +106,17 @@ pub(crate) struct FsRule {
     pub access: Access,
 }
 
+/// One rule of `access` for each of `paths`.
+pub(crate) fn rules_for<P: AsRef<Path>>(
+    paths: impl IntoIterator<Item = P>,
+    access: Access,
+) -> impl Iterator<Item = FsRule> {
+    paths.into_iter().map(move |p| FsRule {
+        path: p.as_ref().to_path_buf(),
+        access,
+    })
+}
+
 /// A Landlock ruleset, ready for a child to enforce on itself.
 #[derive(Debug)]
 pub(crate) struct Ruleset {

@@ -113,7 +113,6 @@ pub(crate) fn confine_command(cmd: &mut Command, c: ForkConfinement) {
             let prog = program.as_deref().map(seccomp::prog_of);
             let own = child::SelfConfinement {
                 rlimits: &c.rlimits,
-                drop_caps: true,
                 drop_bounding: c.drop_bounding,
                 run_as: None,
                 parent: None,
@@ -254,22 +253,12 @@ pub(crate) fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
 /// symlink at its end.
 pub(crate) fn open_dir_at(base: &OwnedFd, rel: &Path) -> io::Result<OwnedFd> {
     use std::os::fd::AsRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: c is a valid NUL-terminated string; base is an open descriptor.
-    let fd = unsafe {
-        libc::openat(
-            base.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    fs::openat(
+        base.as_raw_fd(),
+        rel.as_os_str(),
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    )
 }
 
 /// The real uid of this process.

@@ -11,10 +11,8 @@
 //! SysV IPC objects and message queues are out of its reach.
 
 use super::syscall;
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 // From <linux/mount.h>.
@@ -203,7 +201,7 @@ fn make_in_this_thread(paths: &[(PathBuf, RawFd)]) -> io::Result<Made> {
         let what = |step: &str, e: io::Error| {
             io::Error::new(e.kind(), format!("{step} of {}: {e}", p.display()))
         };
-        let c = cpath(p)?;
+        let c = super::fs::cstr(p.as_os_str())?;
         let tree = syscall!(
             SYS_open_tree,
             libc::AT_FDCWD,
@@ -244,21 +242,9 @@ fn make_in_this_thread(paths: &[(PathBuf, RawFd)]) -> io::Result<Made> {
     Ok((ns("mnt")?, ns("uts")?, ns("ipc")?, views))
 }
 
-fn cpath(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path holds a NUL byte"))
-}
-
 /// An `O_PATH` descriptor of `p` (relative to `dir`), following symlinks.
 fn open_path(dir: RawFd, p: &Path) -> io::Result<OwnedFd> {
-    let c = cpath(p)?;
-    // SAFETY: c is a valid NUL-terminated string for the call.
-    let fd = unsafe { libc::openat(dir, c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    super::fs::openat(dir, p.as_os_str(), libc::O_PATH, 0)
 }
 
 /// A namespace descriptor (`setns` and `mount_setattr` refuse `O_PATH` ones).

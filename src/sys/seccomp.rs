@@ -562,7 +562,7 @@ pub(crate) struct Options {
 }
 
 /// A BPF program, kept alive for a child to install.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Filter {
     program: Vec<sock_filter>,
 }

@@ -418,7 +418,6 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         _filter: filter,
         cgroup: spec.cgroup.map(std::ffi::CStr::to_owned),
         join,
-        drop_caps: spec.confinement.is_some(),
         drop_bounding: spec.confinement.is_some_and(|c| c.drop_bounding),
         run_as: spec.confinement.and_then(|c| c.run_as),
         host_dumpable: host_dumpable(),

@@ -149,7 +149,8 @@ pub(crate) struct Policy {
     /// An empty cgroup a finished run left, for the next.
     spare_cgroup: parking_lot::Mutex<Option<RunCgroup>>,
     pub containment: Containment,
-    filter: Option<seccomp::Options>,
+    /// Each run's own filter, assembled once (what the spawner thread does not hold).
+    run_filter: Option<Filter>,
     /// The tool's namespaces (root hosts), with the run's idmapped views of its directories.
     pub held: Option<HeldNamespaces>,
     /// The ids a run executes as (root hosts), when not the host's.
@@ -484,27 +485,25 @@ pub(crate) fn plan(
         "supervisor_protected": containment != Containment::Subreaper || scopes,
     });
     let rules = if landlock_on {
-        let mut rules: Vec<FsRule> = read
-            .iter()
-            .map(|p| FsRule {
-                path: p.clone(),
-                access: Access::ReadExec,
-            })
+        let rules: Vec<FsRule> = landlock::rules_for(&read, Access::ReadExec)
+            .chain(landlock::rules_for(DEVICES, Access::DeviceReadWrite))
+            .chain(landlock::rules_for(&write, Access::ReadWrite))
             .collect();
-        rules.extend(DEVICES.iter().map(|d| FsRule {
-            path: PathBuf::from(d),
-            access: Access::DeviceReadWrite,
-        }));
-        rules.extend(write.iter().map(|p| FsRule {
-            path: p.clone(),
-            access: Access::ReadWrite,
-        }));
         Some(
             landlock::open_rules(abi, &rules)
                 .map_err(|e| format!("opening Landlock rule paths: {e}"))?,
         )
     } else {
         None
+    };
+    let run_filter = match filter {
+        Some(f) => Filter::new(seccomp::Options {
+            floor: !thread_confined,
+            // The spawner thread's filter refuses SysV IPC where that is needed.
+            deny_ipc: f.deny_ipc && !thread_confined,
+            ..f
+        })?,
+        None => None,
     };
     Ok(Policy {
         mode,
@@ -517,7 +516,7 @@ pub(crate) fn plan(
         thread_confined,
         spare_cgroup: parking_lot::Mutex::new(None),
         containment,
-        filter,
+        run_filter,
         held: host.held,
         run_as: host.run_as,
         drop_bounding,
@@ -578,15 +577,7 @@ impl Policy {
         };
         Ok(Some(Confinement {
             ruleset,
-            filter: match self.filter {
-                Some(f) => Filter::new(seccomp::Options {
-                    floor: !self.thread_confined,
-                    // The spawner thread's filter refuses SysV IPC where that is needed.
-                    deny_ipc: f.deny_ipc && !self.thread_confined,
-                    ..f
-                })?,
-                None => None,
-            },
+            filter: self.run_filter.clone(),
             rlimits: self.rlimits.clone(),
             join: match (&self.held, self.thread_confined) {
                 (Some(held), false) => held.fds(),

@@ -136,22 +136,11 @@ pub(super) fn plan(
         devices.extend(["/dev/dri", "/dev/kfd"].iter().map(PathBuf::from));
     }
     let ruleset = if abi >= 1 {
-        let mut rules: Vec<FsRule> = read_exec
-            .iter()
-            .map(|p| FsRule {
-                path: p.clone(),
-                access: Access::ReadExec,
-            })
-            .collect();
-        // Files get read (and execute, which no file here is for) only.
-        rules.extend(read.iter().map(|p| FsRule {
-            path: p.clone(),
-            access: Access::ReadExec,
-        }));
-        rules.extend(devices.iter().map(|p| FsRule {
-            path: p.clone(),
-            access: Access::DeviceReadWrite,
-        }));
+        // The files get read (and execute, which no file here is for) only.
+        let rules: Vec<FsRule> =
+            landlock::rules_for(read_exec.iter().chain(&read), Access::ReadExec)
+                .chain(landlock::rules_for(&devices, Access::DeviceReadWrite))
+                .collect();
         let opened = landlock::open_rules(abi, &rules)
             .map_err(|e| format!("opening the server's Landlock rule paths: {e}"))?;
         let tcp = TcpPorts {
