@@ -30,7 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .to_string(),
     )?;
-    config.models.server_bin = Some(install.server.clone());
+    config.models.server_bin = install.server.clone();
     let approver = CallbackApprover::new(|req, _| {
         let yes = req.tool_name == "file_write";
         println!(

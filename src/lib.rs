@@ -20,6 +20,7 @@ mod platform;
 mod private_dir;
 mod runtime;
 mod sandbox;
+mod settings;
 mod strict_json;
 mod sys;
 mod text;
@@ -27,7 +28,8 @@ mod tools;
 
 pub use approvals::{
     ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalMode, ApprovalPolicy,
-    ApprovalRequest, ApprovalRule, AutoApprove, CallbackApprover, Decided, DenyAll, RuleAction,
+    ApprovalRequest, ApprovalRule, ApprovalsConfig, AutoApprove, CallbackApprover, Decided,
+    DenyAll, EngineChoice, RuleAction,
 };
 pub use cancel::CancelToken;
 pub use domain::{append_domain, verify_log, DomainEvent, UnloadReason};
@@ -48,18 +50,17 @@ pub use inference::{
 };
 pub use install::LlamaInstall;
 pub use platform::{kernel_features, KernelFeatures};
-pub use runtime::{
-    build_registry, ApprovalsConfig, ConfigError, EngineChoice, FileToolConfig, ModelsConfig,
-    Runtime, RuntimeConfig, RuntimeError, ShellConfig, ToolConfig, CONFIG_VERSION,
-};
+pub use runtime::{build_registry, Runtime, RuntimeConfig, RuntimeError, CONFIG_VERSION};
 pub use sandbox::{
     default_work_root, session_stream, Recovered, SandboxError, SandboxedToolExecutor,
 };
+pub use settings::{ConfigError, Section};
 pub use tools::{
-    looks_secret, ConfineError, DispatchingToolExecutor, FileAffectingTool, FileEditTool,
-    FileReadTool, FileWriteTool, IsolationMode, IsolationOptions, ResolveMode, ResourceLimits,
-    Roots, RunAs, ShellOptions, ShellTool, Tier, Tool, ToolCapability, ToolError, ToolErrorKind,
-    ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult, DEFAULT_MAX_READ_BYTES,
+    looks_secret, BuildContext, BuiltinTool, ConfineError, DispatchingToolExecutor,
+    FileAffectingTool, FileEditTool, FileReadTool, FileToolConfig, FileWriteTool, IsolationMode,
+    IsolationOptions, ResolveMode, ResourceLimits, Roots, RunAs, ShellOptions, ShellTool, Tier,
+    Tool, ToolCapability, ToolConfig, ToolError, ToolErrorKind, ToolExecutor, ToolRegistry,
+    ToolRequest, ToolResult, ToolRow, ValidationResult, BUILTIN_TOOLS, DEFAULT_MAX_READ_BYTES,
     DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
 };
 

@@ -1,7 +1,12 @@
-//! Payloads read strictly: serde's derive binds a JSON array to a struct by position (an
-//! inference `"config": [0.5, 0.9, 7]` would be temperature, top_p and max_tokens), which no
-//! host means. [`from_value`] deserializes a `serde_json::Value` through a deserializer that
-//! refuses an array wherever a struct is expected, at every depth.
+//! Payloads and config read strictly, with the path of whatever is wrong.
+//!
+//! serde's derive binds a JSON array to a struct by position (an inference
+//! `"config": [0.5, 0.9, 7]` would be temperature, top_p and max_tokens), which no host means.
+//! [`from_value`] deserializes a `serde_json::Value` through a deserializer that refuses an
+//! array wherever a struct is expected, at every depth, and names where an error is
+//! (`config.temperature: invalid type: ...`). [`config_from_value`] reads the same way with
+//! the config's two extra rules: `null` is the same as leaving a field out, and no string may
+//! hold a NUL byte (each becomes a path, an argument or a variable).
 //!
 //! Internally tagged enums buffer their content before the struct inside sees it, past this
 //! deserializer: their struct fields use [`object`] instead.
@@ -11,11 +16,91 @@ use serde::de::{
     SeqAccess, Unexpected, VariantAccess, Visitor,
 };
 use serde::Deserialize;
-use serde_json::{Error, Map, Value};
+use serde_json::{Map, Value};
+use std::fmt;
+
+/// What is wrong and where: `path` is empty for the top level, else like `tools.shell.env.A`
+/// or `rules[0].action`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct JsonError {
+    pub(crate) path: String,
+    pub(crate) reason: String,
+}
+
+impl JsonError {
+    /// The same error one level down: beneath a key or an index.
+    fn under(mut self, segment: Segment<'_>) -> Self {
+        let seg = match segment {
+            Segment::Key(k) => k.to_owned(),
+            Segment::Index(i) => format!("[{i}]"),
+        };
+        self.path = if self.path.is_empty() {
+            seg
+        } else if self.path.starts_with('[') {
+            format!("{seg}{}", self.path)
+        } else {
+            format!("{seg}.{}", self.path)
+        };
+        self
+    }
+}
+
+enum Segment<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+impl fmt::Display for JsonError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.reason)
+        } else {
+            write!(f, "{}: {}", self.path, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for JsonError {}
+
+impl de::Error for JsonError {
+    fn custom<T: fmt::Display>(msg: T) -> Self {
+        JsonError {
+            path: String::new(),
+            reason: msg.to_string(),
+        }
+    }
+
+    fn missing_field(field: &'static str) -> Self {
+        JsonError {
+            path: field.to_owned(),
+            reason: "missing".to_owned(),
+        }
+    }
+
+    fn unknown_field(field: &str, expected: &'static [&'static str]) -> Self {
+        JsonError {
+            path: field.to_owned(),
+            reason: format!("unknown field; expected one of: {}", expected.join(", ")),
+        }
+    }
+}
+
+/// The two rule sets: a payload's, and a config's (nulls absent, no NUL bytes).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Payload,
+    Config,
+}
 
 /// Deserializes `value` as `T`, refusing an array where `T` (or anything in it) is a struct.
-pub(crate) fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, Error> {
-    T::deserialize(Strict(value))
+pub(crate) fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, JsonError> {
+    T::deserialize(Strict(value, Mode::Payload))
+}
+
+/// As [`from_value`], with the config's rules: a `null` field is absent (its default applies),
+/// and a string holding a NUL byte is refused.
+pub(crate) fn config_from_value<T: DeserializeOwned>(value: Value) -> Result<T, JsonError> {
+    T::deserialize(Strict(value, Mode::Config))
 }
 
 /// For a struct-typed field inside an internally tagged enum: an object, read strictly.
@@ -58,32 +143,66 @@ fn unexpected(v: &Value) -> Unexpected<'_> {
     }
 }
 
-struct Strict(Value);
+fn no_nul(s: &str, mode: Mode) -> Result<(), JsonError> {
+    match s.find('\0') {
+        Some(at) if mode == Mode::Config => Err(de::Error::custom(format!(
+            "holds a NUL byte (at byte {at}), which no path, argument or variable can carry"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+struct Strict(Value, Mode);
 
 impl<'de> Deserializer<'de> for Strict {
-    type Error = Error;
+    type Error = JsonError;
 
-    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, JsonError> {
+        let mode = self.1;
         match self.0 {
+            Value::Null => visitor.visit_unit(),
+            Value::Bool(b) => visitor.visit_bool(b),
+            Value::Number(n) => {
+                if let Some(u) = n.as_u64() {
+                    visitor.visit_u64(u)
+                } else if let Some(i) = n.as_i64() {
+                    visitor.visit_i64(i)
+                } else {
+                    visitor.visit_f64(n.as_f64().unwrap_or(f64::NAN))
+                }
+            }
+            Value::String(s) => {
+                no_nul(&s, mode)?;
+                visitor.visit_string(s)
+            }
             Value::Array(items) => {
                 let len = items.len();
-                let mut seq = Seq(items.into_iter());
+                let mut seq = Seq {
+                    iter: items.into_iter(),
+                    index: 0,
+                    mode,
+                };
                 let out = visitor.visit_seq(&mut seq)?;
-                if seq.0.len() == 0 {
+                if seq.iter.len() == 0 {
                     Ok(out)
                 } else {
                     Err(de::Error::invalid_length(len, &"fewer elements"))
                 }
             }
-            Value::Object(map) => visitor.visit_map(Fields {
-                iter: map.into_iter(),
-                value: None,
-            }),
-            other => other.deserialize_any(visitor),
+            Value::Object(mut map) => {
+                if mode == Mode::Config {
+                    map.retain(|_, v| !v.is_null());
+                }
+                visitor.visit_map(Fields {
+                    iter: map.into_iter(),
+                    value: None,
+                    mode,
+                })
+            }
         }
     }
 
-    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, JsonError> {
         match self.0 {
             Value::Null => visitor.visit_none(),
             _ => visitor.visit_some(self),
@@ -95,7 +214,7 @@ impl<'de> Deserializer<'de> for Strict {
         _name: &'static str,
         _fields: &'static [&'static str],
         visitor: V,
-    ) -> Result<V::Value, Error> {
+    ) -> Result<V::Value, JsonError> {
         match &self.0 {
             Value::Object(_) => self.deserialize_any(visitor),
             other => Err(de::Error::invalid_type(unexpected(other), &"an object")),
@@ -106,25 +225,36 @@ impl<'de> Deserializer<'de> for Strict {
         self,
         _name: &'static str,
         visitor: V,
-    ) -> Result<V::Value, Error> {
+    ) -> Result<V::Value, JsonError> {
         visitor.visit_newtype_struct(self)
     }
 
     fn deserialize_enum<V: Visitor<'de>>(
         self,
-        name: &'static str,
-        variants: &'static [&'static str],
+        _name: &'static str,
+        _variants: &'static [&'static str],
         visitor: V,
-    ) -> Result<V::Value, Error> {
+    ) -> Result<V::Value, JsonError> {
+        let mode = self.1;
         match self.0 {
-            Value::String(s) => visitor.visit_enum(s.into_deserializer()),
+            Value::String(s) => {
+                no_nul(&s, mode)?;
+                visitor.visit_enum(s.into_deserializer())
+            }
             Value::Object(map) if map.len() == 1 => {
                 let Some((variant, value)) = map.into_iter().next() else {
                     return Err(de::Error::custom("an empty enum object"));
                 };
-                visitor.visit_enum(Enum { variant, value })
+                visitor.visit_enum(Enum {
+                    variant,
+                    value,
+                    mode,
+                })
             }
-            other => other.deserialize_enum(name, variants, visitor),
+            other => Err(de::Error::invalid_type(
+                unexpected(&other),
+                &"a string or an object with one key",
+            )),
         }
     }
 
@@ -134,77 +264,101 @@ impl<'de> Deserializer<'de> for Strict {
     }
 }
 
-struct Seq(std::vec::IntoIter<Value>);
+struct Seq {
+    iter: std::vec::IntoIter<Value>,
+    index: usize,
+    mode: Mode,
+}
 
 impl<'de> SeqAccess<'de> for Seq {
-    type Error = Error;
+    type Error = JsonError;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(
         &mut self,
         seed: T,
-    ) -> Result<Option<T::Value>, Error> {
-        self.0
-            .next()
-            .map(|v| seed.deserialize(Strict(v)))
-            .transpose()
+    ) -> Result<Option<T::Value>, JsonError> {
+        let Some(v) = self.iter.next() else {
+            return Ok(None);
+        };
+        let index = self.index;
+        self.index += 1;
+        seed.deserialize(Strict(v, self.mode))
+            .map(Some)
+            .map_err(|e| e.under(Segment::Index(index)))
     }
 
     fn size_hint(&self) -> Option<usize> {
-        Some(self.0.len())
+        Some(self.iter.len())
     }
 }
 
 struct Fields {
     iter: serde_json::map::IntoIter,
-    value: Option<Value>,
+    value: Option<(String, Value)>,
+    mode: Mode,
 }
 
 impl<'de> MapAccess<'de> for Fields {
-    type Error = Error;
+    type Error = JsonError;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(
         &mut self,
         seed: K,
-    ) -> Result<Option<K::Value>, Error> {
+    ) -> Result<Option<K::Value>, JsonError> {
         match self.iter.next() {
             Some((k, v)) => {
-                self.value = Some(v);
-                seed.deserialize(k.into_deserializer()).map(Some)
+                let key = seed
+                    .deserialize(Strict(Value::String(k.clone()), self.mode))
+                    .map_err(|e| {
+                        // An unknown field names itself; anything else names the key.
+                        if e.path.is_empty() {
+                            e.under(Segment::Key(&k))
+                        } else {
+                            e
+                        }
+                    })?;
+                self.value = Some((k, v));
+                Ok(Some(key))
             }
             None => Ok(None),
         }
     }
 
-    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, Error> {
-        let v = self
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, JsonError> {
+        let (k, v) = self
             .value
             .take()
             .ok_or_else(|| de::Error::custom("a value asked for before its key"))?;
-        seed.deserialize(Strict(v))
+        seed.deserialize(Strict(v, self.mode))
+            .map_err(|e| e.under(Segment::Key(&k)))
     }
 }
 
 struct Enum {
     variant: String,
     value: Value,
+    mode: Mode,
 }
 
 impl<'de> EnumAccess<'de> for Enum {
-    type Error = Error;
+    type Error = JsonError;
     type Variant = Variant;
 
-    fn variant_seed<V: DeserializeSeed<'de>>(self, seed: V) -> Result<(V::Value, Variant), Error> {
-        let v = seed.deserialize(self.variant.into_deserializer())?;
-        Ok((v, Variant(self.value)))
+    fn variant_seed<V: DeserializeSeed<'de>>(
+        self,
+        seed: V,
+    ) -> Result<(V::Value, Variant), JsonError> {
+        let v = seed.deserialize(self.variant.as_str().into_deserializer())?;
+        Ok((v, Variant(self.value, self.mode)))
     }
 }
 
-struct Variant(Value);
+struct Variant(Value, Mode);
 
 impl<'de> VariantAccess<'de> for Variant {
-    type Error = Error;
+    type Error = JsonError;
 
-    fn unit_variant(self) -> Result<(), Error> {
+    fn unit_variant(self) -> Result<(), JsonError> {
         match self.0 {
             Value::Null => Ok(()),
             other => Err(de::Error::invalid_type(
@@ -214,20 +368,24 @@ impl<'de> VariantAccess<'de> for Variant {
         }
     }
 
-    fn newtype_variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<T::Value, Error> {
-        seed.deserialize(Strict(self.0))
+    fn newtype_variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<T::Value, JsonError> {
+        seed.deserialize(Strict(self.0, self.1))
     }
 
-    fn tuple_variant<V: Visitor<'de>>(self, _len: usize, visitor: V) -> Result<V::Value, Error> {
-        Strict(self.0).deserialize_any(visitor)
+    fn tuple_variant<V: Visitor<'de>>(
+        self,
+        _len: usize,
+        visitor: V,
+    ) -> Result<V::Value, JsonError> {
+        Strict(self.0, self.1).deserialize_any(visitor)
     }
 
     fn struct_variant<V: Visitor<'de>>(
         self,
         fields: &'static [&'static str],
         visitor: V,
-    ) -> Result<V::Value, Error> {
-        Strict(self.0).deserialize_struct("", fields, visitor)
+    ) -> Result<V::Value, JsonError> {
+        Strict(self.0, self.1).deserialize_struct("", fields, visitor)
     }
 }
 

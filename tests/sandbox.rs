@@ -626,15 +626,30 @@ fn a_host_killed_mid_tool_is_recovered_by_the_next_executor() -> TestResult {
 #[test]
 fn tool_config_defaults_deny_and_bad_fields_are_named() -> TestResult {
     let c = ToolConfig::from_value(&json!({}))?;
-    assert!(
-        !c.shell.enabled && !c.file_read.enabled && !c.file_write.enabled && !c.file_edit.enabled
-    );
-    assert!(c.shell.options.allowed_executables.is_empty() && c.file_read.allowed_paths.is_empty());
+    for row in correx::BUILTIN_TOOLS {
+        assert!(!c.is_enabled(row.name), "{} enabled by default", row.name);
+    }
+    let shell = c.get::<correx::ShellTool>().ok_or("no shell row")?;
+    let read = c.get::<FileReadTool>().ok_or("no file_read row")?;
+    assert!(shell.allowed_executables.is_empty() && read.allowed_paths.is_empty());
     let c = ToolConfig::from_value(
         &json!({"shell": {"enabled": true, "allowed_executables": ["ls"], "timeout_ms": 500}}),
     )?;
-    assert!(c.shell.enabled);
-    assert_eq!(c.shell.options.timeout, Duration::from_millis(500));
+    assert!(c.is_enabled("shell") && !c.is_enabled("file_read"));
+    assert_eq!(
+        c.get::<correx::ShellTool>().ok_or("no shell row")?.timeout,
+        Duration::from_millis(500)
+    );
+    // null is the same as leaving the field out.
+    let c =
+        ToolConfig::from_value(&json!({"file_read": {"enabled": null, "max_read_bytes": null}}))?;
+    assert!(!c.is_enabled("file_read"));
+    assert_eq!(
+        c.get::<FileReadTool>()
+            .ok_or("no file_read row")?
+            .max_read_bytes,
+        correx::DEFAULT_MAX_READ_BYTES
+    );
     for (bad, field) in [
         (json!({"shell": {"enabled": "yes"}}), "tools.shell.enabled"),
         (
@@ -642,16 +657,74 @@ fn tool_config_defaults_deny_and_bad_fields_are_named() -> TestResult {
             "tools.shell.timeout_ms",
         ),
         (
+            json!({"shell": {"timeout_ms": -5}}),
+            "tools.shell.timeout_ms",
+        ),
+        (
+            json!({"shell": {"output_cap_bytes": 0}}),
+            "tools.shell.output_cap_bytes",
+        ),
+        (
+            json!({"shell": {"working_dirs": ["w"]}}),
+            "tools.shell.working_dirs[0]",
+        ),
+        (
+            json!({"shell": {"allowed_executables": ["ls", 7]}}),
+            "tools.shell.allowed_executables[1]",
+        ),
+        (
+            json!({"shell": {"allowed_executables": ["l\0s"]}}),
+            "tools.shell.allowed_executables[0]",
+        ),
+        (
+            json!({"shell": {"isolation": {"mode": "strict"}}}),
+            "tools.shell.isolation.mode",
+        ),
+        (
+            json!({"shell": {"isolation": {"read_paths": ["r"]}}}),
+            "tools.shell.isolation.read_paths[0]",
+        ),
+        (
+            json!({"shell": {"isolation": {"limits": {"cpu_seconds": 0}}}}),
+            "tools.shell.isolation.limits.cpu_seconds",
+        ),
+        (
+            json!({"shell": {"isolation": {"limits": {"cpu": 1}}}}),
+            "tools.shell.isolation.limits.cpu",
+        ),
+        (
+            json!({"shell": {"isolation": {"pretend_landlock_abi": 1}}}),
+            "tools.shell.isolation.pretend_landlock_abi",
+        ),
+        (
+            json!({"shell": {"isolation": ["required"]}}),
+            "tools.shell.isolation",
+        ),
+        (json!({"shell": [true, ["ls"]]}), "tools.shell"),
+        (
             json!({"file_read": {"allowed_paths": ["relative/dir"]}}),
             "tools.file_read.allowed_paths[0]",
         ),
+        (
+            json!({"file_read": {"max_read_bytes": 0}}),
+            "tools.file_read.max_read_bytes",
+        ),
+        (
+            json!({"file_write": {"allowed_paths": "/tmp"}}),
+            "tools.file_write.allowed_paths",
+        ),
+        (
+            json!({"file_edit": {"root": "/tmp"}}),
+            "tools.file_edit.root",
+        ),
         (json!({"file_raed": {}}), "tools.file_raed"),
         (json!({"shell": {"env": {"A": 1}}}), "tools.shell.env.A"),
+        (json!([{"shell": {}}]), "tools"),
     ] {
         let e = ToolConfig::from_value(&bad)
             .err()
-            .ok_or("accepted a bad config")?;
-        assert_eq!(e.field, field, "{e}");
+            .ok_or(format!("accepted a bad config: {bad}"))?;
+        assert_eq!(e.field, field, "{bad}: {e}");
     }
     let e = RuntimeConfig::from_json(r#"{"v": 2, "event_log": "/tmp/x.db"}"#)
         .err()
@@ -661,6 +734,189 @@ fn tool_config_defaults_deny_and_bad_fields_are_named() -> TestResult {
         .err()
         .ok_or("accepted garbage")?;
     assert_eq!(e.field, "json");
+    // Every section of the runtime's config names its fields the same way.
+    for (json, field) in [
+        (r#"{"v": 1}"#, "event_log"),
+        (r#"{"v": 1, "event_log": ""}"#, "event_log"),
+        (r#"{"v": 1, "event_log": ["/e.db"]}"#, "event_log"),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "durability": "fast"}"#,
+            "durability",
+        ),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "sandbox_root": 1}"#,
+            "sandbox_root",
+        ),
+        (r#"{"v": 1, "event_log": "/e.db", "extra": 1}"#, "extra"),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "models": {"port": 0}}"#,
+            "models.port",
+        ),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "models": {"host": "0.0.0.0"}}"#,
+            "models.host",
+        ),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "models": {"read_timeout_ms": 0}}"#,
+            "models.read_timeout_ms",
+        ),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "models": {"log_dir": ""}}"#,
+            "models.log_dir",
+        ),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "models": {"isolation": "default"}}"#,
+            "models.isolation",
+        ),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "models": [20000, 4]}"#,
+            "models",
+        ),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "approvals": {"max_tier": 4}}"#,
+            "approvals.max_tier",
+        ),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "approvals": {"rules": [{"action": "allow"}]}}"#,
+            "approvals.rules[0].tool",
+        ),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "approvals": {"rules": [{"tool": "shell", "argv_prefix": [], "action": "allow"}]}}"#,
+            "approvals.rules[0].argv_prefix",
+        ),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "approvals": {"rules": [["shell", null, "allow"]]}}"#,
+            "approvals.rules[0]",
+        ),
+    ] {
+        let e = RuntimeConfig::from_json(json)
+            .err()
+            .ok_or(format!("accepted a bad config: {json}"))?;
+        assert_eq!(e.field, field, "{json}: {e}");
+    }
+    Ok(())
+}
+
+/// A tool that is not built in, added through the table alone: its row and its type. The
+/// config reads its section, the registry lists and runs it, and its bad fields are named.
+#[test]
+fn a_tool_is_added_through_the_table_alone() -> TestResult {
+    #[derive(Clone, Debug, Default, serde::Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    struct EchoConfig {
+        prefix: String,
+    }
+    impl correx::Section for EchoConfig {
+        fn validate(&self) -> Result<(), correx::ConfigError> {
+            if self.prefix.len() > 8 {
+                return Err(correx::ConfigError::new("prefix", "at most 8 bytes"));
+            }
+            Ok(())
+        }
+    }
+    struct Echo(String);
+    impl Tool for Echo {
+        fn name(&self) -> &str {
+            "echo"
+        }
+        fn tier(&self) -> Tier {
+            Tier::T0
+        }
+        fn description(&self) -> &str {
+            "says its text back"
+        }
+        fn parameters(&self) -> serde_json::Value {
+            echo_schema()
+        }
+        fn required_capabilities(&self) -> &[ToolCapability] {
+            &[]
+        }
+        fn validate_request(&self, _: &ToolRequest) -> ValidationResult {
+            ValidationResult::Valid
+        }
+        fn execute(&self, req: &ToolRequest) -> correx::ToolResult {
+            let text = req
+                .parameters
+                .get("text")
+                .and_then(|t| t.as_str())
+                .unwrap_or("");
+            ToolResult::success(&req.invocation_id, format!("{}{text}", self.0))
+        }
+    }
+    impl correx::BuiltinTool for Echo {
+        type Config = EchoConfig;
+        fn build(c: &EchoConfig, _: &correx::BuildContext) -> Result<Self, correx::ToolError> {
+            Ok(Echo(c.prefix.clone()))
+        }
+        fn explain(c: &EchoConfig) -> Vec<(&'static str, String)> {
+            vec![("", format!("echoes after {:?}", c.prefix))]
+        }
+    }
+    fn echo_schema() -> serde_json::Value {
+        json!({"type": "object", "properties": {"text": {"type": "string"}}})
+    }
+    let mut table = correx::BUILTIN_TOOLS.to_vec();
+    table.push(correx::ToolRow::new::<Echo>(
+        "echo",
+        Tier::T0,
+        "says its text back",
+        echo_schema,
+    ));
+
+    let config =
+        ToolConfig::from_value_in(&table, &json!({"echo": {"enabled": true, "prefix": "> "}}))?;
+    assert_eq!(
+        config.explain().iter().find(|(f, _)| f == "tools.echo"),
+        Some(&("tools.echo".to_owned(), "echoes after \"> \"".to_owned()))
+    );
+    let registry = correx::build_registry(&config)?;
+    let listed = registry.describe();
+    let names: Vec<(&str, bool)> = listed
+        .iter()
+        .map(|d| (d.name.as_str(), d.enabled))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("echo", true),
+            ("file_edit", false),
+            ("file_read", false),
+            ("file_write", false),
+            ("shell", false)
+        ]
+    );
+    let exec = DispatchingToolExecutor::new(registry);
+    let req = ToolRequest::json("s", "echo", json!({"text": "hi"}))?;
+    match exec.execute(&req) {
+        ToolResult::Success { output, .. } => assert_eq!(output, "> hi"),
+        other => return Err(format!("echo failed: {other:?}").into()),
+    }
+
+    // Disabled, it is listed from its row and refused; its section is still checked.
+    let off = correx::build_registry(&ToolConfig::from_value_in(&table, &json!({}))?)?;
+    assert!(off
+        .describe()
+        .iter()
+        .any(|d| d.name == "echo" && !d.enabled));
+    assert!(!DispatchingToolExecutor::new(off).execute(&req).is_success());
+    for (bad, field) in [
+        (
+            json!({"echo": {"prefix": "far too long"}}),
+            "tools.echo.prefix",
+        ),
+        (json!({"echo": {"prefix": 1}}), "tools.echo.prefix"),
+        (json!({"echo": {"suffix": ""}}), "tools.echo.suffix"),
+    ] {
+        let e = ToolConfig::from_value_in(&table, &bad)
+            .err()
+            .ok_or("accepted")?;
+        assert_eq!(e.field, field, "{e}");
+    }
+    // The built-in table alone does not know it.
+    let e = ToolConfig::from_value(&json!({"echo": {}}))
+        .err()
+        .ok_or("accepted")?;
+    assert_eq!(e.field, "tools.echo");
     Ok(())
 }
 

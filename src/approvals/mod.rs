@@ -13,9 +13,11 @@
 //! assert_eq!(engine.evaluate(&ask, &ctx), ApprovalDecision::Approved);
 //! ```
 
+mod config;
 mod engines;
 mod policy;
 
+pub use config::{ApprovalsConfig, EngineChoice};
 pub use engines::{AutoApprove, CallbackApprover, DenyAll};
 pub use policy::{ApprovalPolicy, ApprovalRule, Decided, RuleAction};
 

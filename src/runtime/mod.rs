@@ -3,19 +3,14 @@
 
 mod config;
 
-pub use config::{
-    ApprovalsConfig, ConfigError, EngineChoice, FileToolConfig, ModelsConfig, RuntimeConfig,
-    ShellConfig, ToolConfig, CONFIG_VERSION,
-};
+pub use config::{RuntimeConfig, CONFIG_VERSION};
 
-use crate::approvals::{ApprovalEngine, ApprovalPolicy, AutoApprove, DenyAll};
+use crate::approvals::{ApprovalEngine, ApprovalPolicy, AutoApprove, DenyAll, EngineChoice};
 use crate::events::{EventStore, EventStoreError, SqliteEventStore, StoreOptions};
-use crate::inference::{DefaultModelManager, ManagerOptions};
+use crate::inference::DefaultModelManager;
 use crate::sandbox::{default_work_root, SandboxError, SandboxedToolExecutor};
-use crate::tools::{
-    DispatchingToolExecutor, FileEditTool, FileReadTool, FileWriteTool, Roots, ShellTool, Tool,
-    ToolError, ToolRegistry,
-};
+use crate::settings::ConfigError;
+use crate::tools::{DispatchingToolExecutor, ToolConfig, ToolError, ToolRegistry};
 use std::fmt;
 use std::sync::Arc;
 
@@ -61,45 +56,14 @@ impl std::error::Error for RuntimeError {
 }
 
 /// Builds the registry a [`ToolConfig`] describes: only enabled tools, each confined as
-/// configured.
+/// configured, in the order of its table.
 ///
 /// # Errors
 /// [`RuntimeError::Tool`] naming the tool whose root or executable is wrong.
 pub fn build_registry(config: &ToolConfig) -> Result<ToolRegistry, RuntimeError> {
-    let tool_err = |tool: &'static str| move |source| RuntimeError::Tool { tool, source };
-    let roots = |tool: &'static str, paths: &[std::path::PathBuf]| {
-        Roots::open(paths).map_err(|e| RuntimeError::Tool {
-            tool,
-            source: ToolError::Root(e),
-        })
-    };
-    let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
-    let mut protected = Vec::new();
-    if config.shell.enabled {
-        let shell = ShellTool::new(config.shell.options.clone()).map_err(tool_err("shell"))?;
-        protected = shell.allowed_paths();
-        tools.push(Arc::new(shell));
-    }
-    if config.file_read.enabled {
-        let c = &config.file_read;
-        tools.push(Arc::new(
-            FileReadTool::with_roots(roots("file_read", &c.allowed_paths)?, c.max_read_bytes)
-                .map_err(tool_err("file_read"))?,
-        ));
-    }
-    if config.file_write.enabled {
-        tools.push(Arc::new(
-            FileWriteTool::with_roots(roots("file_write", &config.file_write.allowed_paths)?)
-                .protecting(&protected),
-        ));
-    }
-    if config.file_edit.enabled {
-        tools.push(Arc::new(
-            FileEditTool::with_roots(roots("file_edit", &config.file_edit.allowed_paths)?)
-                .protecting(&protected),
-        ));
-    }
-    ToolRegistry::build(tools).map_err(tool_err("registry"))
+    config
+        .build()
+        .map_err(|(tool, source)| RuntimeError::Tool { tool, source })
 }
 
 /// The parts of a correx runtime, wired. Shared across threads.
@@ -157,43 +121,7 @@ impl Runtime {
                 .unwrap_or_else(default_work_root),
         )
         .map_err(RuntimeError::Sandbox)?;
-        let mut options = ManagerOptions::default();
-        let m = &config.models;
-        if let Some(b) = &m.server_bin {
-            options.server_bin = b.clone();
-        }
-        if let Some(p) = m.port {
-            options.port = p;
-        }
-        if let Some(t) = m.health_timeout {
-            options.health_timeout = t;
-        }
-        if let Some(t) = m.read_timeout {
-            options.http.read_timeout = t;
-        }
-        if let Some(t) = m.drain_timeout {
-            options.drain_timeout = t;
-        }
-        if let Some(n) = m.port_count {
-            options.port_count = n;
-        }
-        if let Some(n) = m.max_loaded {
-            options.max_loaded = n;
-        }
-        if let Some(mb) = m.memory_budget_mb {
-            options.memory_budget = Some(mb.saturating_mul(1 << 20));
-        }
-        if let Some(n) = m.max_queued {
-            options.max_queued = n;
-        }
-        if let Some(t) = m.liveness_interval {
-            options.liveness_interval = t;
-        }
-        if let Some(i) = m.isolation {
-            options.isolation = i;
-        }
-        options.log_dir = m.log_dir.clone();
-        let models = DefaultModelManager::new(store, options);
+        let models = DefaultModelManager::new(store, config.models.clone());
         Ok(Runtime {
             events,
             models,

@@ -2,6 +2,7 @@
 //! kernel can enforce here (decided once, when the tool is built), and the per-run confinement
 //! (a Landlock ruleset naming the run's private temp directory, the seccomp filter, limits).
 
+use crate::settings::{self, ConfigError};
 use crate::sys::cgroup::{RunCgroup, ToolCgroup};
 use crate::sys::landlock::{self, Access, FsRule, OpenedRules};
 use crate::sys::limits::Rlimit;
@@ -9,11 +10,14 @@ use crate::sys::namespaces::{HeldNamespaces, Ids};
 use crate::sys::seccomp::{self, Filter};
 use crate::sys::spawn::{self, Confinement, Containment};
 use crate::sys::spawner::{self, Prepare, Spawner};
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
 /// How strictly the shell's child is confined.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum IsolationMode {
     /// Every layer of the policy must be enforced by the kernel (Landlock ABI >= 3, the seccomp
     /// network filter unless `network` is set); where one is missing, every run is refused
@@ -39,8 +43,10 @@ impl IsolationMode {
 }
 
 /// Resource limits of one run (`setrlimit` in the child; soft and hard). `None` leaves the
-/// host's limit. Core dumps are always off in a confined run.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// host's limit. Core dumps are always off in a confined run. In the config
+/// (`tools.shell.isolation.limits`) each is a positive number; one left out keeps its default.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ResourceLimits {
     /// Address space per process, bytes; default 8 GiB.
     pub address_space_bytes: Option<u64>,
@@ -103,7 +109,8 @@ impl Default for RunAs {
 const NOBODY: u32 = 65534;
 
 /// Settings of the shell's confinement (config `tools.shell.isolation`).
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct IsolationOptions {
     /// How strict; default [`IsolationMode::Required`].
     pub mode: IsolationMode,
@@ -115,12 +122,110 @@ pub struct IsolationOptions {
     pub limits: ResourceLimits,
     /// Whom a run executes as on a root host; default [`RunAs::Unprivileged`] 65534.
     pub run_as: RunAs,
-    /// Test seam: pretend the kernel offers at most this Landlock ABI. Not for production use.
-    #[doc(hidden)]
+    /// Test hook (feature `test-hooks`): pretend the kernel offers at most this Landlock ABI.
+    #[cfg(feature = "test-hooks")]
+    #[serde(skip)]
     pub pretend_landlock_abi: Option<u32>,
-    /// Test seam: contain runs with the subreaper even where a PID namespace is available.
-    #[doc(hidden)]
+    /// Test hook (feature `test-hooks`): contain runs with the subreaper even where a PID
+    /// namespace is available.
+    #[cfg(feature = "test-hooks")]
+    #[serde(skip)]
     pub force_subreaper: bool,
+}
+
+impl IsolationOptions {
+    /// The Landlock ABI a test pretends the kernel stops at.
+    fn pretended_abi(&self) -> Option<u32> {
+        #[cfg(feature = "test-hooks")]
+        return self.pretend_landlock_abi;
+        #[cfg(not(feature = "test-hooks"))]
+        None
+    }
+
+    /// Whether a test asked for the subreaper where a PID namespace would do.
+    fn subreaper_forced(&self) -> bool {
+        #[cfg(feature = "test-hooks")]
+        return self.force_subreaper;
+        #[cfg(not(feature = "test-hooks"))]
+        false
+    }
+
+    /// Checks what the config's types cannot say (`tools.shell.isolation`).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        settings::absolute("read_paths", &self.read_paths)?;
+        let l = &self.limits;
+        for (field, v) in [
+            ("address_space_bytes", l.address_space_bytes),
+            ("file_size_bytes", l.file_size_bytes),
+            ("cpu_seconds", l.cpu_seconds),
+            ("open_files", l.open_files),
+            ("max_processes", l.max_processes),
+        ] {
+            if let Some(n) = v {
+                settings::positive(field, n).map_err(|e| e.under("limits"))?;
+            }
+        }
+        if let RunAs::Unprivileged { uid, gid } = self.run_as {
+            for (field, id) in [("uid", uid), ("gid", gid)] {
+                settings::check(
+                    id != 0,
+                    field,
+                    "must not be 0 (root); use \"host\" to run as root",
+                )
+                .and_then(|()| {
+                    settings::check(id != u32::MAX, field, format!("must be below {}", u32::MAX))
+                })
+                .map_err(|e| e.under("run_as"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `run_as` in the config: `"nobody"`, `"host"` or `{"uid": N, "gid": N}`.
+impl<'de> Deserialize<'de> for RunAs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Ids {
+            uid: u32,
+            gid: u32,
+        }
+        impl<'de> Deserialize<'de> for Ids {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                #[derive(Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct Wire {
+                    uid: u32,
+                    gid: u32,
+                }
+                Wire::deserialize(d).map(|w| Ids {
+                    uid: w.uid,
+                    gid: w.gid,
+                })
+            }
+        }
+        struct Spelling;
+        impl<'de> de::Visitor<'de> for Spelling {
+            type Value = RunAs;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"nobody\", \"host\" or {\"uid\": N, \"gid\": N}")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<RunAs, E> {
+                match s {
+                    "nobody" => Ok(RunAs::default()),
+                    "host" => Ok(RunAs::Host),
+                    other => Err(E::invalid_value(de::Unexpected::Str(other), &self)),
+                }
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RunAs, A::Error> {
+                let ids = Ids::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(RunAs::Unprivileged {
+                    uid: ids.uid,
+                    gid: ids.gid,
+                })
+            }
+        }
+        d.deserialize_any(Spelling)
+    }
 }
 
 /// System directories a normal program needs to read and execute from.
@@ -223,7 +328,7 @@ pub(crate) fn plan(
 ) -> Result<Policy, String> {
     let kernel_abi = landlock::abi();
     let abi = options
-        .pretend_landlock_abi
+        .pretended_abi()
         .map_or(kernel_abi, |p| p.min(kernel_abi));
     let mode = options.mode;
     let confine = mode != IsolationMode::None;
@@ -249,7 +354,7 @@ pub(crate) fn plan(
             landlock::MIN_FS_ABI
         ));
     }
-    let containment = if options.force_subreaper {
+    let containment = if options.subreaper_forced() {
         Containment::Subreaper
     } else {
         spawn::best_containment()

@@ -1,4 +1,5 @@
-//! Tools an agent may run: the contracts, the registry, and the built-in tools.
+//! Tools an agent may run: the contracts, the registry, and the built-in tools, listed in one
+//! table ([`BUILTIN_TOOLS`]) that the config, the registry's listing and `correx doctor` read.
 //!
 //! ```
 //! use correx::{FileReadTool, Tool, ToolRequest, SessionId};
@@ -22,6 +23,7 @@ mod params;
 pub(crate) mod process;
 mod registry;
 mod shell;
+mod table;
 
 pub use contract::{
     FileAffectingTool, Tier, Tool, ToolCapability, ToolErrorKind, ToolExecutor, ToolRequest,
@@ -30,10 +32,11 @@ pub use contract::{
 pub use describe::ToolDescription;
 pub use error::ToolError;
 pub use fs::{
-    ConfineError, FileEditTool, FileReadTool, FileWriteTool, ResolveMode, Roots,
+    ConfineError, FileEditTool, FileReadTool, FileToolConfig, FileWriteTool, ResolveMode, Roots,
     DEFAULT_MAX_READ_BYTES,
 };
 pub use isolation::{IsolationMode, IsolationOptions, ResourceLimits, RunAs};
 pub(crate) use params::json_kind;
 pub use registry::{DispatchingToolExecutor, ToolRegistry};
 pub use shell::{looks_secret, ShellOptions, ShellTool, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT};
+pub use table::{BuildContext, BuiltinTool, ToolConfig, ToolRow, BUILTIN_TOOLS};

@@ -1,11 +1,22 @@
-use super::{Tool, ToolError, ToolExecutor, ToolRequest, ToolResult};
+use super::{Tool, ToolError, ToolExecutor, ToolRequest, ToolResult, ToolRow, BUILTIN_TOOLS};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The tools a runtime offers, fixed when built: there is no way to add one afterwards.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ToolRegistry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// The table whose disabled rows a listing shows too.
+    table: Vec<ToolRow>,
+}
+
+impl Default for ToolRegistry {
+    fn default() -> Self {
+        ToolRegistry {
+            tools: BTreeMap::new(),
+            table: BUILTIN_TOOLS.to_vec(),
+        }
+    }
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -27,7 +38,17 @@ impl ToolRegistry {
                 return Err(ToolError::DuplicateTool { name });
             }
         }
-        Ok(ToolRegistry { tools: map })
+        Ok(ToolRegistry {
+            tools: map,
+            table: BUILTIN_TOOLS.to_vec(),
+        })
+    }
+
+    /// The same tools, listed with the rows of `table` they leave disabled (the built-in
+    /// table unless set).
+    pub(crate) fn listing(mut self, table: Vec<ToolRow>) -> Self {
+        self.table = table;
+        self
     }
 
     /// The tool with this name.
@@ -40,7 +61,7 @@ impl ToolRegistry {
         self.tools.values().cloned().collect()
     }
 
-    /// Every tool here (enabled), then the built-in tools that are not (disabled), by name.
+    /// Every tool here (enabled), and the rows of its table that are not (disabled), by name.
     pub fn describe(&self) -> Vec<super::ToolDescription> {
         let mut out: Vec<super::ToolDescription> = self
             .all()
@@ -57,9 +78,17 @@ impl ToolRegistry {
                 }
             })
             .collect();
-        for b in super::describe::builtins() {
-            if self.resolve(&b.name).is_none() {
-                out.push(b);
+        for row in &self.table {
+            if self.resolve(row.name).is_none() {
+                let parameters = (row.parameters)();
+                out.push(super::ToolDescription {
+                    name: row.name.to_owned(),
+                    tier: row.tier,
+                    description: row.description.to_owned(),
+                    operations: super::describe::operations_of(&parameters),
+                    parameters,
+                    enabled: false,
+                });
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));

@@ -6,7 +6,7 @@ use crate::Failure;
 use correx::{
     kernel_features, CancelToken, ContextPack, DefaultModelManager, GenerationConfig,
     InferenceRequest, IsolationMode, LlamaInstall, ManagerOptions, ModelDescriptor, ModelManager,
-    ResidencyMode, RuntimeConfig, SqliteEventStore,
+    ResidencyMode, RuntimeConfig, ShellTool, SqliteEventStore,
 };
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -108,7 +108,10 @@ fn kernel(r: &mut Report, config: Option<&RuntimeConfig>) {
         },
     );
     let required = config.is_some_and(|c| {
-        c.tools.shell.enabled && c.tools.shell.options.isolation.mode == IsolationMode::Required
+        c.tools.is_enabled("shell")
+            && c.tools
+                .get::<ShellTool>()
+                .is_some_and(|o| o.isolation.mode == IsolationMode::Required)
     });
     let landlock = match (k.landlock_abi, required) {
         (abi, _) if abi >= 3 => (Level::Ok, format!("ABI {abi}: the shell is confined")),
@@ -139,7 +142,10 @@ fn kernel(r: &mut Report, config: Option<&RuntimeConfig>) {
 /// Checks llama-server and the model; with `serve`, loads the model and asks it one token.
 fn llama(r: &mut Report, config: Option<&RuntimeConfig>, serve: bool) {
     let install = LlamaInstall::locate();
-    let configured = config.and_then(|c| c.models.server_bin.clone());
+    // The default server_bin is the installed one, else the bare name on the fixed PATH.
+    let configured = config
+        .map(|c| c.models.server_bin.clone())
+        .filter(|p| p.is_absolute());
     let server = configured
         .clone()
         .or_else(|| install.as_ref().map(|i| i.server.clone()));
@@ -348,110 +354,32 @@ fn effects(c: &RuntimeConfig) {
         "approvals.rules",
         format!("{} rule(s) checked before the engine", a.rules.len()),
     );
-    let sh = &c.tools.shell;
-    if sh.enabled {
-        let o = &sh.options;
-        say(
-            "tools.shell.output_cap_bytes",
-            format!("each stream is capped at {} bytes", o.output_cap),
-        );
-        say(
-            "tools.shell.working_dirs",
-            format!("runs start in and may write beneath {:?}", o.working_roots),
-        );
-        say(
-            "tools.shell.env",
-            format!(
-                "the child gets PATH, TMPDIR and {:?}",
-                o.env.keys().collect::<Vec<_>>()
-            ),
-        );
-        say(
-            "tools.shell.isolation",
-            format!(
-                "also readable: {:?}; limits {:?}; on a root host runs execute as {}",
-                o.isolation.read_paths,
-                o.isolation.limits,
-                match o.isolation.run_as {
-                    correx::RunAs::Unprivileged { uid, gid } => format!("uid {uid} gid {gid}"),
-                    correx::RunAs::Host => "root without capabilities".into(),
-                }
-            ),
-        );
-        say(
-            "tools.shell",
-            format!(
-                "enabled: runs {:?}, {} s timeout, isolation {:?}, network {}",
-                sh.options.allowed_executables,
-                sh.options.timeout.as_secs(),
-                sh.options.isolation.mode,
-                if sh.options.isolation.network {
-                    "allowed"
-                } else {
-                    "denied"
-                }
-            ),
-        );
-    } else {
-        say(
-            "tools.shell",
-            "disabled: every shell request is refused".into(),
-        );
-    }
-    for (name, t) in [
-        ("tools.file_read", &c.tools.file_read),
-        ("tools.file_write", &c.tools.file_write),
-        ("tools.file_edit", &c.tools.file_edit),
-    ] {
-        if t.enabled && name == "tools.file_read" {
-            say(
-                name,
-                format!(
-                    "enabled beneath {:?}, reads up to {} bytes",
-                    t.allowed_paths, t.max_read_bytes
-                ),
-            );
-        } else if t.enabled {
-            say(name, format!("enabled beneath {:?}", t.allowed_paths));
-        } else {
-            say(name, "disabled".into());
-        }
+    for (field, effect) in c.tools.explain() {
+        say(&field, effect);
     }
     let m = &c.models;
-    let d = ManagerOptions::default();
-    say(
-        "models.server_bin",
-        m.server_bin.as_ref().map_or_else(
-            || format!("default: {}", d.server_bin.display()),
-            |p| p.display().to_string(),
-        ),
-    );
+    say("models.server_bin", m.server_bin.display().to_string());
     say(
         "models.port",
         format!(
             "servers bind {}..{}",
-            m.port.unwrap_or(d.port),
-            m.port
-                .unwrap_or(d.port)
-                .saturating_add(m.port_count.unwrap_or(d.port_count) - 1)
+            m.port,
+            m.port.saturating_add(m.port_count.saturating_sub(1))
         ),
     );
     say(
         "models.max_loaded",
-        format!(
-            "at most {} spawned model(s) resident",
-            m.max_loaded.unwrap_or(d.max_loaded)
-        ),
+        format!("at most {} spawned model(s) resident", m.max_loaded),
     );
     say(
         "models.memory_budget_mb",
-        m.memory_budget_mb.map_or("no memory budget".into(), |mb| {
-            format!("resident servers kept under {mb} MiB")
+        m.memory_budget.map_or("no memory budget".into(), |b| {
+            format!("resident servers kept under {} MiB", b >> 20)
         }),
     );
     say(
         "models.isolation",
-        match m.isolation.unwrap_or_default() {
+        match m.isolation {
             correx::ServerIsolation::Default => {
                 "servers confined as \"required\" where the kernel offers every layer, else \"best_effort\"".into()
             }
@@ -466,39 +394,34 @@ fn effects(c: &RuntimeConfig) {
     );
     say(
         "models.max_queued",
-        format!(
-            "{} load(s) may wait for room",
-            m.max_queued.unwrap_or(d.max_queued)
-        ),
+        format!("{} load(s) may wait for room", m.max_queued),
     );
     say(
         "models.drain_timeout_ms",
         format!(
             "swaps and unloads wait {} s for running inferences",
-            m.drain_timeout.unwrap_or(d.drain_timeout).as_secs()
+            m.drain_timeout.as_secs()
         ),
     );
     say(
         "models.liveness_interval_ms",
         format!(
             "servers are health-checked every {} ms",
-            m.liveness_interval
-                .unwrap_or(d.liveness_interval)
-                .as_millis()
+            m.liveness_interval.as_millis()
         ),
     );
     say(
         "models.health_timeout_ms",
         format!(
             "a load waits {} s for its server",
-            m.health_timeout.unwrap_or(d.health_timeout).as_secs()
+            m.health_timeout.as_secs()
         ),
     );
     say(
         "models.read_timeout_ms",
         format!(
             "an answer may pause {} s between pieces",
-            m.read_timeout.unwrap_or(d.http.read_timeout).as_secs()
+            m.http.read_timeout.as_secs()
         ),
     );
     say(

@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 /// Both levels survive a crash of the process (kill -9, a panic, an abort): in WAL mode a
 /// committed transaction is in the WAL file, which the operating system keeps after the process
 /// dies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Durability {
     /// `synchronous=FULL` (the default): the WAL is flushed to disk before each commit returns,
     /// so an append that returned `Ok` also survives power loss or a kernel crash, as far as the

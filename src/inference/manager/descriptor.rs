@@ -1,5 +1,4 @@
-//! What a model is ([`ModelDescriptor`], [`ResidencyMode`]) and how the manager runs servers
-//! ([`ManagerOptions`]).
+//! What a model is ([`ModelDescriptor`], [`ResidencyMode`]) and what the manager says of it.
 
 use super::*;
 
@@ -152,73 +151,6 @@ impl ModelDescriptor {
         ModelDescriptor {
             endpoints,
             ..ModelDescriptor::new(model_id, PathBuf::new(), ResidencyMode::Persistent)
-        }
-    }
-}
-
-/// Settings of a [`DefaultModelManager`].
-#[derive(Clone, Debug)]
-pub struct ManagerOptions {
-    /// The llama-server binary; default `llama-server` as found by [`crate::install::LlamaInstall`].
-    pub server_bin: PathBuf,
-    /// Address the servers bind; default `127.0.0.1`.
-    pub host: String,
-    /// The first port of the range servers bind, default 10000: each loaded model gets the
-    /// first port of `port..port + port_count` that no other model of this manager uses and
-    /// nothing else listens on. 0: a free port chosen by the kernel for each.
-    pub port: u16,
-    /// How many ports the range has; default 16.
-    pub port_count: u16,
-    /// How many spawned models may be resident at once (servers starting or stopping count);
-    /// default 1. A load beyond it first evicts the least recently used model with nothing in
-    /// flight, else waits (see `max_queued`).
-    pub max_loaded: usize,
-    /// Memory the resident servers may use, in bytes; default none. Decisions use each loaded
-    /// server's measured RSS (from `/proc`, its estimate while that is unknown) plus the
-    /// estimate for the model to load: the GGUF size plus its KV cache at the context size,
-    /// read from the file's metadata.
-    pub memory_budget: Option<u64>,
-    /// How many loads may wait at once for a model to become evictable; a load beyond it
-    /// fails at once with [`ModelLoadError::Busy`]. Default 16.
-    pub max_queued: usize,
-    /// How often loaded servers are health-checked (each check waits at most
-    /// `http.health_timeout`); default 5 s. A spawned server that fails 3 checks in a row is
-    /// killed and recorded as `unresponsive`, and loads again on its next use; a remote
-    /// endpoint that fails one is skipped until it passes again.
-    pub liveness_interval: Duration,
-    /// How long a load waits for `/health`; default 30 s.
-    pub health_timeout: Duration,
-    /// How long replacing, evicting or unloading a model waits for its running inferences to
-    /// finish (they are never killed), and how long a queued load waits for a slot; after it
-    /// the call fails with [`ModelLoadError::Busy`]. Default 120 s.
-    pub drain_timeout: Duration,
-    /// Where `llama-server.log` goes; default `$XDG_DATA_HOME/correx/logs`
-    /// (`~/.local/share/correx/logs`).
-    pub log_dir: Option<PathBuf>,
-    /// HTTP timeouts of the provider.
-    pub http: HttpOptions,
-    /// How spawned servers are confined; default [`ServerIsolation::Default`](super::ServerIsolation::Default).
-    pub isolation: super::ServerIsolation,
-}
-
-impl Default for ManagerOptions {
-    fn default() -> Self {
-        ManagerOptions {
-            server_bin: crate::install::LlamaInstall::locate()
-                .map(|i| i.server)
-                .unwrap_or_else(|| PathBuf::from("llama-server")),
-            host: "127.0.0.1".into(),
-            port: 10000,
-            port_count: 16,
-            max_loaded: 1,
-            memory_budget: None,
-            max_queued: 16,
-            liveness_interval: Duration::from_secs(5),
-            health_timeout: Duration::from_secs(30),
-            drain_timeout: Duration::from_secs(120),
-            log_dir: None,
-            http: HttpOptions::default(),
-            isolation: super::ServerIsolation::default(),
         }
     }
 }

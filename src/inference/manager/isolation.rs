@@ -22,12 +22,15 @@ use crate::sys::ForkConfinement;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
-/// How strictly spawned servers are confined (config `models.isolation`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How strictly spawned servers are confined (config `models.isolation`: `required`,
+/// `best_effort` or `none`; left out, the default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ServerIsolation {
     /// `required` where the kernel offers every layer (Landlock ABI 4 and the seccomp filter),
     /// else `best_effort` with a warning. The default.
     #[default]
+    #[serde(skip)]
     Default,
     /// Every layer or no load: a kernel without one fails the load naming it.
     Required,

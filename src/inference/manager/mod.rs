@@ -20,16 +20,16 @@
 mod descriptor;
 mod estimate;
 mod isolation;
+mod options;
 mod provider;
 mod remote;
 mod residency;
 mod scheduler;
 mod server;
 
-pub use descriptor::{
-    EndpointStatus, ManagerOptions, ModelDescriptor, ModelState, ModelStatus, ResidencyMode,
-};
+pub use descriptor::{EndpointStatus, ModelDescriptor, ModelState, ModelStatus, ResidencyMode};
 pub use isolation::ServerIsolation;
+pub use options::ManagerOptions;
 pub use provider::ManagedInferenceProvider;
 
 use remote::EndpointSet;

@@ -6,11 +6,14 @@
 //! Writes are atomic (temp file, then rename) and never go through a symlink or into a file
 //! with several hard links.
 
+mod config;
 pub(crate) mod confine;
 pub(crate) use confine::openat2_supported;
 mod ops;
 mod patch;
+pub(crate) mod schema;
 
+pub use config::FileToolConfig;
 pub use confine::{ConfineError, Located, ResolveMode, Roots};
 
 use super::params::required_str;
@@ -200,11 +203,11 @@ impl FileReadTool {
 
 impl Tool for FileReadTool {
     fn description(&self) -> &str {
-        crate::tools::describe::FILE_READ
+        schema::FILE_READ
     }
 
     fn parameters(&self) -> serde_json::Value {
-        crate::tools::describe::file_read_schema()
+        schema::file_read()
     }
 
     fn name(&self) -> &str {
@@ -293,11 +296,11 @@ impl FileWriteTool {
 
 impl Tool for FileWriteTool {
     fn description(&self) -> &str {
-        crate::tools::describe::FILE_WRITE
+        schema::FILE_WRITE
     }
 
     fn parameters(&self) -> serde_json::Value {
-        crate::tools::describe::file_write_schema()
+        schema::file_write()
     }
 
     fn name(&self) -> &str {
@@ -472,11 +475,11 @@ impl FileEditTool {
 
 impl Tool for FileEditTool {
     fn description(&self) -> &str {
-        crate::tools::describe::FILE_EDIT
+        schema::FILE_EDIT
     }
 
     fn parameters(&self) -> serde_json::Value {
-        crate::tools::describe::file_edit_schema()
+        schema::file_edit()
     }
 
     fn name(&self) -> &str {

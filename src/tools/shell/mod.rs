@@ -1,7 +1,7 @@
 //! [`ShellTool`]: runs one executable from an allowlist, by argv, never through a shell.
 
 use super::fs::{Located, Roots};
-use super::isolation::{self, IsolationOptions, Policy};
+use super::isolation::{self, Policy};
 use super::params::{json_kind, optional_str};
 use super::{
     Tier, Tool, ToolCapability, ToolError, ToolErrorKind, ToolRequest, ToolResult, ValidationResult,
@@ -16,49 +16,10 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The longest timeout a shell tool accepts: 7 days. Longer ones are refused when the tool is
-/// built (a deadline past the clock's range would otherwise fail only after the child started).
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+mod options;
 
-/// Default cap on captured stdout, and separately on stderr: 1 MiB, enough for any listing or
-/// test log an agent reads, small enough that an output bomb cannot grow the host.
-pub const DEFAULT_OUTPUT_CAP: usize = 1024 * 1024;
-
-/// Settings of a [`ShellTool`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct ShellOptions {
-    /// Executables that may run, by name (resolved through the fixed PATH) or absolute path;
-    /// default empty: everything is denied.
-    pub allowed_executables: Vec<String>,
-    /// Wall-clock limit of one run; default 30 s.
-    pub timeout: Duration,
-    /// Cap on captured stdout and on stderr, each; default [`DEFAULT_OUTPUT_CAP`].
-    pub output_cap: usize,
-    /// Variables the child gets besides `PATH`; default none.
-    pub env: BTreeMap<String, String>,
-    /// Pass variables whose names look like secrets; default false.
-    pub force_secret_env: bool,
-    /// Directories the child may write in, and a request's `cwd` may lie in; the first is the
-    /// default working directory. Default none: no `cwd` allowed, and a run starts in its
-    /// private temp directory.
-    pub working_roots: Vec<PathBuf>,
-    /// How the child is confined by the kernel; default [`IsolationMode::Required`](super::IsolationMode::Required).
-    pub isolation: IsolationOptions,
-}
-
-impl Default for ShellOptions {
-    fn default() -> Self {
-        ShellOptions {
-            allowed_executables: Vec::new(),
-            timeout: Duration::from_secs(30),
-            output_cap: DEFAULT_OUTPUT_CAP,
-            env: BTreeMap::new(),
-            force_secret_env: false,
-            working_roots: Vec::new(),
-            isolation: IsolationOptions::default(),
-        }
-    }
-}
+pub(crate) use options::{schema, DESCRIPTION};
+pub use options::{ShellOptions, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT};
 
 /// Runs an allowlisted executable with argv from the request (`{"argv": ["ls", "-l"]}`, and an
 /// optional `"cwd"` inside a working root). Tier T2.
@@ -348,9 +309,9 @@ impl ShellTool {
         })
     }
 
-    /// Builds one run's confinement (Landlock ruleset and seccomp filter) and drops it: what a
-    /// run spends on it, for the `tools` benchmark.
-    #[doc(hidden)]
+    /// Test hook (feature `test-hooks`): builds one run's confinement (Landlock ruleset and
+    /// seccomp filter) and drops it: what a run spends on it, for the `tools` benchmark.
+    #[cfg(feature = "test-hooks")]
     pub fn build_confinement_for_bench(&self) -> Result<(), String> {
         let policy = self.policy.as_ref().map_err(|r| r.reason.clone())?;
         policy.confinement(&self.tmp_base).map(drop)
@@ -700,11 +661,11 @@ fn run_data(out: &crate::sys::spawn::RunOutput) -> serde_json::Value {
 
 impl Tool for ShellTool {
     fn description(&self) -> &str {
-        crate::tools::describe::SHELL
+        DESCRIPTION
     }
 
     fn parameters(&self) -> serde_json::Value {
-        crate::tools::describe::shell_schema()
+        schema()
     }
 
     fn name(&self) -> &str {

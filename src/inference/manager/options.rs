@@ -1,0 +1,112 @@
+//! [`ManagerOptions`]: how the manager runs servers, and its config section (`models`).
+
+use super::{HttpOptions, ServerIsolation};
+use crate::settings::{self, ConfigError, Section};
+use serde::{Deserialize, Deserializer};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Settings of a [`DefaultModelManager`](super::DefaultModelManager) (config `models`). In the config each duration is
+/// in milliseconds (`health_timeout_ms`), the budget in MiB (`memory_budget_mb`), and
+/// `read_timeout_ms` sets [`HttpOptions::read_timeout`]; `host` and the other HTTP timeouts
+/// are not configurable there.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ManagerOptions {
+    /// The llama-server binary; default `llama-server` as found by [`crate::install::LlamaInstall`].
+    pub server_bin: PathBuf,
+    /// Address the servers bind; default `127.0.0.1`.
+    #[serde(skip)]
+    pub host: String,
+    /// The first port of the range servers bind, default 10000: each loaded model gets the
+    /// first port of `port..port + port_count` that no other model of this manager uses and
+    /// nothing else listens on. 0: a free port chosen by the kernel for each.
+    pub port: u16,
+    /// How many ports the range has; default 16.
+    pub port_count: u16,
+    /// How many spawned models may be resident at once (servers starting or stopping count);
+    /// default 1. A load beyond it first evicts the least recently used model with nothing in
+    /// flight, else waits (see `max_queued`).
+    pub max_loaded: usize,
+    /// Memory the resident servers may use, in bytes; default none. Decisions use each loaded
+    /// server's measured RSS (from `/proc`, its estimate while that is unknown) plus the
+    /// estimate for the model to load: the GGUF size plus its KV cache at the context size,
+    /// read from the file's metadata.
+    #[serde(rename = "memory_budget_mb", deserialize_with = "settings::mebibytes")]
+    pub memory_budget: Option<u64>,
+    /// How many loads may wait at once for a model to become evictable; a load beyond it
+    /// fails at once with [`ModelLoadError::Busy`](crate::inference::ModelLoadError::Busy). Default 16.
+    pub max_queued: usize,
+    /// How often loaded servers are health-checked (each check waits at most
+    /// `http.health_timeout`); default 5 s. A spawned server that fails 3 checks in a row is
+    /// killed and recorded as `unresponsive`, and loads again on its next use; a remote
+    /// endpoint that fails one is skipped until it passes again.
+    #[serde(rename = "liveness_interval_ms", with = "settings::millis")]
+    pub liveness_interval: Duration,
+    /// How long a load waits for `/health`; default 30 s.
+    #[serde(rename = "health_timeout_ms", with = "settings::millis")]
+    pub health_timeout: Duration,
+    /// How long replacing, evicting or unloading a model waits for its running inferences to
+    /// finish (they are never killed), and how long a queued load waits for a slot; after it
+    /// the call fails with [`ModelLoadError::Busy`](crate::inference::ModelLoadError::Busy). Default 120 s.
+    #[serde(rename = "drain_timeout_ms", with = "settings::millis")]
+    pub drain_timeout: Duration,
+    /// Where `llama-server.log` goes; default `$XDG_DATA_HOME/correx/logs`
+    /// (`~/.local/share/correx/logs`).
+    pub log_dir: Option<PathBuf>,
+    /// HTTP timeouts of the provider.
+    #[serde(rename = "read_timeout_ms", deserialize_with = "read_timeout")]
+    pub http: HttpOptions,
+    /// How spawned servers are confined; default [`ServerIsolation::Default`].
+    pub isolation: ServerIsolation,
+}
+
+impl Default for ManagerOptions {
+    fn default() -> Self {
+        ManagerOptions {
+            server_bin: crate::install::LlamaInstall::locate()
+                .map(|i| i.server)
+                .unwrap_or_else(|| PathBuf::from("llama-server")),
+            host: "127.0.0.1".into(),
+            port: 10000,
+            port_count: 16,
+            max_loaded: 1,
+            memory_budget: None,
+            max_queued: 16,
+            liveness_interval: Duration::from_secs(5),
+            health_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(120),
+            log_dir: None,
+            http: HttpOptions::default(),
+            isolation: ServerIsolation::default(),
+        }
+    }
+}
+
+/// `read_timeout_ms`: the HTTP settings with that read timeout, the others their defaults.
+fn read_timeout<'de, D: Deserializer<'de>>(d: D) -> Result<HttpOptions, D::Error> {
+    settings::millis::deserialize(d).map(|read_timeout| HttpOptions {
+        read_timeout,
+        ..HttpOptions::default()
+    })
+}
+
+impl Section for ManagerOptions {
+    fn validate(&self) -> Result<(), ConfigError> {
+        settings::non_empty("server_bin", &self.server_bin)?;
+        settings::check(self.port != 0, "port", "0 is not a port (1-65535)")?;
+        settings::positive("port_count", u64::from(self.port_count))?;
+        settings::positive("max_loaded", self.max_loaded as u64)?;
+        if let Some(bytes) = self.memory_budget {
+            settings::positive("memory_budget_mb", bytes)?;
+        }
+        settings::positive_ms("liveness_interval_ms", self.liveness_interval)?;
+        settings::positive_ms("health_timeout_ms", self.health_timeout)?;
+        settings::positive_ms("drain_timeout_ms", self.drain_timeout)?;
+        settings::positive_ms("read_timeout_ms", self.http.read_timeout)?;
+        if let Some(dir) = &self.log_dir {
+            settings::non_empty("log_dir", dir)?;
+        }
+        Ok(())
+    }
+}

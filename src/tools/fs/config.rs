@@ -1,0 +1,83 @@
+//! [`FileToolConfig`]: the file tools' config section (`tools.file_read`, `tools.file_write`,
+//! `tools.file_edit`), and how the runtime builds each tool from it.
+
+use super::{FileEditTool, FileReadTool, FileWriteTool, Roots, DEFAULT_MAX_READ_BYTES};
+use crate::settings::{self, ConfigError, Section};
+use crate::tools::table::{BuildContext, BuiltinTool};
+use crate::tools::ToolError;
+use serde::Deserialize;
+use std::path::PathBuf;
+
+/// A file tool's settings (config `tools.<tool>`, besides `enabled`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileToolConfig {
+    /// Roots the tool may touch, absolute; default none (every path denied).
+    pub allowed_paths: Vec<PathBuf>,
+    /// Read cap in bytes (`file_read`); default 10 MiB.
+    pub max_read_bytes: u64,
+}
+
+impl Default for FileToolConfig {
+    fn default() -> Self {
+        FileToolConfig {
+            allowed_paths: Vec::new(),
+            max_read_bytes: DEFAULT_MAX_READ_BYTES,
+        }
+    }
+}
+
+impl Section for FileToolConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        settings::absolute("allowed_paths", &self.allowed_paths)?;
+        settings::positive("max_read_bytes", self.max_read_bytes)
+    }
+}
+
+fn roots(config: &FileToolConfig) -> Result<Roots, ToolError> {
+    Roots::open(&config.allowed_paths).map_err(ToolError::Root)
+}
+
+fn beneath(config: &FileToolConfig) -> (&'static str, String) {
+    ("", format!("enabled beneath {:?}", config.allowed_paths))
+}
+
+impl BuiltinTool for FileReadTool {
+    type Config = FileToolConfig;
+
+    fn build(config: &FileToolConfig, _context: &BuildContext) -> Result<Self, ToolError> {
+        FileReadTool::with_roots(roots(config)?, config.max_read_bytes)
+    }
+
+    fn explain(config: &FileToolConfig) -> Vec<(&'static str, String)> {
+        let (field, text) = beneath(config);
+        vec![(
+            field,
+            format!("{text}, reads up to {} bytes", config.max_read_bytes),
+        )]
+    }
+}
+
+impl BuiltinTool for FileWriteTool {
+    type Config = FileToolConfig;
+
+    fn build(config: &FileToolConfig, context: &BuildContext) -> Result<Self, ToolError> {
+        Ok(FileWriteTool::with_roots(roots(config)?).protecting(&context.protected))
+    }
+
+    fn explain(config: &FileToolConfig) -> Vec<(&'static str, String)> {
+        vec![beneath(config)]
+    }
+}
+
+impl BuiltinTool for FileEditTool {
+    type Config = FileToolConfig;
+
+    fn build(config: &FileToolConfig, context: &BuildContext) -> Result<Self, ToolError> {
+        Ok(FileEditTool::with_roots(roots(config)?).protecting(&context.protected))
+    }
+
+    fn explain(config: &FileToolConfig) -> Vec<(&'static str, String)> {
+        vec![beneath(config)]
+    }
+}

@@ -1,0 +1,158 @@
+//! [`ShellOptions`]: the shell tool's config section (`tools.shell`), what it says of itself,
+//! and how the runtime builds it.
+
+use super::ShellTool;
+use crate::settings::{self, ConfigError, Section};
+use crate::tools::isolation::{IsolationOptions, RunAs};
+use crate::tools::table::{BuildContext, BuiltinTool};
+use crate::tools::ToolError;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The longest timeout a shell tool accepts: 7 days. Longer ones are refused when the tool is
+/// built (a deadline past the clock's range would otherwise fail only after the child started).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Default cap on captured stdout, and separately on stderr: 1 MiB, enough for any listing or
+/// test log an agent reads, small enough that an output bomb cannot grow the host.
+pub const DEFAULT_OUTPUT_CAP: usize = 1024 * 1024;
+
+/// Settings of a [`ShellTool`] (config `tools.shell`, besides `enabled`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShellOptions {
+    /// Executables that may run, by name (resolved through the fixed PATH) or absolute path;
+    /// default empty: everything is denied.
+    pub allowed_executables: Vec<String>,
+    /// Wall-clock limit of one run; default 30 s, at most [`MAX_TIMEOUT`] (config
+    /// `timeout_ms`).
+    #[serde(rename = "timeout_ms", with = "settings::millis")]
+    pub timeout: Duration,
+    /// Cap on captured stdout and on stderr, each; default [`DEFAULT_OUTPUT_CAP`] (config
+    /// `output_cap_bytes`).
+    #[serde(rename = "output_cap_bytes")]
+    pub output_cap: usize,
+    /// Variables the child gets besides `PATH`; default none.
+    pub env: BTreeMap<String, String>,
+    /// Pass variables whose names look like secrets; default false.
+    pub force_secret_env: bool,
+    /// Directories the child may write in, and a request's `cwd` may lie in; the first is the
+    /// default working directory. Default none: no `cwd` allowed, and a run starts in its
+    /// private temp directory. Config `working_dirs`, absolute paths.
+    #[serde(rename = "working_dirs")]
+    pub working_roots: Vec<PathBuf>,
+    /// How the child is confined by the kernel; default [`IsolationMode::Required`](crate::tools::IsolationMode::Required).
+    pub isolation: IsolationOptions,
+}
+
+impl Default for ShellOptions {
+    fn default() -> Self {
+        ShellOptions {
+            allowed_executables: Vec::new(),
+            timeout: Duration::from_secs(30),
+            output_cap: DEFAULT_OUTPUT_CAP,
+            env: BTreeMap::new(),
+            force_secret_env: false,
+            working_roots: Vec::new(),
+            isolation: IsolationOptions::default(),
+        }
+    }
+}
+
+impl Section for ShellOptions {
+    fn validate(&self) -> Result<(), ConfigError> {
+        settings::positive_ms("timeout_ms", self.timeout)?;
+        settings::check(
+            self.timeout <= MAX_TIMEOUT,
+            "timeout_ms",
+            format!(
+                "must be at most {} (7 days), got {}",
+                MAX_TIMEOUT.as_millis(),
+                self.timeout.as_millis()
+            ),
+        )?;
+        settings::positive("output_cap_bytes", self.output_cap as u64)?;
+        settings::absolute("working_dirs", &self.working_roots)?;
+        self.isolation.validate().map_err(|e| e.under("isolation"))
+    }
+}
+
+/// The shell's description.
+pub(crate) const DESCRIPTION: &str =
+    "runs an allowlisted executable with an argument vector (no shell syntax), confined by the kernel";
+
+/// The shell's parameters.
+pub(crate) fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "argv": {
+                "type": "array",
+                "items": {"type": "string"},
+                "minItems": 1,
+                "description": "the executable (allowlisted) and its arguments"
+            },
+            "cwd": {"type": "string", "description": "the start directory, inside a working root"}
+        },
+        "required": ["argv"],
+        "additionalProperties": false
+    })
+}
+
+impl BuiltinTool for ShellTool {
+    type Config = ShellOptions;
+
+    fn build(config: &ShellOptions, _context: &BuildContext) -> Result<Self, ToolError> {
+        ShellTool::new(config.clone())
+    }
+
+    fn explain(o: &ShellOptions) -> Vec<(&'static str, String)> {
+        let i = &o.isolation;
+        vec![
+            (
+                "output_cap_bytes",
+                format!("each stream is capped at {} bytes", o.output_cap),
+            ),
+            (
+                "working_dirs",
+                format!("runs start in and may write beneath {:?}", o.working_roots),
+            ),
+            (
+                "env",
+                format!(
+                    "the child gets PATH, TMPDIR and {:?}",
+                    o.env.keys().collect::<Vec<_>>()
+                ),
+            ),
+            (
+                "isolation",
+                format!(
+                    "also readable: {:?}; limits {:?}; on a root host runs execute as {}",
+                    i.read_paths,
+                    i.limits,
+                    match i.run_as {
+                        RunAs::Unprivileged { uid, gid } => format!("uid {uid} gid {gid}"),
+                        RunAs::Host => "root without capabilities".into(),
+                    }
+                ),
+            ),
+            (
+                "",
+                format!(
+                    "enabled: runs {:?}, {} s timeout, isolation {:?}, network {}",
+                    o.allowed_executables,
+                    o.timeout.as_secs(),
+                    i.mode,
+                    if i.network { "allowed" } else { "denied" }
+                ),
+            ),
+        ]
+    }
+
+    fn protects(&self) -> Vec<PathBuf> {
+        self.allowed_paths()
+    }
+}
