@@ -759,15 +759,6 @@ int32_t correx_runtime_set_approver(const struct correx_runtime *rt,
                                     struct correx_error **err);
 
 /**
- * For testing the panic guard: panics inside correx. Returns `CORREX_E_PANIC` and leaves the
- * runtime unusable (every later call returns `CORREX_E_UNUSABLE`; freeing still works).
- *
- * # Safety
- * Pointers are NULL or valid as documented.
- */
-int32_t correx_debug_panic(const struct correx_runtime *rt, struct correx_error **err);
-
-/**
  * Subscribes to every event after position `after` (0: from the first event).
  *
  * # Returns

@@ -230,3 +230,32 @@ fn an_array_where_an_object_belongs_is_invalid() -> TestResult {
     );
     Ok(())
 }
+
+/// A panic inside correx is caught at the C boundary: the call returns `CORREX_E_PANIC`, the
+/// handle answers `CORREX_E_UNUSABLE` from then on, and freeing it still works (the drop).
+#[test]
+fn a_panic_is_caught_and_leaves_the_handle_unusable() -> TestResult {
+    let dir = TempDir::new("ffi-panic");
+    let rt = runtime(&dir, free_port())?;
+    let mut n = 0u64;
+    // SAFETY: a valid runtime and out-param; no error is asked for.
+    let before = unsafe { correx_events_last_position(rt.0, &mut n, ptr::null_mut()) };
+    assert_eq!(before, CORREX_OK);
+    let mut err = ptr::null_mut();
+    // SAFETY: a valid runtime and error out-param.
+    assert_eq!(
+        unsafe { correx_debug_panic(rt.0, &mut err) },
+        CORREX_E_PANIC
+    );
+    // SAFETY: set by the failed call above, freed once.
+    unsafe { correx_error_free(err) };
+    // SAFETY: as before.
+    let after = unsafe { correx_events_last_position(rt.0, &mut n, ptr::null_mut()) };
+    assert_eq!(after, CORREX_E_UNUSABLE);
+    let request = CString::new(r#"{"v":1,"session_id":"s","tool_name":"nope"}"#)?;
+    let mut out = ptr::null_mut();
+    // SAFETY: a valid runtime, string and out-param.
+    let rc = unsafe { correx_tool_execute(rt.0, request.as_ptr(), &mut out, ptr::null_mut()) };
+    assert_eq!((rc, out.is_null()), (CORREX_E_UNUSABLE, true));
+    Ok(())
+}

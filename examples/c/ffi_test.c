@@ -239,10 +239,8 @@ int main(void) {
         free(req);
     }
 
-    /* A caught panic leaves the handle unusable; freeing still works. */
-    EXPECT_CODE(CORREX_E_PANIC, correx_debug_panic(rt, &err));
-    EXPECT_CODE(CORREX_E_UNUSABLE, correx_events_last_position(rt, &n, &err));
-    EXPECT_CODE(CORREX_E_UNUSABLE, correx_tool_execute(rt, "{\"v\":1,\"session_id\":\"s\",\"tool_name\":\"nope\"}", &out, &err));
+    /* The panic guard is tested from Rust (tests/ffi.rs): the hook that panics inside correx
+     * is only in a library built for tests. */
     correx_runtime_free(rt);
     rmtree(dir);
     close(listener);

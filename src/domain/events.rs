@@ -25,6 +25,22 @@ pub enum UnloadReason {
     Unresponsive,
 }
 
+impl UnloadReason {
+    /// The recorded spelling: `requested`, `idle`, `ephemeral`, `crashed`, `replaced`,
+    /// `evicted`, `unresponsive`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnloadReason::Requested => "requested",
+            UnloadReason::Idle => "idle",
+            UnloadReason::Ephemeral => "ephemeral",
+            UnloadReason::Crashed => "crashed",
+            UnloadReason::Replaced => "replaced",
+            UnloadReason::Evicted => "evicted",
+            UnloadReason::Unresponsive => "unresponsive",
+        }
+    }
+}
+
 /// The events correx appends, each with a fixed type id and schema version.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "data")]
@@ -251,7 +267,7 @@ impl DomainEvent {
                 format!("model {model_id}: {from} failed ({short}); trying {to}")
             }
             DomainEvent::ModelUnloaded { model_id, reason, pid, .. } => {
-                let reason = serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+                let reason = reason.as_str();
                 match pid {
                     Some(pid) => format!("model {model_id} unloaded ({reason}, pid {pid})"),
                     None => format!("model {model_id} unloaded ({reason})"),

@@ -1,7 +1,7 @@
 //! The event log: append and read.
 
 use super::convert::{out_arg, parse_v1, str_arg, write_json};
-use super::runtime::{correx_runtime, with_runtime};
+use super::runtime::{answer_json, correx_runtime, with_runtime};
 use super::{
     correx_error, Failure, FfiResult, CORREX_EXPECT_ANY, CORREX_EXPECT_EXACT,
     CORREX_EXPECT_NO_STREAM, CORREX_E_CONFLICT, CORREX_E_EVENT_STORE, CORREX_E_INVALID_ARGUMENT,
@@ -186,8 +186,7 @@ pub unsafe extern "C" fn correx_events_read_stream(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
-    let body = |r: &correx_runtime| -> FfiResult {
-        let out = out_arg(out_json, "out_json")?;
+    let body = |r: &correx_runtime| -> FfiResult<Value> {
         // SAFETY: forwarded.
         let stream = unsafe { str_arg(stream, "stream") }?;
         let events = r
@@ -196,12 +195,10 @@ pub unsafe extern "C" fn correx_events_read_stream(
             .read_stream(stream, from_version, max as usize)
             .map_err(store_failure)?;
         let list: Vec<Value> = events.iter().map(event_json).collect();
-        // SAFETY: out checked; writable per the caller.
-        unsafe { write_json(out, json!({ "events": list })) };
-        Ok(())
+        Ok(json!({ "events": list }))
     };
-    // SAFETY: rt and err are NULL or valid, per this function's contract.
-    unsafe { with_runtime(rt, err, body) }
+    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
+    unsafe { answer_json(rt, out_json, err, body) }
 }
 
 /// Reads up to `max` events of the whole log from global position `from_position` (inclusive;
@@ -223,20 +220,17 @@ pub unsafe extern "C" fn correx_events_read_all(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
-    let body = |r: &correx_runtime| -> FfiResult {
-        let out = out_arg(out_json, "out_json")?;
+    let body = |r: &correx_runtime| -> FfiResult<Value> {
         let events = r
             .runtime
             .events()
             .read_all(from_position, max as usize)
             .map_err(store_failure)?;
         let list: Vec<Value> = events.iter().map(event_json).collect();
-        // SAFETY: out checked; writable per the caller.
-        unsafe { write_json(out, json!({ "events": list })) };
-        Ok(())
+        Ok(json!({ "events": list }))
     };
-    // SAFETY: rt and err are NULL or valid, per this function's contract.
-    unsafe { with_runtime(rt, err, body) }
+    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
+    unsafe { answer_json(rt, out_json, err, body) }
 }
 
 /// The last global position in the log (0 when empty).

@@ -1,8 +1,8 @@
 //! Models and inference: load, unload, status, infer, tokenize.
 
 use super::cancel::{correx_cancel, token};
-use super::convert::{json_v1, out_arg, parse_v1, str_arg, write_json};
-use super::runtime::{correx_runtime, with_runtime};
+use super::convert::{json_v1, out_arg, parse_v1, str_arg};
+use super::runtime::{answer_json, correx_runtime, with_runtime};
 use super::{
     correx_error, Failure, FfiResult, CORREX_CHUNK_REASONING, CORREX_CHUNK_TEXT, CORREX_CONTINUE,
     CORREX_E_BUSY, CORREX_E_CANCELLED, CORREX_E_INFERENCE, CORREX_E_INVALID_ARGUMENT,
@@ -171,15 +171,12 @@ pub unsafe extern "C" fn correx_model_current(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
-    let body = |r: &correx_runtime| -> FfiResult {
-        let out = out_arg(out_json, "out_json")?;
+    let body = |r: &correx_runtime| -> FfiResult<Value> {
         let model = r.runtime.models().current_model();
-        // SAFETY: out checked; writable per the caller.
-        unsafe { write_json(out, json!({ "model": model })) };
-        Ok(())
+        Ok(json!({ "model": model }))
     };
-    // SAFETY: rt and err are NULL or valid, per this function's contract.
-    unsafe { with_runtime(rt, err, body) }
+    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
+    unsafe { answer_json(rt, out_json, err, body) }
 }
 
 /// Whether every loaded model's server answers: `{"v": 1, "healthy": true}` or
@@ -200,18 +197,15 @@ pub unsafe extern "C" fn correx_model_health(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
-    let body = |r: &correx_runtime| -> FfiResult {
-        let out = out_arg(out_json, "out_json")?;
+    let body = |r: &correx_runtime| -> FfiResult<Value> {
         let v = match r.runtime.models().health_check() {
             ProviderHealth::Healthy => json!({"healthy": true}),
             ProviderHealth::Unhealthy { reason } => json!({"healthy": false, "reason": reason}),
         };
-        // SAFETY: out checked; writable per the caller.
-        unsafe { write_json(out, v) };
-        Ok(())
+        Ok(v)
     };
-    // SAFETY: rt and err are NULL or valid, per this function's contract.
-    unsafe { with_runtime(rt, err, body) }
+    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
+    unsafe { answer_json(rt, out_json, err, body) }
 }
 
 fn known_model(r: &correx_runtime, id: &str) -> FfiResult<ModelDescriptor> {
@@ -352,8 +346,7 @@ pub unsafe extern "C" fn correx_infer_stream(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
-    let body = |r: &correx_runtime| -> FfiResult {
-        let out = out_arg(out_json, "out_json")?;
+    let body = |r: &correx_runtime| -> FfiResult<Value> {
         // SAFETY: forwarded.
         let id = unsafe { str_arg(model_id, "model_id") }?;
         // SAFETY: forwarded.
@@ -394,12 +387,10 @@ pub unsafe extern "C" fn correx_infer_stream(
             .managed(&d)
             .infer_stream(&request, &token(cancel), &mut forward)
             .map_err(inference_failure)?;
-        // SAFETY: out checked; writable per the caller.
-        unsafe { write_json(out, response_json(&resp)) };
-        Ok(())
+        Ok(response_json(&resp))
     };
-    // SAFETY: rt and err are NULL or valid, per this function's contract.
-    unsafe { with_runtime(rt, err, body) }
+    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
+    unsafe { answer_json(rt, out_json, err, body) }
 }
 
 /// Tokenizes `text` with the loaded model's tokenizer: `{"v": 1, "tokens": [1, 2, ...]}`.
@@ -424,8 +415,7 @@ pub unsafe extern "C" fn correx_tokenize(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
-    let body = |r: &correx_runtime| -> FfiResult {
-        let out = out_arg(out_json, "out_json")?;
+    let body = |r: &correx_runtime| -> FfiResult<Value> {
         // SAFETY: forwarded.
         let text = unsafe { str_arg(text, "text") }?;
         let tokenizer = r.runtime.models().loaded_tokenizer().ok_or_else(|| {
@@ -435,12 +425,10 @@ pub unsafe extern "C" fn correx_tokenize(
             )
         })?;
         let tokens = tokenizer.tokenize(text).map_err(inference_failure)?;
-        // SAFETY: out checked; writable per the caller.
-        unsafe { write_json(out, json!({ "tokens": tokens })) };
-        Ok(())
+        Ok(json!({ "tokens": tokens }))
     };
-    // SAFETY: rt and err are NULL or valid, per this function's contract.
-    unsafe { with_runtime(rt, err, body) }
+    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
+    unsafe { answer_json(rt, out_json, err, body) }
 }
 
 /// Counts the tokens of `text` with the loaded model's tokenizer. Never fails for want of a
@@ -502,13 +490,10 @@ pub unsafe extern "C" fn correx_models_status(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
-    let body = |r: &correx_runtime| -> FfiResult {
-        let out = out_arg(out_json, "out_json")?;
+    let body = |r: &correx_runtime| -> FfiResult<Value> {
         let models = serde_json::to_value(r.runtime.models().status()).unwrap_or(Value::Null);
-        // SAFETY: out checked; writable per the caller.
-        unsafe { write_json(out, json!({ "models": models })) };
-        Ok(())
+        Ok(json!({ "models": models }))
     };
-    // SAFETY: rt and err are NULL or valid, per this function's contract.
-    unsafe { with_runtime(rt, err, body) }
+    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
+    unsafe { answer_json(rt, out_json, err, body) }
 }

@@ -1,7 +1,7 @@
 //! The runtime handle: creating and freeing it, the host approver, and the guard every call on
 //! it runs behind.
 
-use super::convert::{out_arg, str_arg};
+use super::convert::{out_arg, str_arg, write_json};
 use super::tools::tool_request_json;
 use super::{
     correx_error, guard, Failure, FfiResult, CORREX_APPROVE, CORREX_APPROVE_FOR_SESSION,
@@ -11,6 +11,7 @@ use crate::approvals::{ApprovalContext, ApprovalDecision, ApprovalEngine, Approv
 use crate::inference::ModelDescriptor;
 use crate::runtime::{Runtime, RuntimeConfig, RuntimeError};
 use parking_lot::{Mutex, RwLock};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -175,6 +176,28 @@ pub(super) unsafe fn with_runtime(
     unsafe { guard(err, poison, run) }
 }
 
+/// As [`with_runtime`], for a call that answers one JSON object: `*out_json` must not be NULL
+/// (checked first), and receives what `body` returns, with `"v": 1`.
+///
+/// # Safety
+/// As [`with_runtime`]; `out_json` is NULL or valid for a write.
+pub(super) unsafe fn answer_json(
+    rt: *const correx_runtime,
+    out_json: *mut *mut c_char,
+    err: *mut *mut correx_error,
+    body: impl FnOnce(&correx_runtime) -> FfiResult<Value>,
+) -> i32 {
+    let write = |r: &correx_runtime| -> FfiResult {
+        let out = out_arg(out_json, "out_json")?;
+        let value = body(r)?;
+        // SAFETY: out checked; writable per the caller.
+        unsafe { write_json(out, value) };
+        Ok(())
+    };
+    // SAFETY: forwarded from our caller.
+    unsafe { with_runtime(rt, err, write) }
+}
+
 /// Creates a runtime from a config JSON object.
 ///
 /// # Parameters
@@ -300,11 +323,13 @@ pub unsafe extern "C" fn correx_runtime_set_approver(
     unsafe { with_runtime(rt, err, body) }
 }
 
-/// For testing the panic guard: panics inside correx. Returns `CORREX_E_PANIC` and leaves the
+/// Test hook (feature `test-hooks`, not in a shipped library or its header): panics inside
+/// correx, for the panic guard's tests. Returns `CORREX_E_PANIC` and leaves the
 /// runtime unusable (every later call returns `CORREX_E_UNUSABLE`; freeing still works).
 ///
 /// # Safety
 /// Pointers are NULL or valid as documented.
+#[cfg(feature = "test-hooks")]
 #[no_mangle]
 pub unsafe extern "C" fn correx_debug_panic(
     rt: *const correx_runtime,

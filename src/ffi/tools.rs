@@ -1,8 +1,8 @@
 //! Tools: running one through the sandbox, and listing them.
 
 use super::cancel::{correx_cancel, token};
-use super::convert::{out_arg, parse_v1, str_arg, write_json};
-use super::runtime::{correx_runtime, with_runtime};
+use super::convert::{parse_v1, str_arg};
+use super::runtime::{answer_json, correx_runtime};
 use super::{correx_error, FfiResult};
 use crate::approvals::ApprovalContext;
 use crate::ids::{SessionId, ToolInvocationId};
@@ -97,8 +97,7 @@ pub unsafe extern "C" fn correx_tool_execute_with_cancel(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
-    let body = |r: &correx_runtime| -> FfiResult {
-        let out = out_arg(out_json, "out_json")?;
+    let body = |r: &correx_runtime| -> FfiResult<Value> {
         // SAFETY: forwarded.
         let text = unsafe { str_arg(request_json, "request_json") }?;
         let input: ToolRequestIn = parse_v1(text, "request_json")?;
@@ -117,12 +116,10 @@ pub unsafe extern "C" fn correx_tool_execute_with_cancel(
             &token(cancel),
         );
         let v = serde_json::to_value(&result).unwrap_or(Value::Null);
-        // SAFETY: out checked; writable per the caller.
-        unsafe { write_json(out, v) };
-        Ok(())
+        Ok(v)
     };
-    // SAFETY: rt and err are NULL or valid, per this function's contract.
-    unsafe { with_runtime(rt, err, body) }
+    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
+    unsafe { answer_json(rt, out_json, err, body) }
 }
 
 /// Lists the tools: every tool the config enabled, and the built-in ones it left disabled.
@@ -150,8 +147,7 @@ pub unsafe extern "C" fn correx_tools_list(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
-    let body = |r: &correx_runtime| -> FfiResult {
-        let out = out_arg(out_json, "out_json")?;
+    let body = |r: &correx_runtime| -> FfiResult<Value> {
         let tools: Vec<Value> = r
             .runtime
             .executor()
@@ -169,10 +165,8 @@ pub unsafe extern "C" fn correx_tools_list(
                 })
             })
             .collect();
-        // SAFETY: out checked; writable per the caller.
-        unsafe { write_json(out, json!({ "tools": tools })) };
-        Ok(())
+        Ok(json!({ "tools": tools }))
     };
-    // SAFETY: rt and err are NULL or valid, per this function's contract.
-    unsafe { with_runtime(rt, err, body) }
+    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
+    unsafe { answer_json(rt, out_json, err, body) }
 }

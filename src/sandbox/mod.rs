@@ -124,9 +124,14 @@ pub fn default_work_root() -> PathBuf {
     std::env::temp_dir().join(format!("correx-sandbox-{uid}"))
 }
 
-/// Test seam: `CORREX_TEST_ABORT_AT=<step>` aborts the process at that step of a sandboxed
-/// run (`journal`, `backup`, `started`, `tool`, `committed`, `discarded`, `outcome`), for the
-/// crash tests; unset, it costs one cached lookup.
+/// Test hook (feature `test-hooks`): `CORREX_TEST_ABORT_AT=<step>` aborts the process at that
+/// step of a sandboxed run (`journal`, `backup`, `started`, `tool`, `committed`, `discarded`,
+/// `outcome`), for the crash tests. A library built without the feature has no such variable.
+#[cfg(not(feature = "test-hooks"))]
+fn seam(_step: &str) {}
+
+/// See the other `seam`.
+#[cfg(feature = "test-hooks")]
 fn seam(step: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     let at = AT.get_or_init(|| std::env::var("CORREX_TEST_ABORT_AT").ok());
@@ -154,15 +159,29 @@ fn run_state(
             if e.payload["invocation_id"].as_str() != Some(invocation_id) {
                 continue;
             }
-            match e.type_id.as_str() {
-                "tool.execution_started" => {
-                    tool = e.payload["tool_name"].as_str().map(str::to_owned);
+            // Every type is named: a new one is a compile error here until recovery decides
+            // whether it closes a run. One this build does not know, or cannot read, closes
+            // nothing.
+            match e.domain() {
+                Ok(Some(DomainEvent::ToolExecutionStarted { tool_name, .. })) => {
+                    tool = Some(tool_name);
                 }
-                "tool.execution_completed"
-                | "tool.execution_failed"
-                | "tool.execution_cancelled"
-                | "tool.execution_interrupted" => closed = true,
-                _ => {}
+                Ok(Some(
+                    DomainEvent::ToolExecutionCompleted { .. }
+                    | DomainEvent::ToolExecutionFailed { .. }
+                    | DomainEvent::ToolExecutionCancelled { .. }
+                    | DomainEvent::ToolExecutionInterrupted { .. },
+                )) => closed = true,
+                Ok(Some(
+                    DomainEvent::ToolApprovalDecided { .. }
+                    | DomainEvent::ToolExecutionRejected { .. }
+                    | DomainEvent::ModelLoaded { .. }
+                    | DomainEvent::ModelUnloaded { .. }
+                    | DomainEvent::ModelEndpointFailover { .. }
+                    | DomainEvent::InferenceCompleted { .. },
+                ))
+                | Ok(None)
+                | Err(_) => {}
             }
         }
         from = last + 1;
