@@ -32,7 +32,7 @@ pub use approvals::{
     DenyAll, EngineChoice, RuleAction,
 };
 pub use cancel::CancelToken;
-pub use domain::{append_domain, verify_log, DomainEvent, UnloadReason};
+pub use domain::{append_domain, verify_log, DomainEvent, EventType, UnloadReason};
 pub use events::{
     format_rfc3339_ms, verify_log_with, AppendResult, Checkpoints, Durability, EventStore,
     EventStoreError, ExpectedVersion, LogProblem, LogReport, NewEvent, RecordedEvent,

@@ -189,16 +189,11 @@ impl<'de> Deserializer<'de> for Strict {
                     Err(de::Error::invalid_length(len, &"fewer elements"))
                 }
             }
-            Value::Object(mut map) => {
-                if mode == Mode::Config {
-                    map.retain(|_, v| !v.is_null());
-                }
-                visitor.visit_map(Fields {
-                    iter: map.into_iter(),
-                    value: None,
-                    mode,
-                })
-            }
+            Value::Object(map) => visitor.visit_map(Fields {
+                iter: map.into_iter(),
+                value: None,
+                mode,
+            }),
         }
     }
 
@@ -212,12 +207,18 @@ impl<'de> Deserializer<'de> for Strict {
     fn deserialize_struct<V: Visitor<'de>>(
         self,
         _name: &'static str,
-        _fields: &'static [&'static str],
+        fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, JsonError> {
-        match &self.0 {
-            Value::Object(_) => self.deserialize_any(visitor),
-            other => Err(de::Error::invalid_type(unexpected(other), &"an object")),
+        match self.0 {
+            // A config's `null` field is a field left out (its default applies); any other
+            // `null`, such as an unknown key's or a map value's, is read as written.
+            Value::Object(mut map) if self.1 == Mode::Config => {
+                map.retain(|k, v| !(v.is_null() && fields.contains(&k.as_str())));
+                Strict(Value::Object(map), self.1).deserialize_any(visitor)
+            }
+            Value::Object(map) => Strict(Value::Object(map), self.1).deserialize_any(visitor),
+            other => Err(de::Error::invalid_type(unexpected(&other), &"an object")),
         }
     }
 
@@ -241,7 +242,8 @@ impl<'de> Deserializer<'de> for Strict {
                 no_nul(&s, mode)?;
                 visitor.visit_enum(s.into_deserializer())
             }
-            Value::Object(map) if map.len() == 1 => {
+            // A config's enums are plain words.
+            Value::Object(map) if map.len() == 1 && mode == Mode::Payload => {
                 let Some((variant, value)) = map.into_iter().next() else {
                     return Err(de::Error::custom("an empty enum object"));
                 };

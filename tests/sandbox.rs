@@ -720,6 +720,15 @@ fn tool_config_defaults_deny_and_bad_fields_are_named() -> TestResult {
         (json!({"file_raed": {}}), "tools.file_raed"),
         (json!({"shell": {"env": {"A": 1}}}), "tools.shell.env.A"),
         (json!([{"shell": {}}]), "tools"),
+        // null stands for a field left out, not for a value: a map's or an unknown key's is
+        // read as written, and an enum is a word.
+        (json!({"shell": {"env": {"A": null}}}), "tools.shell.env.A"),
+        (json!({"shel": null}), "tools.shel"),
+        (json!({"shell": {"timeout": null}}), "tools.shell.timeout"),
+        (
+            json!({"shell": {"isolation": {"mode": {"none": null}}}}),
+            "tools.shell.isolation.mode",
+        ),
     ] {
         let e = ToolConfig::from_value(&bad)
             .err()
@@ -743,6 +752,16 @@ fn tool_config_defaults_deny_and_bad_fields_are_named() -> TestResult {
             r#"{"v": 1, "event_log": "/e.db", "durability": "fast"}"#,
             "durability",
         ),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "durability": {"normal": null}}"#,
+            "durability",
+        ),
+        (r#"{"v": 1, "event_log": "/e.db", "bogus": null}"#, "bogus"),
+        (
+            r#"{"v": 1, "event_log": "/e.db", "models": {"prot": null}}"#,
+            "models.prot",
+        ),
+        (r#"{"v": 1, "event_log": null}"#, "event_log"),
         (
             r#"{"v": 1, "event_log": "/e.db", "sandbox_root": 1}"#,
             "sandbox_root",

@@ -225,6 +225,29 @@ pub enum DomainEvent {
 
 macro_rules! type_ids {
     ($($variant:ident => $id:literal),* $(,)?) => {
+        /// A domain event's type without its payload. Readers that take a payload field by
+        /// field (so an event a newer build wrote still shows what it can) match on it: every
+        /// variant by name, so a new event type is a compile error wherever it must be handled.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum EventType {
+            $(#[doc = concat!("`", $id, "`")] $variant,)*
+        }
+
+        impl EventType {
+            /// The type of a recorded `type_id`; `None` for one correx does not know.
+            pub fn of(type_id: &str) -> Option<EventType> {
+                match type_id {
+                    $($id => Some(EventType::$variant),)*
+                    _ => None,
+                }
+            }
+
+            /// The type id.
+            pub fn as_str(self) -> &'static str {
+                match self { $(EventType::$variant => $id,)* }
+            }
+        }
+
         impl DomainEvent {
             /// The event's type id.
             pub fn type_id(&self) -> &'static str {

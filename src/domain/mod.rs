@@ -7,7 +7,7 @@
 mod events;
 mod usage;
 
-pub use events::{DomainEvent, UnloadReason};
+pub use events::{DomainEvent, EventType, UnloadReason};
 pub use usage::TokenUsage;
 
 use crate::events::{AppendResult, EventStore, ExpectedVersion, LogReport, RecordedEvent, Result};

@@ -24,7 +24,7 @@ mod legacy;
 use crate::approvals::{ApprovalContext, ApprovalEngine, ApprovalPolicy, ApprovalRequest};
 use crate::cancel::CancelToken;
 pub use crate::domain::session_stream;
-use crate::domain::{append_domain, DomainEvent};
+use crate::domain::{append_domain, DomainEvent, EventType};
 use crate::events::{EventStore, EventStoreError, ExpectedVersion};
 use crate::tools::{
     ToolErrorKind, ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult,
@@ -160,28 +160,27 @@ fn run_state(
                 continue;
             }
             // Every type is named: a new one is a compile error here until recovery decides
-            // whether it closes a run. One this build does not know, or cannot read, closes
-            // nothing.
-            match e.domain() {
-                Ok(Some(DomainEvent::ToolExecutionStarted { tool_name, .. })) => {
-                    tool = Some(tool_name);
+            // whether it closes a run. The type decides, not a payload this build may not read
+            // whole (a newer host's).
+            match EventType::of(&e.type_id) {
+                Some(EventType::ToolExecutionStarted) => {
+                    tool = e.payload["tool_name"].as_str().map(str::to_owned);
                 }
-                Ok(Some(
-                    DomainEvent::ToolExecutionCompleted { .. }
-                    | DomainEvent::ToolExecutionFailed { .. }
-                    | DomainEvent::ToolExecutionCancelled { .. }
-                    | DomainEvent::ToolExecutionInterrupted { .. },
-                )) => closed = true,
-                Ok(Some(
-                    DomainEvent::ToolApprovalDecided { .. }
-                    | DomainEvent::ToolExecutionRejected { .. }
-                    | DomainEvent::ModelLoaded { .. }
-                    | DomainEvent::ModelUnloaded { .. }
-                    | DomainEvent::ModelEndpointFailover { .. }
-                    | DomainEvent::InferenceCompleted { .. },
-                ))
-                | Ok(None)
-                | Err(_) => {}
+                Some(
+                    EventType::ToolExecutionCompleted
+                    | EventType::ToolExecutionFailed
+                    | EventType::ToolExecutionCancelled
+                    | EventType::ToolExecutionInterrupted,
+                ) => closed = true,
+                Some(
+                    EventType::ToolApprovalDecided
+                    | EventType::ToolExecutionRejected
+                    | EventType::ModelLoaded
+                    | EventType::ModelUnloaded
+                    | EventType::ModelEndpointFailover
+                    | EventType::InferenceCompleted,
+                )
+                | None => {}
             }
         }
         from = last + 1;

@@ -142,10 +142,11 @@ fn kernel(r: &mut Report, config: Option<&RuntimeConfig>) {
 /// Checks llama-server and the model; with `serve`, loads the model and asks it one token.
 fn llama(r: &mut Report, config: Option<&RuntimeConfig>, serve: bool) {
     let install = LlamaInstall::locate();
-    // The default server_bin is the installed one, else the bare name on the fixed PATH.
+    // Unless the config names one, server_bin is the installed one, else a bare name.
+    let default_bin = ManagerOptions::default().server_bin;
     let configured = config
         .map(|c| c.models.server_bin.clone())
-        .filter(|p| p.is_absolute());
+        .filter(|p| *p != default_bin);
     let server = configured
         .clone()
         .or_else(|| install.as_ref().map(|i| i.server.clone()));

@@ -4,7 +4,7 @@ use crate::args::Args;
 use crate::style::{colour_of, line, Format};
 use crate::Failure;
 use correx::{
-    format_rfc3339_ms, verify_log, DomainEvent, EventStore, EventStoreError, RecordedEvent,
+    format_rfc3339_ms, verify_log, EventStore, EventStoreError, EventType, RecordedEvent,
     SqliteEventStore, StoreOptions,
 };
 use std::collections::BTreeMap;
@@ -336,181 +336,124 @@ impl History {
         }
     }
 
-    /// The run an event of `session_id` is about, unless the audit is of another session.
-    fn tool_run(
-        &mut self,
-        filter: Option<&str>,
-        session_id: &str,
-        invocation_id: &str,
-        tool_name: &str,
-    ) -> Option<&mut Run> {
-        if filter.is_some_and(|want| want != session_id) {
-            return None;
-        }
-        let run = self.run(invocation_id);
-        run.session = session_id.to_owned();
-        run.tool = tool_name.to_owned();
-        Some(run)
-    }
-
-    /// Adds what one event says. Every event type is matched by name, so a new one is a
-    /// compile error here until the audit decides what to show of it; an event of a type this
-    /// build does not know, or whose payload does not decode, is left out (`log verify` names
-    /// the latter).
+    /// Adds what one event says. The type is matched by name, every one of them, so a new
+    /// event type is a compile error here until the audit decides what to show of it; the
+    /// payload is read field by field, so an event a newer build wrote still shows what it can.
     fn add(
         &mut self,
         e: &RecordedEvent,
         session: Option<&str>,
         open: &mut BTreeMap<String, usize>,
     ) {
+        let p = &e.payload;
+        let s = |k: &str| p[k].as_str().unwrap_or_default().to_owned();
         let t = e.timestamp_ms;
-        let Ok(Some(event)) = e.domain() else {
+        let Some(ty) = EventType::of(&e.type_id) else {
             return;
         };
-        match event {
-            DomainEvent::ModelLoaded {
-                model_id,
-                pid,
-                port,
-                ..
-            } => {
-                open.insert(model_id.clone(), self.residencies.len());
+        match ty {
+            EventType::ModelLoaded => {
+                open.insert(s("model_id"), self.residencies.len());
                 self.residencies.push(Residency {
-                    model: model_id,
+                    model: s("model_id"),
                     from_ms: t,
                     to_ms: None,
                     reason: None,
-                    pid: pid.map(u64::from),
-                    port: port.map(u64::from),
+                    pid: p["pid"].as_u64(),
+                    port: p["port"].as_u64(),
                     inferences: 0,
                 });
             }
-            DomainEvent::ModelUnloaded {
-                model_id, reason, ..
-            } => {
-                let reason = reason.as_str();
-                if let Some(i) = open.remove(&model_id) {
+            EventType::ModelUnloaded => {
+                let reason = s("reason");
+                if let Some(i) = open.remove(&s("model_id")) {
                     self.residencies[i].to_ms = Some(t);
-                    self.residencies[i].reason = Some(reason.to_owned());
+                    self.residencies[i].reason = Some(reason.clone());
                 }
-                if matches!(reason, "crashed" | "unresponsive") {
-                    let what = format!("{model_id} {reason}");
-                    self.instants.push((t, model_id, what, true));
+                if matches!(reason.as_str(), "crashed" | "unresponsive") {
+                    self.instants.push((
+                        t,
+                        s("model_id"),
+                        format!("{} {reason}", s("model_id")),
+                        true,
+                    ));
                 }
             }
-            DomainEvent::ModelEndpointFailover {
-                model_id, from, to, ..
-            } => self
-                .instants
-                .push((t, model_id, format!("failover {from} → {to}"), true)),
-            DomainEvent::InferenceCompleted {
-                model_id,
-                latency_ms,
-                ..
-            } => {
-                if let Some(&i) = open.get(&model_id) {
+            EventType::ModelEndpointFailover => self.instants.push((
+                t,
+                s("model_id"),
+                format!("failover {} → {}", s("from"), s("to")),
+                true,
+            )),
+            EventType::InferenceCompleted => {
+                if let Some(&i) = open.get(&s("model_id")) {
                     self.residencies[i].inferences += 1;
                 }
-                let latency = i64::try_from(latency_ms).unwrap_or(i64::MAX);
-                self.inferences.push((model_id, t, latency));
+                self.inferences
+                    .push((s("model_id"), t, p["latency_ms"].as_i64().unwrap_or(0)));
             }
-            DomainEvent::ToolExecutionStarted {
-                session_id,
-                invocation_id,
-                tool_name,
-                tier,
-                ..
-            } => {
-                if let Some(run) = self.tool_run(session, &session_id, &invocation_id, &tool_name) {
-                    run.started_ms = Some(t);
-                    run.tier = Some(i64::from(tier));
-                    if run.approval.is_none() {
-                        run.approval = Some(match tier {
-                            0 | 1 => "not needed (tier below 2)".into(),
-                            _ => "approved".into(),
-                        });
+            EventType::ToolApprovalDecided
+            | EventType::ToolExecutionStarted
+            | EventType::ToolExecutionCompleted
+            | EventType::ToolExecutionFailed
+            | EventType::ToolExecutionCancelled
+            | EventType::ToolExecutionInterrupted
+            | EventType::ToolExecutionRejected => {
+                let sess = s("session_id");
+                if session.is_some_and(|want| want != sess) {
+                    return;
+                }
+                let run = self.run(&s("invocation_id"));
+                run.session = sess.clone();
+                run.tool = s("tool_name");
+                match ty {
+                    EventType::ToolExecutionStarted => {
+                        run.started_ms = Some(t);
+                        run.tier = p["tier"].as_i64();
+                        if run.approval.is_none() {
+                            run.approval = Some(match run.tier {
+                                Some(0 | 1) => "not needed (tier below 2)".into(),
+                                _ => "approved".into(),
+                            });
+                        }
                     }
-                }
-            }
-            DomainEvent::ToolApprovalDecided {
-                session_id,
-                invocation_id,
-                tool_name,
-                tier,
-                decision,
-                decided_by,
-                wait_ms,
-                ..
-            } => {
-                if let Some(run) = self.tool_run(session, &session_id, &invocation_id, &tool_name) {
-                    let wait = i64::try_from(wait_ms).unwrap_or(i64::MAX);
-                    run.tier = Some(i64::from(tier));
-                    run.approval = Some(format!("{decision} by {decided_by} after {wait} ms"));
-                    run.decided_ms = Some(t);
-                    run.wait_ms = Some(wait);
-                }
-            }
-            DomainEvent::ToolExecutionCompleted {
-                session_id,
-                invocation_id,
-                tool_name,
-                duration_ms,
-            } => {
-                if let Some(run) = self.tool_run(session, &session_id, &invocation_id, &tool_name) {
-                    run.ended_ms = Some(t);
-                    run.outcome = Some(format!("completed in {duration_ms} ms"));
-                }
-            }
-            DomainEvent::ToolExecutionFailed {
-                session_id,
-                invocation_id,
-                tool_name,
-                reason,
-                ..
-            } => {
-                if let Some(run) = self.tool_run(session, &session_id, &invocation_id, &tool_name) {
-                    let reason: String = reason.chars().take(100).collect();
-                    run.ended_ms = Some(t);
-                    run.outcome = Some(format!("failed: {reason}"));
-                }
-            }
-            DomainEvent::ToolExecutionCancelled {
-                session_id,
-                invocation_id,
-                tool_name,
-                ..
-            } => {
-                if let Some(run) = self.tool_run(session, &session_id, &invocation_id, &tool_name) {
-                    run.ended_ms = Some(t);
-                    run.outcome = Some("cancelled (files restored)".into());
-                }
-            }
-            DomainEvent::ToolExecutionInterrupted {
-                session_id,
-                invocation_id,
-                tool_name,
-                state,
-            } => {
-                if let Some(run) = self.tool_run(session, &session_id, &invocation_id, &tool_name) {
-                    run.ended_ms = Some(t);
-                    run.outcome = Some(format!("interrupted by a crash ({state})"));
-                }
-            }
-            DomainEvent::ToolExecutionRejected {
-                session_id,
-                invocation_id,
-                tool_name,
-                tier,
-                reason,
-                ..
-            } => {
-                if let Some(run) = self.tool_run(session, &session_id, &invocation_id, &tool_name) {
-                    run.tier = Some(i64::from(tier));
-                    run.ended_ms = Some(t);
-                    run.approval = Some(format!("denied: {reason}"));
-                    run.outcome = Some("never ran".into());
-                    let label = format!("{tool_name} rejected");
-                    self.instants.push((t, session_id, label, false));
+                    EventType::ToolApprovalDecided => {
+                        let by = p["decided_by"].as_str().unwrap_or("the approval engine");
+                        let wait = p["wait_ms"].as_i64().unwrap_or(0);
+                        run.tier = p["tier"].as_i64();
+                        run.approval = Some(format!("{} by {by} after {wait} ms", s("decision")));
+                        run.decided_ms = Some(t);
+                        run.wait_ms = Some(wait);
+                    }
+                    EventType::ToolExecutionCompleted => {
+                        run.ended_ms = Some(t);
+                        run.outcome = Some(format!("completed in {} ms", p["duration_ms"]));
+                    }
+                    EventType::ToolExecutionFailed => {
+                        run.ended_ms = Some(t);
+                        let reason: String = s("reason").chars().take(100).collect();
+                        run.outcome = Some(format!("failed: {reason}"));
+                    }
+                    EventType::ToolExecutionCancelled => {
+                        run.ended_ms = Some(t);
+                        run.outcome = Some("cancelled (files restored)".into());
+                    }
+                    EventType::ToolExecutionInterrupted => {
+                        run.ended_ms = Some(t);
+                        run.outcome = Some(format!("interrupted by a crash ({})", s("state")));
+                    }
+                    EventType::ToolExecutionRejected => {
+                        run.tier = p["tier"].as_i64();
+                        run.ended_ms = Some(t);
+                        run.approval = Some(format!("denied: {}", s("reason")));
+                        run.outcome = Some("never ran".into());
+                        let label = format!("{} rejected", run.tool);
+                        self.instants.push((t, sess, label, false));
+                    }
+                    EventType::ModelLoaded
+                    | EventType::ModelUnloaded
+                    | EventType::ModelEndpointFailover
+                    | EventType::InferenceCompleted => {}
                 }
             }
         }

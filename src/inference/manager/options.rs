@@ -20,7 +20,8 @@ pub struct ManagerOptions {
     pub host: String,
     /// The first port of the range servers bind, default 10000: each loaded model gets the
     /// first port of `port..port + port_count` that no other model of this manager uses and
-    /// nothing else listens on. 0: a free port chosen by the kernel for each.
+    /// nothing else listens on. 0: a free port chosen by the kernel for each (from Rust only:
+    /// the config refuses 0).
     pub port: u16,
     /// How many ports the range has; default 16.
     pub port_count: u16,
