@@ -2,7 +2,7 @@
 //! the descriptor's context size, from the file's metadata (the header only; the tensors are
 //! not read).
 
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Seek};
 use std::path::Path;
 
 /// Key/value metadata entries read at most; real files have a few dozen.
@@ -69,12 +69,13 @@ fn u64_of(r: &mut impl Read) -> Option<u64> {
     Some(u64::from_le_bytes(b))
 }
 
-fn skip(r: &mut impl Read, n: u64) -> Option<()> {
-    let copied = std::io::copy(&mut r.take(n), &mut std::io::sink()).ok()?;
-    (copied == n).then_some(())
+/// Skips `n` bytes; within a `BufReader` without a read (the vocabulary's 262,144 strings
+/// are skipped one by one).
+fn skip(r: &mut (impl Read + Seek), n: u64) -> Option<()> {
+    r.seek_relative(i64::try_from(n).ok()?).ok()
 }
 
-fn string_of(r: &mut impl Read) -> Option<String> {
+fn string_of(r: &mut (impl Read + Seek)) -> Option<String> {
     let n = u64_of(r)?;
     if n > 1 << 20 {
         return None;
@@ -85,7 +86,7 @@ fn string_of(r: &mut impl Read) -> Option<String> {
 }
 
 /// Reads the header's key/value pairs, keeping `general.architecture` and the integers.
-fn read_meta(r: &mut impl Read) -> Option<Meta> {
+fn read_meta(r: &mut (impl Read + Seek)) -> Option<Meta> {
     let mut magic = [0u8; 4];
     r.read_exact(&mut magic).ok()?;
     if &magic != b"GGUF" || u32_of(r)? < 2 {
@@ -119,8 +120,19 @@ fn fixed(r: &mut impl Read, n: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b))
 }
 
+/// The size of a GGUF value of type `ty` when it is fixed (numbers and booleans).
+fn size_of_fixed(ty: u32) -> Option<u64> {
+    match ty {
+        0 | 1 | 7 => Some(1),
+        2 | 3 => Some(2),
+        4..=6 => Some(4),
+        10..=12 => Some(8),
+        _ => None,
+    }
+}
+
 /// Reads one value of GGUF type `ty`: integers come back, everything else is skipped.
-fn value(r: &mut impl Read, ty: u32) -> Option<Option<u64>> {
+fn value(r: &mut (impl Read + Seek), ty: u32) -> Option<Option<u64>> {
     Some(match ty {
         0 | 1 | 7 => Some(fixed(r, 1)?),
         2 | 3 => Some(fixed(r, 2)?),
@@ -142,8 +154,14 @@ fn value(r: &mut impl Read, ty: u32) -> Option<Option<u64>> {
         9 => {
             let inner = u32_of(r)?;
             let n = u64_of(r)?;
-            for _ in 0..n {
-                value(r, inner)?;
+            match size_of_fixed(inner) {
+                // An array of numbers is skipped whole.
+                Some(size) => skip(r, n.checked_mul(size)?)?,
+                None => {
+                    for _ in 0..n {
+                        value(r, inner)?;
+                    }
+                }
             }
             None
         }
