@@ -121,6 +121,7 @@ fn two_appends(store: &SqliteEventStore, stream: &str, between: impl FnOnce()) {
         invocation_id,
         tool_name,
         duration_ms: 1,
+        network: None,
     };
     correx::append_domain(store, stream, &done).expect("append");
 }

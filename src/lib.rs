@@ -56,12 +56,12 @@ pub use sandbox::{
 };
 pub use settings::{ConfigError, Section};
 pub use tools::{
-    looks_secret, BuildContext, BuiltinTool, ConfineError, DispatchingToolExecutor,
+    looks_secret, Allowlist, BuildContext, BuiltinTool, ConfineError, DispatchingToolExecutor,
     FileAffectingTool, FileEditTool, FileReadTool, FileToolConfig, FileWriteTool, IsolationMode,
-    IsolationOptions, ResolveMode, ResourceLimits, Roots, RunAs, ShellOptions, ShellTool, Tier,
-    Tool, ToolCapability, ToolConfig, ToolError, ToolErrorKind, ToolExecutor, ToolRegistry,
-    ToolRequest, ToolResult, ToolRow, ValidationResult, BUILTIN_TOOLS, DEFAULT_MAX_READ_BYTES,
-    DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
+    IsolationOptions, NetworkPolicy, ResolveMode, ResourceLimits, Roots, RunAs, ShellOptions,
+    ShellTool, Tier, Tool, ToolCapability, ToolConfig, ToolError, ToolErrorKind, ToolExecutor,
+    ToolRegistry, ToolRequest, ToolResult, ToolRow, ValidationResult, BUILTIN_TOOLS,
+    DEFAULT_MAX_READ_BYTES, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
 };
 
 #[cfg(test)]

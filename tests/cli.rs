@@ -75,6 +75,7 @@ fn write_log(path: &std::path::Path) -> Result<SqliteEventStore, Box<dyn std::er
             invocation_id: "inv-1".into(),
             tool_name: "file_write".into(),
             duration_ms: 15,
+            network: None,
         },
         "session-s1",
     )?;

@@ -312,7 +312,9 @@ fn network() -> TestResult {
     let mut buf = [0u8; 16];
     assert!(udp.recv(&mut buf).is_err(), "the UDP socket got a datagram");
 
-    let allowed = tool(&["bash"], &[work.path()], |o| o.isolation.network = true);
+    let allowed = tool(&["bash"], &[work.path()], |o| {
+        o.isolation.network = correx::NetworkPolicy::Open
+    });
     let r = run(&allowed, &["bash", "-c", &connect]);
     assert_eq!(stdout(&r), Some("connected\n"), "{}", reason(&r));
     std::thread::sleep(Duration::from_millis(50));
@@ -734,7 +736,7 @@ fn syscall_floor() -> TestResult {
     // network: true keeps the floor: it is not part of the network policy.
     for network in [false, true] {
         let t = tool(&["python3"], &[work.path()], |o| {
-            o.isolation.network = network
+            o.isolation.network = network.into()
         });
         let r = run(&t, &["python3", "-c", FLOOR_PY]);
         let out = stdout(&r).ok_or_else(|| reason(&r))?.trim().to_owned();

@@ -100,6 +100,15 @@ fn every_domain_event() -> Vec<DomainEvent> {
             invocation_id: "i".into(),
             tool_name: "file_write".into(),
             duration_ms: 3,
+            network: Some(serde_json::json!({"connections": 1, "bytes_up": 80, "bytes_down": 512})),
+        },
+        DomainEvent::ToolNetworkDenied {
+            session_id: "s".into(),
+            invocation_id: "i".into(),
+            tool_name: "shell".into(),
+            host: "169.254.169.254".into(),
+            port: 80,
+            reason: "address_literal".into(),
         },
         DomainEvent::ToolExecutionFailed {
             session_id: "s".into(),
@@ -108,6 +117,7 @@ fn every_domain_event() -> Vec<DomainEvent> {
             reason: "interrupted".into(),
             recoverable: false,
             kind: Some("io".into()),
+            network: None,
         },
         DomainEvent::ToolExecutionRejected {
             session_id: "s".into(),

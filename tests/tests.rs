@@ -13,6 +13,7 @@ mod header;
 mod inference;
 mod install;
 mod manager;
+mod network;
 mod sandbox;
 mod scheduler;
 mod server_confined;

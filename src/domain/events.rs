@@ -146,6 +146,10 @@ pub enum DomainEvent {
         tool_name: String,
         /// How long the tool ran, in milliseconds.
         duration_ms: u64,
+        /// What a run with a network allowlist did through its proxy: `connections`,
+        /// `bytes_up`, `bytes_down`, and per host `allowed` and `denied`; absent for others.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<serde_json::Value>,
     },
     /// A tool invocation failed; its files were restored.
     #[serde(rename = "tool.execution_failed")]
@@ -164,6 +168,9 @@ pub enum DomainEvent {
         /// absent in events written before it was recorded, and after a crash.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         kind: Option<String>,
+        /// As in `tool.execution_completed`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<serde_json::Value>,
     },
     /// Recovery found a run a dead host started and left without an outcome, and closed it
     /// with what is known. (A run whose files recovery restored is recorded
@@ -191,6 +198,28 @@ pub enum DomainEvent {
         tool_name: String,
         /// How long it ran before it stopped, in milliseconds.
         duration_ms: u64,
+        /// As in `tool.execution_completed`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<serde_json::Value>,
+    },
+    /// A run's proxy refused a connection (a host not allowed, an address, a TLS hello naming
+    /// another host, a bound reached); appended with the run's outcome, before it.
+    #[serde(rename = "tool.network_denied")]
+    ToolNetworkDenied {
+        /// The session.
+        session_id: String,
+        /// The invocation.
+        invocation_id: String,
+        /// The tool.
+        tool_name: String,
+        /// The host asked for (a name, or an address as written).
+        host: String,
+        /// The port asked for.
+        port: u16,
+        /// Why: `not_allowed`, `denied`, `address_literal`, `private_address`, `unresolved`,
+        /// `sni_mismatch`, `no_sni`, `encrypted_client_hello`, `host_mismatch`,
+        /// `too_many_connections`, `byte_limit`, `bad_request`, `unreachable`.
+        reason: String,
     },
     /// A tool invocation was denied by the approval engine and never ran.
     #[serde(rename = "tool.execution_rejected")]
@@ -271,6 +300,7 @@ type_ids! {
     ToolExecutionRejected => "tool.execution_rejected",
     ToolExecutionCancelled => "tool.execution_cancelled",
     ToolExecutionInterrupted => "tool.execution_interrupted",
+    ToolNetworkDenied => "tool.network_denied",
     InferenceCompleted => "inference.completed",
 }
 
@@ -314,6 +344,9 @@ impl DomainEvent {
             }
             DomainEvent::ToolExecutionCancelled { tool_name, duration_ms, invocation_id, .. } => {
                 format!("{tool_name} cancelled after {duration_ms} ms (files restored), invocation {invocation_id}")
+            }
+            DomainEvent::ToolNetworkDenied { tool_name, host, port, reason, invocation_id, .. } => {
+                format!("{tool_name} refused a connection to {host}:{port} ({reason}), invocation {invocation_id}")
             }
             DomainEvent::ToolExecutionRejected { tool_name, tier, reason, invocation_id, .. } => {
                 format!("{tool_name} (T{tier}) rejected: {reason}, invocation {invocation_id}")

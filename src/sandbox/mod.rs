@@ -24,7 +24,7 @@ mod legacy;
 use crate::approvals::{ApprovalContext, ApprovalEngine, ApprovalPolicy, ApprovalRequest};
 use crate::cancel::CancelToken;
 pub use crate::domain::session_stream;
-use crate::domain::{append_domain, DomainEvent, EventType};
+use crate::domain::{DomainEvent, EventType};
 use crate::events::{EventStore, EventStoreError, ExpectedVersion};
 use crate::tools::{
     ToolErrorKind, ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult,
@@ -174,6 +174,7 @@ fn run_state(
                 ) => closed = true,
                 Some(
                     EventType::ToolApprovalDecided
+                    | EventType::ToolNetworkDenied
                     | EventType::ToolExecutionRejected
                     | EventType::ModelLoaded
                     | EventType::ModelUnloaded
@@ -396,6 +397,7 @@ impl SandboxedToolExecutor {
                 reason: "interrupted".into(),
                 recoverable: true,
                 kind: None,
+                network: None,
             }
         };
         // At the version read: a recovery racing this one on the same log records it once.
@@ -456,7 +458,6 @@ impl SandboxedToolExecutor {
             );
         };
         let stream = session_stream(request.session_id.as_str());
-        let record = |e: DomainEvent| append_domain(self.events.as_ref(), &stream, &e);
         // The decision goes into the same transaction as the start or rejection it led to.
         let record_with = |decided: Option<DomainEvent>, e: DomainEvent| {
             let events: Vec<_> = decided
@@ -589,6 +590,35 @@ impl SandboxedToolExecutor {
         seam("started");
         let started = Instant::now();
         let result = self.run_guarded(request, &mut backups, cancel);
+        // What a run did through its proxy: each refusal an event, the totals in the outcome.
+        let network = result
+            .data()
+            .map(|d| d["network"].clone())
+            .filter(|n| !n.is_null());
+        let denials: Vec<DomainEvent> = network
+            .as_ref()
+            .and_then(|n| n["denied"].as_array())
+            .into_iter()
+            .flatten()
+            .map(|d| DomainEvent::ToolNetworkDenied {
+                session_id: base.0.clone(),
+                invocation_id: base.1.clone(),
+                tool_name: base.2.clone(),
+                host: d["host"].as_str().unwrap_or_default().to_owned(),
+                port: d["port"]
+                    .as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .unwrap_or(0),
+                reason: d["reason"].as_str().unwrap_or_default().to_owned(),
+            })
+            .collect();
+        let summary = network.map(|mut n| {
+            if let Some(o) = n.as_object_mut() {
+                o.remove("denied");
+                o.insert("denied_count".into(), denials.len().into());
+            }
+            n
+        });
         let event = match &result {
             ToolResult::Failure { .. } if cancel.is_cancelled() => {
                 DomainEvent::ToolExecutionCancelled {
@@ -596,6 +626,7 @@ impl SandboxedToolExecutor {
                     invocation_id: base.1,
                     tool_name: base.2,
                     duration_ms: started.elapsed().as_millis() as u64,
+                    network: summary,
                 }
             }
             ToolResult::Success { .. } => DomainEvent::ToolExecutionCompleted {
@@ -603,6 +634,7 @@ impl SandboxedToolExecutor {
                 invocation_id: base.1,
                 tool_name: base.2,
                 duration_ms: started.elapsed().as_millis() as u64,
+                network: summary,
             },
             ToolResult::Failure {
                 reason,
@@ -616,9 +648,16 @@ impl SandboxedToolExecutor {
                 reason: reason.clone(),
                 recoverable: *recoverable,
                 kind: Some(kind.as_str().to_owned()),
+                network: summary,
             },
         };
-        match record(event) {
+        // The refusals and the outcome in one transaction: a crash leaves all or none.
+        let all: Vec<_> = denials
+            .iter()
+            .chain(std::iter::once(&event))
+            .map(DomainEvent::to_new_event)
+            .collect();
+        match self.events.append(&stream, ExpectedVersion::Any, &all) {
             // Recorded: the journal is done with.
             Ok(_) => backups.finish(),
             // Not recorded: the journal stays open, so the next executor on this root closes

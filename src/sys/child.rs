@@ -32,6 +32,7 @@ pub(crate) enum Stage {
     Namespaces,
     Capabilities,
     Identity,
+    Network,
 }
 
 impl Stage {
@@ -52,6 +53,7 @@ impl Stage {
             13 => "joining the tool's namespaces",
             14 => "dropping capabilities",
             15 => "switching to the run's uid and gid",
+            16 => "setting up its network namespace (loopback and the proxy's listener)",
             _ => "starting",
         }
     }
@@ -92,6 +94,10 @@ pub(crate) struct ChildPlan {
     pub(crate) drop_bounding: bool,
     /// Switch to these ids (uid, gid), with no supplementary groups, before exec.
     pub(crate) run_as: Option<(u32, u32)>,
+    /// In a new network namespace: the socket the supervisor sends the proxy's listener on
+    /// (-1: none), and the listener's port.
+    pub(crate) net_sock: RawFd,
+    pub(crate) net_port: u16,
     /// The host's dumpable flag (0 or 1; -1 unknown), given back after a uid switch.
     pub(crate) host_dumpable: i32,
     /// Descriptors the supervisor keeps until the program has exec'd (besides the pipes).
@@ -344,12 +350,21 @@ fn supervisor(plan: &ChildPlan) -> ! {
             plan.keep[2],
             plan.keep[3],
             plan.keep[4],
+            plan.net_sock,
         ],
         plan.max_fd,
     );
     if let Some(maps) = &plan.user_maps {
         if let Err(e) = map_ids(maps) {
             fail(plan, Stage::UserNamespace, e);
+        }
+    }
+    if plan.net_sock >= 0 {
+        let sent = proxy_listener(plan.net_sock, plan.net_port);
+        // The program must not hold the host's end of the pair.
+        call!(SYS_close, plan.net_sock);
+        if let Err(e) = sent {
+            fail(plan, Stage::Network, e);
         }
     }
     if plan.containment == Containment::Subreaper {
@@ -405,6 +420,107 @@ fn supervisor(plan: &ChildPlan) -> ! {
     call!(SYS_write, plan.status_w, status.as_ptr(), status.len());
     // As a namespace's init, exiting kills whatever is left in it.
     exit(0)
+}
+
+/// In the run's new network namespace (we hold its capabilities: root, or a user namespace of
+/// our own): loopback up, a listener on `127.0.0.1:port`, sent to the host over `sock`. The
+/// proxy's listener is the only thing the run can reach.
+fn proxy_listener(sock: RawFd, port: u16) -> Result<(), i32> {
+    let s = call!(
+        SYS_socket,
+        libc::AF_INET,
+        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+        0
+    );
+    if s < 0 {
+        return Err(errno_of(s));
+    }
+    // SAFETY: ifreq is plain data, valid all zero.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    ifr.ifr_name[0] = b'l' as libc::c_char;
+    ifr.ifr_name[1] = b'o' as libc::c_char;
+    let mut r = call!(
+        SYS_ioctl,
+        s,
+        libc::SIOCGIFFLAGS,
+        &mut ifr as *mut libc::ifreq
+    );
+    if r >= 0 {
+        // SAFETY: SIOCGIFFLAGS filled the union's flags member, which we update.
+        unsafe { ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+        r = call!(SYS_ioctl, s, libc::SIOCSIFFLAGS, &ifr as *const libc::ifreq);
+    }
+    call!(SYS_close, s);
+    if r < 0 {
+        return Err(errno_of(r));
+    }
+    let l = call!(
+        SYS_socket,
+        libc::AF_INET,
+        libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+        0
+    );
+    if l < 0 {
+        return Err(errno_of(l));
+    }
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let mut r = call!(
+        SYS_bind,
+        l,
+        &addr as *const libc::sockaddr_in,
+        std::mem::size_of::<libc::sockaddr_in>()
+    );
+    if r >= 0 {
+        r = call!(SYS_listen, l, 128);
+    }
+    if r >= 0 {
+        r = send_fd(sock, l as RawFd);
+    }
+    call!(SYS_close, l);
+    if r < 0 {
+        return Err(errno_of(r));
+    }
+    Ok(())
+}
+
+/// Sends descriptor `fd` over the UNIX socket `sock` (`SCM_RIGHTS`), with one byte.
+fn send_fd(sock: RawFd, fd: RawFd) -> isize {
+    let byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_ptr() as *mut libc::c_void,
+        iov_len: 1,
+    };
+    let mut control = [0u64; 4];
+    // SAFETY: an all-zero msghdr is valid; its pointers are set below to locals that outlive
+    // the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is arithmetic on its argument.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    // SAFETY: msg_control has room for one header and one descriptor (CMSG_SPACE above, within
+    // `control`); CMSG_FIRSTHDR and CMSG_DATA point into it.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
+    }
+    call!(
+        SYS_sendmsg,
+        sock,
+        &msg as *const libc::msghdr,
+        libc::MSG_NOSIGNAL
+    )
 }
 
 /// Closes every descriptor above stderr but `keep`.

@@ -9,6 +9,7 @@ pub(crate) mod fs;
 pub(crate) mod landlock;
 pub(crate) mod limits;
 pub(crate) mod namespaces;
+pub(crate) mod net;
 pub(crate) mod seccomp;
 pub(crate) mod spawn;
 pub(crate) mod spawner;

@@ -528,6 +528,43 @@ const NO_NETWORK: &[Rule] = &[
     },
 ];
 
+/// Network only through a run's proxy (its network namespace holds nothing else): UNIX and
+/// TCP/IP sockets of the connected types only, so no UDP (no DNS of the run's own), raw,
+/// packet or netlink socket; socketpairs and sends that can address nothing.
+const PROXIED: &[Rule] = &[
+    Rule {
+        name: "socket(not AF_UNIX, AF_INET or AF_INET6, or not SOCK_STREAM or SOCK_SEQPACKET)",
+        nr: libc::SYS_socket,
+        checks: &[
+            Check::MaskedNotIn {
+                arg: 0,
+                mask: u32::MAX,
+                allowed: &[
+                    libc::AF_UNIX as u32,
+                    libc::AF_INET as u32,
+                    libc::AF_INET6 as u32,
+                ],
+                then: EACCES,
+            },
+            Check::MaskedNotIn {
+                arg: 1,
+                mask: SOCK_TYPE_MASK,
+                allowed: UNIX_CONNECTED_TYPES,
+                then: EACCES,
+            },
+        ],
+    },
+    SOCKETPAIR_CONNECTED,
+    Rule {
+        name: "sendto(with an address)",
+        nr: libc::SYS_sendto,
+        checks: &[Check::NonZero {
+            arg: 4,
+            then: EACCES,
+        }],
+    },
+];
+
 /// TCP/IP and netlink sockets only; socketpairs that can address nothing.
 const INET_ONLY: &[Rule] = &[
     Rule {
@@ -559,6 +596,9 @@ pub(crate) struct Options {
     /// Sockets of TCP/IP and netlink only, socketpairs of streams only (a server that needs
     /// TCP but must reach no UNIX socket).
     pub inet_only: bool,
+    /// Without `network`: TCP too, for a run whose network namespace holds only its proxy
+    /// ([`PROXIED`] instead of [`NO_NETWORK`]).
+    pub proxied: bool,
 }
 
 /// A BPF program, kept alive for a child to install.
@@ -582,7 +622,9 @@ fn rules(options: Options) -> Vec<Rule> {
     if options.deny_ipc {
         all.extend_from_slice(IPC);
     }
-    if !options.network {
+    if !options.network && options.proxied {
+        all.extend_from_slice(PROXIED);
+    } else if !options.network {
         all.extend_from_slice(NO_NETWORK);
     } else if options.inet_only {
         all.extend_from_slice(INET_ONLY);
@@ -824,24 +866,28 @@ mod tests {
             network: false,
             deny_ipc: false,
             inet_only: false,
+            proxied: false,
         },
         Options {
             floor: true,
             network: true,
             deny_ipc: false,
             inet_only: false,
+            proxied: false,
         },
         Options {
             floor: true,
             network: false,
             deny_ipc: true,
             inet_only: false,
+            proxied: false,
         },
         Options {
             floor: true,
             network: true,
             deny_ipc: true,
             inet_only: false,
+            proxied: false,
         },
     ];
 
@@ -1004,12 +1050,55 @@ mod tests {
     }
 
     #[test]
+    fn through_a_proxy_only_tcp_and_unix_streams_remain() {
+        let eacces = errno(libc::EACCES);
+        for deny_ipc in [false, true] {
+            let o = Options {
+                floor: true,
+                network: false,
+                deny_ipc,
+                inet_only: false,
+                proxied: true,
+            };
+            let socket = |family: i32, ty: i32| {
+                run(o, libc::SYS_socket, [family as u64, ty as u64, 0, 0, 0, 0])
+            };
+            let cloexec = libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
+            assert_eq!(socket(libc::AF_INET, libc::SOCK_STREAM | cloexec), ALLOW);
+            assert_eq!(socket(libc::AF_INET6, libc::SOCK_STREAM), ALLOW);
+            assert_eq!(socket(libc::AF_UNIX, libc::SOCK_STREAM), ALLOW);
+            // No DNS of its own, no raw packets, no route or interface changes.
+            assert_eq!(socket(libc::AF_INET, libc::SOCK_DGRAM), eacces);
+            assert_eq!(socket(libc::AF_INET6, libc::SOCK_DGRAM | cloexec), eacces);
+            assert_eq!(socket(libc::AF_INET, libc::SOCK_RAW), eacces);
+            assert_eq!(socket(libc::AF_PACKET, libc::SOCK_RAW), eacces);
+            assert_eq!(socket(libc::AF_NETLINK, libc::SOCK_DGRAM), eacces);
+            assert_eq!(socket(libc::AF_UNIX, libc::SOCK_DGRAM), eacces);
+            assert_eq!(run(o, libc::SYS_connect, [3, 0, 0, 0, 0, 0]), ALLOW);
+            assert_eq!(
+                run(o, libc::SYS_sendto, [3, 0, 0, 0, 0x7fff_0000_1000, 0]),
+                eacces
+            );
+            // The floor is still there.
+            assert_eq!(
+                run(
+                    o,
+                    libc::SYS_unshare,
+                    [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0]
+                ),
+                errno(libc::EPERM)
+            );
+        }
+    }
+
+    #[test]
     fn without_the_floor_only_the_rest_is_checked() {
         let o = Options {
             floor: false,
             network: false,
             deny_ipc: false,
             inet_only: false,
+            proxied: false,
         };
         assert_eq!(run(o, libc::SYS_mount, [0; 6]), ALLOW);
         assert_eq!(run(o, libc::SYS_connect, [0; 6]), errno(libc::EACCES));
@@ -1018,6 +1107,7 @@ mod tests {
             network: true,
             deny_ipc: false,
             inet_only: false,
+            proxied: false,
         };
         assert!(
             Filter::new(none).expect("assembles").is_none(),
@@ -1032,6 +1122,7 @@ mod tests {
             network: true,
             deny_ipc: true,
             inet_only: true,
+            proxied: false,
         };
         let socket =
             |family: i32, ty: i32| run(o, libc::SYS_socket, [family as u64, ty as u64, 0, 0, 0, 0]);

@@ -251,6 +251,9 @@ pub(crate) struct SpawnSpec<'a> {
     pub output_cap: usize,
     /// Cancelling it stops the run as its timeout would: every process of it is killed.
     pub cancel: Option<&'a crate::cancel::CancelToken>,
+    /// A network namespace of the run's own, with only loopback: the supervisor listens on
+    /// this port there and sends the listener over this socket (see [`super::net`]).
+    pub net: Option<(RawFd, u16)>,
 }
 
 /// How the program ended.
@@ -420,6 +423,8 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         join,
         drop_bounding: spec.confinement.is_some_and(|c| c.drop_bounding),
         run_as: spec.confinement.and_then(|c| c.run_as),
+        net_sock: spec.net.map_or(-1, |n| n.0),
+        net_port: spec.net.map_or(0, |n| n.1),
         host_dumpable: host_dumpable(),
         keep: [spec.cwd.unwrap_or(-1), ruleset, join[0], join[1], join[2]],
         supervisor_pid: std::sync::atomic::AtomicI32::new(0),
@@ -433,7 +438,11 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
 
     let stack_top = plan.supervisor_stack.top();
     let plan_addr = &*plan as *const ChildPlan as usize;
-    let flags = libc::CLONE_VM | libc::CLONE_PIDFD | spec.containment.clone_flags() as libc::c_int;
+    let mut flags =
+        libc::CLONE_VM | libc::CLONE_PIDFD | spec.containment.clone_flags() as libc::c_int;
+    if spec.net.is_some() {
+        flags |= libc::CLONE_NEWNET;
+    }
     let (pid, pidfd, clone_error) = match spec.spawner {
         // From a thread already inside the tool's cgroup: the supervisor, and all it starts,
         // are born in it (joining one later is a slow migration).

@@ -2,9 +2,10 @@
 //! kernel can enforce here (decided once, when the tool is built), and the per-run confinement
 //! (a Landlock ruleset naming the run's private temp directory, the seccomp filter, limits).
 
+use super::network::{NetworkPolicy, Rules, PROXY_PORT};
 use crate::settings::{self, ConfigError};
 use crate::sys::cgroup::{RunCgroup, ToolCgroup};
-use crate::sys::landlock::{self, Access, FsRule, OpenedRules};
+use crate::sys::landlock::{self, Access, FsRule, OpenedRules, TcpPorts};
 use crate::sys::limits::Rlimit;
 use crate::sys::namespaces::{HeldNamespaces, Ids};
 use crate::sys::seccomp::{self, Filter};
@@ -14,6 +15,7 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// How strictly the shell's child is confined.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -116,8 +118,9 @@ pub struct IsolationOptions {
     pub mode: IsolationMode,
     /// Directories (or files) the child may read besides the system directories; default none.
     pub read_paths: Vec<PathBuf>,
-    /// Allow network sockets; default false (only `AF_UNIX`).
-    pub network: bool,
+    /// The run's network: `false` (the default: only `AF_UNIX` sockets), `true` (every
+    /// address), or an allowlist of hosts reached through a proxy correx runs for the run.
+    pub network: NetworkPolicy,
     /// Resource limits.
     pub limits: ResourceLimits,
     /// Whom a run executes as on a root host; default [`RunAs::Unprivileged`] 65534.
@@ -153,6 +156,9 @@ impl IsolationOptions {
     /// Checks what the config's types cannot say (`tools.shell.isolation`).
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         settings::absolute("read_paths", &self.read_paths)?;
+        if let Some(a) = self.network.allowlist() {
+            a.validate().map_err(|e| e.under("network"))?;
+        }
         let l = &self.limits;
         for (field, v) in [
             ("address_space_bytes", l.address_space_bytes),
@@ -235,11 +241,20 @@ const SYSTEM_READ: &[&str] = &[
 /// Device files a normal program writes to or reads from.
 const DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"];
 
+/// A run's network as planned: none, all, or only its proxy.
+#[derive(Debug)]
+pub(crate) enum RunNetwork {
+    Off,
+    Open,
+    /// A network namespace of its own holding only the proxy, which applies these rules.
+    Proxied(Arc<Rules>),
+}
+
 /// What the kernel here lets the shell enforce, decided when the tool is built.
 #[derive(Debug)]
 pub(crate) struct Policy {
     mode: IsolationMode,
-    network: bool,
+    pub network: RunNetwork,
     /// The static rules (system, executables, read paths, devices, working dirs), opened once.
     rules: Option<OpenedRules>,
     rlimits: Vec<Rlimit>,
@@ -361,10 +376,31 @@ pub(crate) fn plan(
     };
     let orphans_killed = containment != Containment::Subreaper || spawn::subreaper_works();
     let landlock_on = confine && abi >= 1;
-    let tcp = landlock_on && !options.network && abi >= landlock::NET_ABI;
+    let root = crate::sys::euid() == 0;
+    // Network by name needs a network namespace for the run: root makes one, anyone else
+    // inside the run's own user namespace. Without one there is no proxy to force traffic
+    // through, and a run must not get the whole network instead.
+    let network = match &options.network {
+        NetworkPolicy::Off => RunNetwork::Off,
+        NetworkPolicy::Open => RunNetwork::Open,
+        NetworkPolicy::Allowlist(a) => {
+            let netns = root || containment == (Containment::PidNamespace { user_ns: true });
+            if netns {
+                RunNetwork::Proxied(Arc::new(Rules::new(a)?))
+            } else if mode == IsolationMode::Required {
+                return Err(
+                    "network by name needs a network namespace for each run: run as root, or                      allow unprivileged user namespaces (kernel.unprivileged_userns_clone,                      apparmor_restrict_unprivileged_userns); or set                      tools.shell.isolation.network to false or true"
+                        .into(),
+                );
+            } else {
+                log::warn!("shell tool: no network namespace for a proxy; runs get no network");
+                RunNetwork::Off
+            }
+        }
+    };
+    let tcp = landlock_on && !matches!(network, RunNetwork::Open) && abi >= landlock::NET_ABI;
     let scopes = landlock_on && abi >= landlock::SCOPE_ABI;
     let nproc_in_userns = containment == (Containment::PidNamespace { user_ns: true });
-    let root = crate::sys::euid() == 0;
     let host = if confine && root {
         root_host(options, working_dirs, tmp_base)?
     } else {
@@ -380,9 +416,10 @@ pub(crate) fn plan(
     let own_uts_ipc = host.held.is_some() || nproc_in_userns;
     let filter = (confine && seccomp::available()).then_some(seccomp::Options {
         floor: true,
-        network: options.network,
+        network: matches!(network, RunNetwork::Open),
         deny_ipc: !own_uts_ipc,
         inet_only: false,
+        proxied: matches!(network, RunNetwork::Proxied(_)),
     });
     // Emptying the bounding set needs CAP_SETPCAP: root has it, and so does a run in a user
     // namespace of its own. Elsewhere the set stays, unusable: no_new_privs means no exec can
@@ -456,6 +493,7 @@ pub(crate) fn plan(
             network: true,
             deny_ipc: !own_uts_ipc,
             inet_only: false,
+            proxied: false,
         })
         .ok()?
         .map(|f| f.instructions());
@@ -530,11 +568,28 @@ pub(crate) fn plan(
                 "truncate_handled": abi >= 3,
             })
         } else { Value::Null },
-        "network": {
-            "allowed": options.network || !confine,
-            "seccomp_af_unix_only": filter.is_some_and(|f| !f.network),
-            "unix_datagram_denied": filter.is_some_and(|f| !f.network),
-            "landlock_tcp_denied": tcp,
+        "network": match (&network, options.network.allowlist()) {
+            (RunNetwork::Proxied(_), Some(a)) => json!({
+                "mode": "allowlist",
+                "allow": a.allow,
+                "deny": a.deny,
+                "allow_private": a.allow_private,
+                "resolve": a.resolve,
+                "max_connections": a.max_connections,
+                "max_bytes": a.max_bytes,
+                "enforced_by": "network_namespace",
+                "proxy": format!("127.0.0.1:{PROXY_PORT}"),
+                "seccomp_tcp_only": filter.is_some(),
+                "landlock_tcp_connect": if tcp { json!([PROXY_PORT]) } else { Value::Null },
+            }),
+            _ => json!({
+                "mode": if matches!(network, RunNetwork::Open) || !confine { "open" } else { "off" },
+                "allowed": matches!(network, RunNetwork::Open) || !confine,
+                "seccomp_af_unix_only": filter.is_some_and(|f| !f.network && !f.proxied),
+                "unix_datagram_denied": filter.is_some_and(|f| !f.network),
+                "landlock_tcp_denied": tcp,
+                "fallback": options.network.allowlist().map(|_| "no network namespace for a proxy"),
+            }),
         },
         "identity": if confine { json!({
             "uid": host.run_as.map_or(crate::sys::euid(), |i| i.uid),
@@ -560,6 +615,7 @@ pub(crate) fn plan(
             "pid": containment != Containment::Subreaper,
             "user": nproc_in_userns,
             "mount": host.held.is_some(),
+            "net": matches!(network, RunNetwork::Proxied(_)),
             "uts": confine && own_uts_ipc,
             "ipc": confine && own_uts_ipc,
         },
@@ -570,7 +626,10 @@ pub(crate) fn plan(
             (true, false, false) => "host",
         },
         "syscall_floor": if filter.is_some() { json!(seccomp::floor_names()) } else { Value::Null },
-        "scopes": {"signal": scopes, "abstract_unix_socket": scopes && !options.network},
+        "scopes": {
+            "signal": scopes,
+            "abstract_unix_socket": scopes && !matches!(network, RunNetwork::Open),
+        },
         "limits": if confine { json!({
             "address_space_bytes": l.address_space_bytes,
             "file_size_bytes": l.file_size_bytes,
@@ -612,7 +671,7 @@ pub(crate) fn plan(
     };
     Ok(Policy {
         mode,
-        network: options.network,
+        network,
         rules,
         rlimits,
         pids_cgroup,
@@ -675,8 +734,21 @@ impl Policy {
         }
         let ruleset = match &self.rules {
             Some(rules) => Some(
-                landlock::build(rules, tmp, !self.network)
-                    .map_err(|e| format!("building the Landlock ruleset: {e}"))?,
+                match &self.network {
+                    RunNetwork::Off => landlock::build(rules, tmp, true),
+                    RunNetwork::Open => landlock::build(rules, tmp, false),
+                    // The proxy's port alone, to connect to; nothing to bind.
+                    RunNetwork::Proxied(_) => landlock::build_with(
+                        rules,
+                        Some(tmp),
+                        Some(&TcpPorts {
+                            bind: Vec::new(),
+                            connect: vec![PROXY_PORT],
+                        }),
+                        true,
+                    ),
+                }
+                .map_err(|e| format!("building the Landlock ruleset: {e}"))?,
             ),
             None => None,
         };

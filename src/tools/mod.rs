@@ -19,6 +19,7 @@ mod describe;
 mod error;
 pub(crate) mod fs;
 mod isolation;
+mod network;
 mod params;
 pub(crate) mod process;
 mod registry;
@@ -36,6 +37,7 @@ pub use fs::{
     DEFAULT_MAX_READ_BYTES,
 };
 pub use isolation::{IsolationMode, IsolationOptions, ResourceLimits, RunAs};
+pub use network::{Allowlist, NetworkPolicy};
 pub(crate) use params::json_kind;
 pub use registry::{DispatchingToolExecutor, ToolRegistry};
 pub use shell::{looks_secret, ShellOptions, ShellTool, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT};

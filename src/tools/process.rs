@@ -51,5 +51,6 @@ pub(crate) fn run(spec: &RunSpec<'_>) -> io::Result<RunOutput> {
         timeout: spec.timeout,
         output_cap: spec.output_cap,
         cancel: None,
+        net: None,
     })
 }

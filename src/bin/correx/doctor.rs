@@ -137,6 +137,18 @@ fn kernel(r: &mut Report, config: Option<&RuntimeConfig>) {
         },
     );
     r.say(Level::Ok, "containment", k.containment);
+    // A run with a network allowlist gets a network namespace of its own (only its proxy in
+    // it): root makes one, anyone else inside the run's user namespace.
+    let netns = current_uid() == 0 || k.containment == "user_and_pid_namespace";
+    r.say(
+        warn(netns),
+        "network by name",
+        if netns {
+            "available: a run with an allowlist reaches its hosts through a proxy, alone in a network namespace"
+        } else {
+            "unavailable (no network namespace without root or user namespaces): a run with an allowlist is refused (\"required\") or gets no network"
+        },
+    );
 }
 
 /// Checks llama-server and the model; with `serve`, loads the model and asks it one token.

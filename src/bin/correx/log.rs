@@ -398,6 +398,7 @@ impl History {
             | EventType::ToolExecutionFailed
             | EventType::ToolExecutionCancelled
             | EventType::ToolExecutionInterrupted
+            | EventType::ToolNetworkDenied
             | EventType::ToolExecutionRejected => {
                 let sess = s("session_id");
                 if session.is_some_and(|want| want != sess) {
@@ -449,6 +450,16 @@ impl History {
                         run.outcome = Some("never ran".into());
                         let label = format!("{} rejected", run.tool);
                         self.instants.push((t, sess, label, false));
+                    }
+                    EventType::ToolNetworkDenied => {
+                        let label = format!(
+                            "{} refused {}:{} ({})",
+                            run.tool,
+                            s("host"),
+                            p["port"],
+                            s("reason")
+                        );
+                        self.instants.push((t, sess, label, true));
                     }
                     EventType::ModelLoaded
                     | EventType::ModelUnloaded

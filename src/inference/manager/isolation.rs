@@ -166,6 +166,7 @@ pub(super) fn plan(
             network: true,
             deny_ipc: true,
             inet_only: true,
+            proxied: false,
         })?
     } else {
         None

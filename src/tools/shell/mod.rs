@@ -1,7 +1,8 @@
 //! [`ShellTool`]: runs one executable from an allowlist, by argv, never through a shell.
 
 use super::fs::{Located, Roots};
-use super::isolation::{self, Policy};
+use super::isolation::{self, Policy, RunNetwork};
+use super::network::{self, RunProxy};
 use super::params::{json_kind, optional_str};
 use super::{
     Tier, Tool, ToolCapability, ToolError, ToolErrorKind, ToolRequest, ToolResult, ValidationResult,
@@ -525,7 +526,30 @@ impl ShellTool {
         let mut env = Vec::with_capacity(self.env.len() + 2);
         env.push(("PATH".to_owned(), FIXED_PATH.to_owned()));
         env.push(("TMPDIR".to_owned(), tmp.path().display().to_string()));
-        env.extend(self.env.iter().cloned());
+        // With an allowlist, the run's own proxy: started before the run, given the listener
+        // its supervisor makes in the run's network namespace, stopped after the run.
+        let (proxy, net_end) = match &policy.network {
+            RunNetwork::Proxied(rules) => {
+                let (host_end, run_end) = crate::sys::net::socketpair().map_err(|e| {
+                    ToolResult::failure(id, format!("the run's proxy socket: {e}"), true)
+                })?;
+                let proxy = RunProxy::start(rules.clone(), host_end).map_err(|e| {
+                    ToolResult::failure(id, format!("starting the run's proxy: {e}"), true)
+                })?;
+                env.extend(
+                    self.env
+                        .iter()
+                        .filter(|(k, _)| !network::PROXY_VARIABLES.contains(&k.as_str()))
+                        .cloned(),
+                );
+                env.extend(network::proxy_environment());
+                (Some(proxy), Some(run_end))
+            }
+            RunNetwork::Off | RunNetwork::Open => {
+                env.extend(self.env.iter().cloned());
+                (None, None)
+            }
+        };
         let argv_os: Vec<&OsStr> = std::iter::once(OsStr::new(&arg0))
             .chain(argv[1..].iter().map(OsStr::new))
             .collect();
@@ -541,8 +565,14 @@ impl ShellTool {
             timeout,
             output_cap: self.output_cap,
             cancel: Some(cancel),
-        })
-        .map_err(|e| {
+            net: net_end
+                .as_ref()
+                .map(|fd| (fd.as_raw_fd(), network::PROXY_PORT)),
+        });
+        drop(net_end);
+        // Every process of the run is gone: so is every client of the proxy.
+        let network = proxy.map(|p| p.stop().to_json());
+        let out = out.map_err(|e| {
             ToolResult::failure(
                 id,
                 format!("could not start {}: {e}", program.display()),
@@ -578,7 +608,10 @@ impl ShellTool {
             }
             s
         };
-        let data = run_data(&out);
+        let mut data = run_data(&out);
+        if let Some(n) = network {
+            data["network"] = n;
+        }
         if out.cancelled {
             return Ok(ToolResult::failure_of(
                 id,

@@ -76,6 +76,15 @@ impl Section for ShellOptions {
         )?;
         settings::positive("output_cap_bytes", self.output_cap as u64)?;
         settings::absolute("working_dirs", &self.working_roots)?;
+        if self.isolation.network.allowlist().is_some() {
+            for k in self.env.keys() {
+                settings::check(
+                    !crate::tools::network::PROXY_VARIABLES.contains(&k.as_str()),
+                    &format!("env.{k}"),
+                    "is set by correx for a run with a network allowlist (its proxy)",
+                )?;
+            }
+        }
         self.isolation.validate().map_err(|e| e.under("isolation"))
     }
 }
@@ -146,7 +155,12 @@ impl BuiltinTool for ShellTool {
                     o.allowed_executables,
                     o.timeout.as_secs(),
                     i.mode,
-                    if i.network { "allowed" } else { "denied" }
+                    match &i.network {
+                        crate::tools::NetworkPolicy::Off => "denied".to_owned(),
+                        crate::tools::NetworkPolicy::Open => "allowed".to_owned(),
+                        crate::tools::NetworkPolicy::Allowlist(a) =>
+                            format!("through a proxy to {:?} only", a.allow),
+                    }
                 ),
             ),
         ]

@@ -1,0 +1,73 @@
+//! The host's half of a run's private network: the socket pair its supervisor sends the
+//! proxy's listener over, receiving it, and shutting sockets to wake their waiters. (The
+//! supervisor's half, in the run's new network namespace, is in `child.rs`.)
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// A connected pair of `AF_UNIX` datagram-boundary sockets, close-on-exec.
+pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    super::syscall!(
+        SYS_socketpair,
+        libc::AF_UNIX,
+        libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+        0,
+        fds.as_mut_ptr()
+    )?;
+    // SAFETY: socketpair stored two new descriptors that nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Waits for one descriptor sent over `sock` (`SCM_RIGHTS`); `None` when the sender closed
+/// its end, or the socket was shut, without sending one.
+pub(crate) fn recv_fd(sock: &OwnedFd) -> io::Result<Option<OwnedFd>> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // Room for one descriptor's control message, aligned for cmsghdr.
+    let mut control = [0u64; 8];
+    // SAFETY: an all-zero msghdr is valid; its pointers are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    let n = loop {
+        match super::syscall!(
+            SYS_recvmsg,
+            sock.as_raw_fd(),
+            &mut msg as *mut libc::msghdr,
+            libc::MSG_CMSG_CLOEXEC
+        ) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => break other?,
+        }
+    };
+    if n == 0 {
+        return Ok(None);
+    }
+    // SAFETY: msg was filled by recvmsg; CMSG_FIRSTHDR reads within msg_control's length.
+    let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    if cmsg.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: cmsg points into `control`, inside the length the kernel wrote.
+    let (level, ty, len) = unsafe { ((*cmsg).cmsg_level, (*cmsg).cmsg_type, (*cmsg).cmsg_len) };
+    // SAFETY: CMSG_LEN is arithmetic on its argument.
+    let want = unsafe { libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) } as usize;
+    if level != libc::SOL_SOCKET || ty != libc::SCM_RIGHTS || len < want {
+        return Ok(None);
+    }
+    // SAFETY: an SCM_RIGHTS message of at least one descriptor: CMSG_DATA holds it (unaligned).
+    let fd = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const RawFd) };
+    // SAFETY: the kernel installed this descriptor for us (close-on-exec); nothing else owns it.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Shuts a socket both ways: a thread blocked in `accept` or `recvmsg` on it returns.
+pub(crate) fn shut(fd: RawFd) {
+    let _ = super::syscall!(SYS_shutdown, fd, libc::SHUT_RDWR);
+}

@@ -1,0 +1,555 @@
+//! The proxy a run with an allowlist reaches the network through: HTTP `CONNECT` (checked
+//! against the TLS ClientHello's server name) and plain-HTTP forwarding (checked against the
+//! Host header), each target checked against the allowlist, resolved once by the proxy, and
+//! connected to at the address it checked. It listens only inside the run's network
+//! namespace (the listener comes from the run's supervisor) and stops with the run.
+
+use super::policy::{Host, Refusal, Rules};
+use super::tls;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// The port the proxy listens on inside the run's namespace.
+pub(crate) const PROXY_PORT: u16 = 3128;
+/// Connections open at once (each takes two threads while it lasts).
+const MAX_OPEN: u32 = 64;
+/// The largest request head read.
+const MAX_HEAD: usize = 64 * 1024;
+/// How long a client may take to send its request head or ClientHello.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection may be idle both ways before it is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long the proxy tries to reach an allowed host.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Refusals kept for the record; more are counted.
+const MAX_DENIALS: usize = 256;
+
+/// One refused request, as recorded in `tool.network_denied`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Denial {
+    pub host: String,
+    pub port: u16,
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    connections: u64,
+    up: u64,
+    down: u64,
+}
+
+/// What the run did through its proxy.
+#[derive(Debug, Default)]
+pub(crate) struct Report {
+    allowed: BTreeMap<(String, u16), Tally>,
+    pub denied: Vec<Denial>,
+    /// Refusals past [`MAX_DENIALS`], not kept.
+    pub denied_dropped: u64,
+}
+
+impl Report {
+    /// As the run's result data and its outcome event carry it.
+    pub(crate) fn to_json(&self) -> Value {
+        let (mut connections, mut up, mut down) = (0, 0, 0);
+        let allowed: Vec<Value> = self
+            .allowed
+            .iter()
+            .map(|((host, port), t)| {
+                connections += t.connections;
+                up += t.up;
+                down += t.down;
+                json!({"host": host, "port": port, "connections": t.connections,
+                       "bytes_up": t.up, "bytes_down": t.down})
+            })
+            .collect();
+        let denied: Vec<Value> = self
+            .denied
+            .iter()
+            .map(|d| json!({"host": d.host, "port": d.port, "reason": d.reason}))
+            .collect();
+        json!({
+            "proxy": format!("127.0.0.1:{PROXY_PORT}"),
+            "connections": connections,
+            "bytes_up": up,
+            "bytes_down": down,
+            "allowed": allowed,
+            "denied": denied,
+            "denied_dropped": self.denied_dropped,
+        })
+    }
+}
+
+struct Shared {
+    rules: Arc<Rules>,
+    stop: AtomicBool,
+    /// Connections opened in all, and open now.
+    opened: AtomicU32,
+    open: AtomicU32,
+    bytes: AtomicU64,
+    report: parking_lot::Mutex<Report>,
+    /// The client and upstream sockets open now, to shut when the run ends.
+    sockets: parking_lot::Mutex<BTreeMap<u64, TcpStream>>,
+    next_socket: AtomicU64,
+    /// The listener's descriptor once received, to shut when the run ends.
+    listener: parking_lot::Mutex<Option<Arc<TcpListener>>>,
+}
+
+impl Shared {
+    fn deny(&self, host: &str, port: u16, why: Refusal) {
+        let mut r = self.report.lock();
+        if r.denied.len() < MAX_DENIALS {
+            r.denied.push(Denial {
+                host: host.to_owned(),
+                port,
+                reason: why.as_str(),
+            });
+        } else {
+            r.denied_dropped += 1;
+        }
+    }
+
+    /// Keeps a handle on `s` while the guard lives, so a stop can shut it; the guard shuts it
+    /// when its connection is done (a clone would otherwise keep it open).
+    fn track<'a>(&'a self, s: &TcpStream) -> Tracked<'a> {
+        let id = self.next_socket.fetch_add(1, Ordering::SeqCst);
+        if let Ok(c) = s.try_clone() {
+            self.sockets.lock().insert(id, c);
+        }
+        Tracked(self, id)
+    }
+}
+
+struct Tracked<'a>(&'a Shared, u64);
+
+impl Drop for Tracked<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.sockets.lock().remove(&self.1) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// A run's proxy: started before the run, stopped (every connection closed) after it.
+pub(crate) struct RunProxy {
+    shared: Arc<Shared>,
+    /// The socket the listener arrives on; shut to stop a wait for it.
+    receiver: Arc<OwnedFd>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl RunProxy {
+    /// Starts the proxy: a thread waits for the listener the run's supervisor sends on
+    /// `receiver`, then serves it.
+    pub(crate) fn start(rules: Arc<Rules>, receiver: OwnedFd) -> io::Result<RunProxy> {
+        let shared = Arc::new(Shared {
+            rules,
+            stop: AtomicBool::new(false),
+            opened: AtomicU32::new(0),
+            open: AtomicU32::new(0),
+            bytes: AtomicU64::new(0),
+            report: parking_lot::Mutex::new(Report::default()),
+            sockets: parking_lot::Mutex::new(BTreeMap::new()),
+            next_socket: AtomicU64::new(0),
+            listener: parking_lot::Mutex::new(None),
+        });
+        let receiver = Arc::new(receiver);
+        let acceptor = {
+            let (shared, receiver) = (shared.clone(), receiver.clone());
+            std::thread::Builder::new()
+                .name("correx-proxy".into())
+                .spawn(move || accept_loop(&shared, &receiver))?
+        };
+        Ok(RunProxy {
+            shared,
+            receiver,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// Stops accepting, closes every connection, waits for the proxy's threads, and says what
+    /// the run did through it.
+    pub(crate) fn stop(mut self) -> Report {
+        self.halt();
+        std::mem::take(&mut *self.shared.report.lock())
+    }
+
+    fn halt(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        crate::sys::net::shut(self.receiver.as_raw_fd());
+        if let Some(l) = self.shared.listener.lock().as_ref() {
+            crate::sys::net::shut(l.as_raw_fd());
+        }
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+impl Drop for RunProxy {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+fn accept_loop(shared: &Arc<Shared>, receiver: &OwnedFd) {
+    let listener = match crate::sys::net::recv_fd(receiver) {
+        Ok(Some(fd)) => Arc::new(TcpListener::from(fd)),
+        Ok(None) => return,
+        Err(e) => {
+            log::warn!("shell proxy: no listener from the run: {e}");
+            return;
+        }
+    };
+    *shared.listener.lock() = Some(listener.clone());
+    // A stop that came before the listener was stored could not shut it.
+    if shared.stop.load(Ordering::SeqCst) {
+        return;
+    }
+    let mut handlers: Vec<JoinHandle<()>> = Vec::new();
+    while let Ok((client, _)) = listener.accept() {
+        if shared.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        handlers.retain(|h| !h.is_finished());
+        let s = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("correx-proxy-conn".into())
+            .spawn(move || serve(&s, client));
+        match spawned {
+            Ok(h) => handlers.push(h),
+            Err(e) => log::warn!("shell proxy: no thread for a connection: {e}"),
+        }
+    }
+    for s in shared.sockets.lock().values() {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+    for h in handlers {
+        let _ = h.join();
+    }
+}
+
+/// What the head of a request says.
+struct Request<'a> {
+    method: &'a str,
+    target: &'a str,
+    version: &'a str,
+    headers: Vec<(&'a str, &'a str)>,
+}
+
+fn parse_head(head: &str) -> Option<Request<'_>> {
+    let mut lines = head.split("\r\n");
+    let mut first = lines.next()?.split(' ');
+    let (method, target, version) = (first.next()?, first.next()?, first.next()?);
+    if first.next().is_some() || !version.starts_with("HTTP/1.") {
+        return None;
+    }
+    let mut headers = Vec::new();
+    for line in lines.filter(|l| !l.is_empty()) {
+        let (k, v) = line.split_once(':')?;
+        headers.push((k.trim(), v.trim()));
+    }
+    Some(Request {
+        method,
+        target,
+        version,
+        headers,
+    })
+}
+
+/// Reads up to the end of the head; the head, and what came after it.
+fn read_head(client: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = client.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        let from = buf.len().saturating_sub(3);
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf[from..].windows(4).position(|w| w == b"\r\n\r\n") {
+            let end = from + end;
+            let rest = buf.split_off(end + 4);
+            buf.truncate(end);
+            return Some((String::from_utf8(buf).ok()?, rest));
+        }
+        if buf.len() > MAX_HEAD {
+            return None;
+        }
+    }
+}
+
+fn answer(client: &mut TcpStream, status: &str, text: &str) {
+    let body = format!("correx proxy: {text}\n");
+    let _ = write!(
+        client,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+fn refuse(shared: &Shared, client: &mut TcpStream, host: &str, port: u16, why: Refusal) {
+    shared.deny(host, port, why);
+    let status = match why {
+        Refusal::BadRequest => "400 Bad Request",
+        Refusal::Unreachable | Refusal::Unresolved => "502 Bad Gateway",
+        Refusal::TooManyConnections | Refusal::ByteLimit => "429 Too Many Requests",
+        _ => "403 Forbidden",
+    };
+    answer(
+        client,
+        status,
+        &format!("{host}:{port} refused ({})", why.as_str()),
+    );
+}
+
+/// `host:port` of a CONNECT or a URL's authority; `default` when it has no port.
+fn authority(text: &str, default: u16) -> Option<(Host, u16)> {
+    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+        let (h, after) = rest.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None if after.is_empty() => default,
+            None => return None,
+        };
+        (format!("[{h}]"), port)
+    } else {
+        match text.rsplit_once(':') {
+            Some((h, p)) => (h.to_owned(), p.parse().ok()?),
+            None => (text.to_owned(), default),
+        }
+    };
+    Some((Host::parse(&host)?, port))
+}
+
+/// One client connection: its one request, checked, then the bytes both ways.
+fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
+    let _client = shared.track(&client);
+    // A stop that came while this connection was being accepted could not shut it.
+    if shared.stop.load(Ordering::SeqCst) {
+        return;
+    }
+    let _ = client.set_read_timeout(Some(HEAD_TIMEOUT));
+    let opened = shared.opened.fetch_add(1, Ordering::SeqCst) + 1;
+    let open = shared.open.fetch_add(1, Ordering::SeqCst) + 1;
+    let _open = Decrement(&shared.open);
+    let Some((head, rest)) = read_head(&mut client) else {
+        return refuse(shared, &mut client, "", 0, Refusal::BadRequest);
+    };
+    let Some(req) = parse_head(&head) else {
+        return refuse(shared, &mut client, "", 0, Refusal::BadRequest);
+    };
+    let connect = req.method.eq_ignore_ascii_case("CONNECT");
+    let target = if connect {
+        authority(req.target, 443)
+    } else {
+        req.target
+            .strip_prefix("http://")
+            .and_then(|t| authority(t.split(['/', '?', '#']).next().unwrap_or(t), 80))
+    };
+    let Some((host, port)) = target else {
+        let shown = req.target.chars().take(200).collect::<String>();
+        return refuse(shared, &mut client, &shown, 0, Refusal::BadRequest);
+    };
+    let name = host.to_string();
+    if opened > shared.rules.max_connections || open > MAX_OPEN {
+        return refuse(
+            shared,
+            &mut client,
+            &name,
+            port,
+            Refusal::TooManyConnections,
+        );
+    }
+    if let Err(why) = shared.rules.check(&host, port) {
+        return refuse(shared, &mut client, &name, port, why);
+    }
+    if !connect {
+        // The Host header must name what the URL names (no fronting on plain HTTP).
+        let header = req
+            .headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("host"))
+            .map(|(_, v)| *v);
+        if let Some(h) = header {
+            if authority(h, 80) != Some((host.clone(), port)) {
+                return refuse(shared, &mut client, &name, port, Refusal::HostMismatch);
+            }
+        }
+    }
+    let addresses = match shared.rules.addresses(&host, port) {
+        Ok(a) => a,
+        Err(why) => return refuse(shared, &mut client, &name, port, why),
+    };
+    if connect {
+        if client
+            .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            .is_err()
+        {
+            return;
+        }
+        let hello = tls::read_client_hello(&mut (&rest[..]).chain(&mut client));
+        let (raw, hello) = match hello {
+            Ok(h) => h,
+            Err(_) => return shared.deny(&name, port, Refusal::NoSni),
+        };
+        let why = match (&hello, &host) {
+            (None, _) => Some(Refusal::NoSni),
+            (Some(h), _) if h.ech => Some(Refusal::EncryptedClientHello),
+            (Some(h), Host::Name(n)) => match &h.sni {
+                Some(s) if s == n => None,
+                Some(_) => Some(Refusal::SniMismatch),
+                None => Some(Refusal::NoSni),
+            },
+            // An address reached by TLS names no host, or names what it is fronting for.
+            (Some(h), Host::Address(_)) => h.sni.is_some().then_some(Refusal::SniMismatch),
+        };
+        if let Some(why) = why {
+            // The tunnel is open: nothing to answer on, only to close.
+            return shared.deny(&name, port, why);
+        }
+        let Some(mut upstream) = reach(&addresses, port) else {
+            return shared.deny(&name, port, Refusal::Unreachable);
+        };
+        if upstream.write_all(&raw).is_err() {
+            return;
+        }
+        splice(shared, client, upstream, (name, port), raw.len() as u64);
+    } else {
+        let Some(mut upstream) = reach(&addresses, port) else {
+            return refuse(shared, &mut client, &name, port, Refusal::Unreachable);
+        };
+        let path = req
+            .target
+            .strip_prefix("http://")
+            .and_then(|t| t.find('/').map(|i| &t[i..]))
+            .unwrap_or("/");
+        let mut out = format!("{} {path} {}\r\n", req.method, req.version);
+        for (k, v) in &req.headers {
+            let hop = [
+                "connection",
+                "proxy-connection",
+                "proxy-authorization",
+                "keep-alive",
+            ];
+            if !hop.iter().any(|h| k.eq_ignore_ascii_case(h)) {
+                out.push_str(&format!("{k}: {v}\r\n"));
+            }
+        }
+        // One request per connection: a pipelined second one cannot reach another host.
+        out.push_str("Connection: close\r\n\r\n");
+        let sent = out.len() as u64 + rest.len() as u64;
+        if upstream.write_all(out.as_bytes()).is_err() || upstream.write_all(&rest).is_err() {
+            return;
+        }
+        splice(shared, client, upstream, (name, port), sent);
+    }
+}
+
+struct Decrement<'a>(&'a AtomicU32);
+
+impl Drop for Decrement<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A connection to the first of `addresses` that answers.
+fn reach(addresses: &[IpAddr], port: u16) -> Option<TcpStream> {
+    addresses
+        .iter()
+        .find_map(|a| TcpStream::connect_timeout(&SocketAddr::new(*a, port), CONNECT_TIMEOUT).ok())
+}
+
+/// Copies both ways until both ends are done, counting bytes against the run's bound.
+fn splice(
+    shared: &Arc<Shared>,
+    client: TcpStream,
+    upstream: TcpStream,
+    key: (String, u16),
+    already_up: u64,
+) {
+    let _upstream = shared.track(&upstream);
+    if shared.stop.load(Ordering::SeqCst) {
+        return;
+    }
+    shared
+        .report
+        .lock()
+        .allowed
+        .entry(key.clone())
+        .or_default()
+        .connections += 1;
+    shared.bytes.fetch_add(already_up, Ordering::SeqCst);
+    for s in [&client, &upstream] {
+        let _ = s.set_read_timeout(Some(IDLE_TIMEOUT));
+    }
+    let copy = |from: &TcpStream, to: &TcpStream| -> u64 {
+        let (mut from, mut to) = (from, to);
+        let mut buf = [0u8; 16 * 1024];
+        let mut total = 0;
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let moved = shared.bytes.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
+            if moved > shared.rules.max_bytes {
+                shared.deny(&key.0, key.1, Refusal::ByteLimit);
+                let _ = from.shutdown(Shutdown::Both);
+                let _ = to.shutdown(Shutdown::Both);
+                break;
+            }
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            total += n as u64;
+        }
+        let _ = to.shutdown(Shutdown::Write);
+        total
+    };
+    let (up, down) = std::thread::scope(|s| {
+        let up = s.spawn(|| copy(&client, &upstream));
+        let down = copy(&upstream, &client);
+        (up.join().unwrap_or(0), down)
+    });
+    let mut r = shared.report.lock();
+    let t = r.allowed.entry(key).or_default();
+    t.up += up + already_up;
+    t.down += down;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_heads_and_authorities_parse_strictly() {
+        let r = parse_head("CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443").expect("head");
+        assert_eq!(
+            (r.method, r.target, r.version),
+            ("CONNECT", "pypi.org:443", "HTTP/1.1")
+        );
+        assert!(parse_head("GET / HTTP/2\r\n").is_none());
+        assert!(parse_head("GET  / HTTP/1.1").is_none());
+        assert!(parse_head("GET / HTTP/1.1\r\nno colon").is_none());
+        assert_eq!(
+            authority("[::1]:8080", 80),
+            Some((Host::Address("::1".parse().expect("ip")), 8080))
+        );
+        assert_eq!(
+            authority("Example.COM", 80),
+            Some((Host::Name("example.com".into()), 80))
+        );
+        assert_eq!(authority("a.test:http", 80), None);
+        assert_eq!(authority("a b:80", 80), None);
+    }
+}

@@ -1,0 +1,451 @@
+//! Network by name: a run with an allowlist reaches the allowed hosts through its proxy and
+//! nothing else. Real clients (curl, openssl, getent, python3) against loopback servers this
+//! test starts, every scenario in a network namespace the test makes first (loopback only,
+//! with 169.254.169.254 on it and no route out), as root and again as nobody.
+
+use crate::util::{child_test, is_child, TempDir};
+use correx::{
+    Allowlist, EventStore, NetworkPolicy, SessionId, ShellOptions, ShellTool, Tool, ToolExecutor,
+    ToolRequest,
+};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A loopback HTTP server of fixed pages that counts the requests it gets.
+struct Site {
+    port: u16,
+    hits: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Site {
+    fn start(addr: &str, pages: BTreeMap<String, Vec<u8>>) -> std::io::Result<Site> {
+        let listener = TcpListener::bind(addr)?;
+        let port = listener.local_addr()?.port();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (hits, stop) = (hits.clone(), stop.clone());
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let Ok(mut conn) = conn else { continue };
+                    hits.fetch_add(1, Ordering::SeqCst);
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
+                        match conn.read(&mut b) {
+                            Ok(1) => head.push(b[0]),
+                            _ => break,
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&head);
+                    let path = text.split(' ').nth(1).unwrap_or("/").to_owned();
+                    let reply = match pages.get(&path) {
+                        Some(body) => {
+                            let mut r = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                body.len()
+                            )
+                            .into_bytes();
+                            r.extend(body);
+                            r
+                        }
+                        None => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
+                    };
+                    let _ = conn.write_all(&reply);
+                }
+            })
+        };
+        Ok(Site {
+            port,
+            hits,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let ip = if self.port == 80 {
+            "169.254.169.254"
+        } else {
+            "127.0.0.1"
+        };
+        let _ = TcpStream::connect((ip, self.port));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(tool: &ShellTool, argv: &[&str]) -> (bool, String, Value) {
+    let req = ToolRequest::new(
+        SessionId::from("network"),
+        "shell",
+        json!({ "argv": argv })
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    );
+    match tool.execute(&req) {
+        correx::ToolResult::Success { output, data, .. } => {
+            (true, output, data.unwrap_or(Value::Null))
+        }
+        correx::ToolResult::Failure { reason, data, .. } => {
+            (false, reason, data.unwrap_or(Value::Null))
+        }
+    }
+}
+
+fn shell(allowlist: Allowlist, work: &std::path::Path) -> ShellTool {
+    let o = ShellOptions {
+        allowed_executables: ["curl", "openssl", "getent", "python3", "sh"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
+        working_roots: vec![work.to_path_buf()],
+        timeout: Duration::from_secs(20),
+        isolation: correx::IsolationOptions {
+            network: NetworkPolicy::Allowlist(allowlist),
+            ..correx::IsolationOptions::default()
+        },
+        ..ShellOptions::default()
+    };
+    let t = ShellTool::new(o).expect("the shell tool builds");
+    assert_eq!(t.refusal(), None, "this kernel cannot confine the shell");
+    t
+}
+
+fn denied(data: &Value) -> Vec<(String, String)> {
+    data["network"]["denied"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .map(|x| {
+                    (
+                        x["host"].as_str().unwrap_or_default().to_owned(),
+                        x["reason"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn allowlist_scenario() -> TestResult {
+    let work = TempDir::new("net-allow");
+    let pages: BTreeMap<String, Vec<u8>> =
+        [("/hello".to_owned(), b"hello from site\n".to_vec())].into();
+    let site = Site::start("127.0.0.1:0", pages.clone())?;
+    let metadata = Site::start("169.254.169.254:80", pages)?;
+    // Something of the host's listening where the run's proxy listens in its own namespace:
+    // the run must reach its proxy, never this.
+    let decoy = Site::start("127.0.0.1:3128", BTreeMap::new())?;
+    let port = site.port;
+    let loopback: IpAddr = "127.0.0.1".parse()?;
+    let allowlist = Allowlist {
+        allow: vec![
+            format!("site.test:{port}"),
+            format!("*.site.test:{port}"),
+            format!("localhost:{port}"),
+        ],
+        deny: vec!["bad.site.test".into()],
+        resolve: [
+            ("site.test".to_owned(), loopback),
+            ("www.site.test".to_owned(), loopback),
+            ("bad.site.test".to_owned(), loopback),
+        ]
+        .into(),
+        ..Allowlist::default()
+    };
+    let t = shell(allowlist, work.path());
+    let policy = t.applied_policy();
+    assert_eq!(policy["network"]["mode"], "allowlist", "{policy}");
+    assert_eq!(policy["network"]["enforced_by"], "network_namespace");
+    assert_eq!(policy["namespaces"]["net"], true);
+
+    // An allowed name, pinned to loopback: through the proxy, by curl's own proxy support.
+    let url = format!("http://site.test:{port}/hello");
+    let (ok, out, data) = run(&t, &["curl", "-sS", "-f", &url]);
+    assert!(ok, "{out}");
+    assert_eq!(out, "hello from site\n");
+    assert_eq!(data["network"]["allowed"][0]["host"], "site.test", "{data}");
+    assert_eq!(data["network"]["allowed"][0]["connections"], 1);
+    let (ok, out, _) = run(
+        &t,
+        &[
+            "curl",
+            "-sS",
+            "-f",
+            &format!("http://www.site.test:{port}/hello"),
+        ],
+    );
+    assert!(ok, "a subdomain of *.site.test: {out}");
+    let before = site.hits();
+
+    // Everything else is refused by the proxy, and said so.
+    for (url, host, why) in [
+        (
+            format!("http://other.test:{port}/hello"),
+            "other.test",
+            "not_allowed",
+        ),
+        (
+            format!("http://bad.site.test:{port}/hello"),
+            "bad.site.test",
+            "denied",
+        ),
+        (
+            format!("http://site.test:{}/hello", port + 1),
+            "site.test",
+            "not_allowed",
+        ),
+        (
+            format!("http://127.0.0.1:{port}/hello"),
+            "127.0.0.1",
+            "address_literal",
+        ),
+        (
+            "http://169.254.169.254/latest/meta-data/".to_owned(),
+            "169.254.169.254",
+            "address_literal",
+        ),
+        // Allowed by name, but it resolves to loopback (no pin): not a public address.
+        (
+            format!("http://localhost:{port}/hello"),
+            "localhost",
+            "private_address",
+        ),
+    ] {
+        let (ok, out, data) = run(&t, &["curl", "-sS", "-f", &url]);
+        assert!(!ok, "{url} was fetched: {out}");
+        assert_eq!(
+            denied(&data),
+            [(host.to_owned(), why.to_owned())],
+            "{url}: {data}"
+        );
+    }
+    // The Host header must name the URL's host.
+    let (ok, _, data) = run(&t, &["curl", "-sS", "-f", "-H", "Host: other.test", &url]);
+    assert!(!ok);
+    assert_eq!(
+        denied(&data),
+        [("site.test".to_owned(), "host_mismatch".to_owned())]
+    );
+
+    // Around the proxy: nothing to reach. Not the host's loopback, not the metadata address
+    // (both are in reach of the host: the run is in a namespace of its own), not DNS.
+    let (ok, out, _) = run(
+        &t,
+        &[
+            "curl",
+            "-sS",
+            "--noproxy",
+            "*",
+            &url.replace("site.test", "127.0.0.1"),
+        ],
+    );
+    assert!(!ok, "a direct connect to the host's loopback: {out}");
+    let (ok, out, _) = run(
+        &t,
+        &[
+            "curl",
+            "-sS",
+            "--noproxy",
+            "*",
+            "-m",
+            "5",
+            "http://169.254.169.254/hello",
+        ],
+    );
+    assert!(!ok, "a direct connect to the metadata address: {out}");
+    assert_eq!(site.hits(), before, "the site was reached around the proxy");
+    assert_eq!(metadata.hits(), 0, "the metadata address was reached");
+    let (ok, out, _) = run(&t, &["getent", "hosts", "example.com"]);
+    assert!(!ok, "a name resolved inside the run: {out}");
+    let udp = "import socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    print('udp')\nexcept OSError as e:\n    print('refused', e.errno)";
+    let (_, out, _) = run(&t, &["python3", "-c", udp]);
+    assert!(out.starts_with("refused"), "a UDP socket: {out}");
+    let raw = "import socket\ns = socket.socket()\ntry:\n    s.connect(('127.0.0.1', 3129))\n    print('connected')\nexcept OSError as e:\n    print('refused', e.errno)";
+    let (_, out, _) = run(&t, &["python3", "-c", raw]);
+    // Landlock (ABI 4) allows connecting to the proxy's port only: EACCES before the
+    // namespace's refusal (ECONNREFUSED) could answer.
+    let expected = if policy["network"]["landlock_tcp_connect"].is_null() {
+        libc::ECONNREFUSED
+    } else {
+        libc::EACCES
+    };
+    assert_eq!(
+        out.trim(),
+        format!("refused {expected}"),
+        "a raw TCP connect"
+    );
+
+    // TLS through CONNECT: the ClientHello must name the CONNECT's host.
+    let connect = format!("site.test:{port}");
+    let proxy = "127.0.0.1:3128";
+    let (ok, out, data) = run(
+        &t,
+        &["sh", "-c", &format!("openssl s_client -proxy {proxy} -connect {connect} -servername evil.test </dev/null")],
+    );
+    assert!(!ok, "{out}");
+    assert_eq!(
+        denied(&data),
+        [("site.test".to_owned(), "sni_mismatch".to_owned())],
+        "{data}"
+    );
+    let hits = site.hits();
+    let (_, _, data) = run(
+        &t,
+        &["sh", "-c", &format!("openssl s_client -proxy {proxy} -connect {connect} -servername site.test </dev/null")],
+    );
+    // The site speaks no TLS, but the tunnel was opened to it: the hello reached it.
+    assert_eq!(denied(&data), []);
+    assert_eq!(data["network"]["allowed"][0]["host"], "site.test", "{data}");
+    assert_eq!(site.hits(), hits + 1);
+    assert_eq!(decoy.hits(), 0, "a run reached the host's port 3128");
+
+    // Through the runtime, from its JSON config: each refusal is an event, appended with the
+    // run's outcome, which carries what the run did through its proxy.
+    let dir = TempDir::new("net-runtime");
+    let config = correx::RuntimeConfig::from_json(
+        &json!({
+            "v": 1,
+            "event_log": dir.join("events.db"),
+            "sandbox_root": dir.join("sandbox"),
+            "tools": {"shell": {"enabled": true, "allowed_executables": ["sh", "curl"],
+                "isolation": {"network": {"allow": [format!("site.test:{port}")],
+                                          "resolve": {"site.test": "127.0.0.1"}}}}},
+            "approvals": {"engine": "auto"}
+        })
+        .to_string(),
+    )?;
+    let rt = correx::Runtime::new(&config, Arc::new(correx::DenyAll))?;
+    let script = format!(
+        "curl -sS -f http://site.test:{port}/hello && curl -sS -f http://other.test:{port}/"
+    );
+    let req = ToolRequest::json("s", "shell", json!({ "argv": ["sh", "-c", script] }))?;
+    let r = rt.executor().execute(&req);
+    assert!(!r.is_success());
+    let events = rt
+        .events()
+        .read_stream(&correx::session_stream("s"), 1, 100)?;
+    let kinds: Vec<&str> = events.iter().map(|e| e.type_id.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "tool.approval_decided",
+            "tool.execution_started",
+            "tool.network_denied",
+            "tool.execution_failed"
+        ]
+    );
+    assert_eq!(
+        events[1].payload["isolation"]["network"]["mode"],
+        "allowlist"
+    );
+    let d = &events[2].payload;
+    assert_eq!(
+        (d["host"].as_str(), d["port"].as_u64(), d["reason"].as_str()),
+        (
+            Some("other.test"),
+            Some(u64::from(port)),
+            Some("not_allowed")
+        )
+    );
+    let n = &events[3].payload["network"];
+    assert_eq!(n["allowed"][0]["host"], "site.test", "{n}");
+    assert_eq!(n["connections"], 1);
+    assert!(n["bytes_down"].as_u64() > Some(16), "{n}");
+    assert_eq!(n["denied_count"], 1);
+    Ok(())
+}
+
+type Scenario = fn() -> TestResult;
+
+const SCENARIOS: &[(&str, Scenario)] = &[("allowlist", allowlist_scenario)];
+
+/// Runs the scenario in a child test process inside a network namespace of its own (as root),
+/// then again as nobody.
+fn in_private_network(name: &str) -> TestResult {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: making the test's network namespace needs root");
+        return Ok(());
+    }
+    for nobody in [false, true] {
+        let out = child_test("network::private_network_child")
+            .env("CORREX_CHILD_SCENARIO", name)
+            .env("CORREX_CHILD_NOBODY", if nobody { "1" } else { "0" })
+            .output()?;
+        let text = crate::util::both_streams(&out);
+        assert!(
+            out.status.success() && text.contains("scenario passed"),
+            "{name} (nobody: {nobody}):\n{text}"
+        );
+    }
+    Ok(())
+}
+
+/// The child side: a network namespace with loopback up and 169.254.169.254 on it, no route
+/// out; then (maybe) nobody; then the scenario.
+#[test]
+#[ignore = "helper: run by the network tests"]
+fn private_network_child() {
+    if !is_child() {
+        return;
+    }
+    // SAFETY: unshare of this thread's network namespace; threads and processes started from
+    // here on inherit it.
+    assert_eq!(
+        unsafe { libc::unshare(libc::CLONE_NEWNET) },
+        0,
+        "unshare(CLONE_NEWNET)"
+    );
+    for args in [
+        &["link", "set", "lo", "up"][..],
+        &["addr", "add", "169.254.169.254/32", "dev", "lo"][..],
+    ] {
+        let s = std::process::Command::new("ip")
+            .args(args)
+            .status()
+            .expect("ip");
+        assert!(s.success(), "ip {args:?}");
+    }
+    // Ports below 1024 for anyone, in this namespace only: the metadata server listens on 80.
+    std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")
+        .expect("ip_unprivileged_port_start");
+    let name = std::env::var("CORREX_CHILD_SCENARIO").expect("scenario name");
+    if std::env::var("CORREX_CHILD_NOBODY").as_deref() == Ok("1") {
+        crate::util::become_nobody();
+    }
+    let (_, scenario) = SCENARIOS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("a known scenario");
+    scenario().expect("the scenario");
+    println!("scenario passed");
+}
+
+#[test]
+fn an_allowlisted_run_reaches_its_hosts_through_the_proxy_and_nothing_else() -> TestResult {
+    in_private_network("allowlist")
+}
