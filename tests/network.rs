@@ -299,6 +299,23 @@ fn allowlist_scenario() -> TestResult {
         "a raw TCP connect"
     );
 
+    // connect() is open to reach the proxy, but not to a UNIX socket of the host's that the
+    // filesystem rules leave in reach (a Docker or D-Bus socket): the run gets none.
+    let sock_path = work.join("host.sock");
+    let unix = std::os::unix::net::UnixListener::bind(&sock_path)?;
+    unix.set_nonblocking(true)?;
+    let to_unix = format!(
+        "import socket\ntry:\n    s = socket.socket(socket.AF_UNIX)\n    s.connect({:?})\n    print('connected')\nexcept OSError as e:\n    print('refused', e.errno)",
+        sock_path.display().to_string()
+    );
+    let (_, out, _) = run(&t, &["python3", "-c", &to_unix]);
+    assert_eq!(
+        out.trim(),
+        format!("refused {}", libc::EACCES),
+        "a host UNIX socket"
+    );
+    assert!(unix.accept().is_err(), "the host's UNIX socket was reached");
+
     // TLS through CONNECT: the ClientHello must name the CONNECT's host.
     let connect = format!("site.test:{port}");
     let proxy = "127.0.0.1:3128";

@@ -528,28 +528,26 @@ const NO_NETWORK: &[Rule] = &[
     },
 ];
 
-/// Network only through a run's proxy (its network namespace holds nothing else): UNIX and
-/// TCP/IP sockets of the connected types only, so no UDP (no DNS of the run's own), raw,
-/// packet or netlink socket; socketpairs and sends that can address nothing.
+/// Network only through a run's proxy (its network namespace holds nothing else): TCP
+/// sockets only, so no UDP (no DNS of the run's own), raw, packet or netlink socket, and no
+/// UNIX socket but a socketpair's: `connect` is allowed (to reach the proxy), and it cannot
+/// tell a UNIX socket's path (a Docker or D-Bus socket the filesystem rules leave in reach)
+/// from an address, so the run gets no UNIX socket to connect with.
 const PROXIED: &[Rule] = &[
     Rule {
-        name: "socket(not AF_UNIX, AF_INET or AF_INET6, or not SOCK_STREAM or SOCK_SEQPACKET)",
+        name: "socket(not AF_INET or AF_INET6, or not SOCK_STREAM)",
         nr: libc::SYS_socket,
         checks: &[
             Check::MaskedNotIn {
                 arg: 0,
                 mask: u32::MAX,
-                allowed: &[
-                    libc::AF_UNIX as u32,
-                    libc::AF_INET as u32,
-                    libc::AF_INET6 as u32,
-                ],
+                allowed: &[libc::AF_INET as u32, libc::AF_INET6 as u32],
                 then: EACCES,
             },
             Check::MaskedNotIn {
                 arg: 1,
                 mask: SOCK_TYPE_MASK,
-                allowed: UNIX_CONNECTED_TYPES,
+                allowed: &[libc::SOCK_STREAM as u32],
                 then: EACCES,
             },
         ],
@@ -1050,7 +1048,7 @@ mod tests {
     }
 
     #[test]
-    fn through_a_proxy_only_tcp_and_unix_streams_remain() {
+    fn through_a_proxy_only_tcp_sockets_and_socketpairs_remain() {
         let eacces = errno(libc::EACCES);
         for deny_ipc in [false, true] {
             let o = Options {
@@ -1066,7 +1064,18 @@ mod tests {
             let cloexec = libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
             assert_eq!(socket(libc::AF_INET, libc::SOCK_STREAM | cloexec), ALLOW);
             assert_eq!(socket(libc::AF_INET6, libc::SOCK_STREAM), ALLOW);
-            assert_eq!(socket(libc::AF_UNIX, libc::SOCK_STREAM), ALLOW);
+            // connect is open: a UNIX socket could reach a Docker or D-Bus socket by path.
+            assert_eq!(socket(libc::AF_UNIX, libc::SOCK_STREAM), eacces);
+            assert_eq!(socket(libc::AF_UNIX, libc::SOCK_SEQPACKET), eacces);
+            assert_eq!(socket(libc::AF_INET, libc::SOCK_SEQPACKET), eacces, "SCTP");
+            assert_eq!(
+                run(
+                    o,
+                    libc::SYS_socketpair,
+                    [libc::AF_UNIX as u64, libc::SOCK_STREAM as u64, 0, 0, 0, 0]
+                ),
+                ALLOW
+            );
             // No DNS of its own, no raw packets, no route or interface changes.
             assert_eq!(socket(libc::AF_INET, libc::SOCK_DGRAM), eacces);
             assert_eq!(socket(libc::AF_INET6, libc::SOCK_DGRAM | cloexec), eacces);
