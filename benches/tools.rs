@@ -2,11 +2,11 @@
 //! run, alternating the two so drift hits both alike.
 
 use correx::{
-    FileReadTool, FileWriteTool, IsolationMode, IsolationOptions, SessionId, ShellOptions,
-    ShellTool, Tool, ToolRequest,
+    Allowlist, FileReadTool, FileWriteTool, IsolationMode, IsolationOptions, NetworkPolicy,
+    SessionId, ShellOptions, ShellTool, Tool, ToolRequest,
 };
 use serde_json::json;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 fn req(tool: &str, params: serde_json::Value) -> ToolRequest {
@@ -113,6 +113,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
     );
 
+    network(against_raw_rounds())?;
+
     let content = "x".repeat(4096);
     std::fs::write(dir.join("data.txt"), &content)?;
     let read = FileReadTool::new(std::slice::from_ref(&dir))?;
@@ -159,5 +161,115 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("confined_shell_spawn_ratio: {confined_ratio:.3}");
     println!("read_ratio: {read_ratio:.3}");
     println!("write_ratio: {write_ratio:.3}");
+    Ok(())
+}
+
+/// Rounds of the network spawn comparison.
+fn against_raw_rounds() -> usize {
+    15
+}
+
+/// A loopback server that answers every request with `size` bytes.
+fn bulk_server(size: usize) -> std::io::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        let chunk = vec![0u8; 1 << 20];
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut head = Vec::new();
+            let mut b = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut b) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&b[..n]),
+                }
+            }
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n"
+            );
+            let mut left = size;
+            while left > 0 {
+                let n = left.min(chunk.len());
+                if conn.write_all(&chunk[..n]).is_err() {
+                    break;
+                }
+                left -= n;
+            }
+        }
+    });
+    Ok(port)
+}
+
+/// Network by name: what a run with an allowlist costs to start (its network namespace, the
+/// proxy's listener) over one with no network, and a 100 MiB download through the proxy
+/// against the same download made directly (a run with `network: true`).
+fn network(rounds: usize) -> Result<(), Box<dyn std::error::Error>> {
+    const SIZE: usize = 100 << 20;
+    let port = bulk_server(SIZE)?;
+    let tool = |network: NetworkPolicy| {
+        ShellTool::new(ShellOptions {
+            allowed_executables: vec!["true".into(), "curl".into()],
+            timeout: Duration::from_secs(60),
+            isolation: IsolationOptions {
+                network,
+                ..IsolationOptions::default()
+            },
+            ..ShellOptions::default()
+        })
+    };
+    let allowlist = Allowlist {
+        allow: vec![format!("bench.test:{port}")],
+        resolve: [("bench.test".to_owned(), "127.0.0.1".parse()?)].into(),
+        max_bytes: 1 << 40,
+        ..Allowlist::default()
+    };
+    let proxied = tool(NetworkPolicy::Allowlist(allowlist))?;
+    if let Some(why) = proxied.refusal() {
+        println!("network_by_name: unavailable ({why})");
+        return Ok(());
+    }
+    let off = tool(NetworkPolicy::Off)?;
+    let open = tool(NetworkPolicy::Open)?;
+    let true_req = req("shell", json!({"argv": ["/bin/true"]}));
+    let (with, without) = compare(
+        rounds,
+        20,
+        || assert!(proxied.execute(&true_req).is_success()),
+        || assert!(off.execute(&true_req).is_success()),
+    );
+    println!("network_spawn_us: {:.1}", with.as_secs_f64() * 1e6);
+    println!("network_off_spawn_us: {:.1}", without.as_secs_f64() * 1e6);
+    println!(
+        "network_spawn_extra_ms: {:.3}",
+        (with.as_secs_f64() - without.as_secs_f64()) * 1e3
+    );
+    let download = |tool: &ShellTool, host: &str| {
+        let url = format!("http://{host}:{port}/big");
+        let r = tool.execute(&req(
+            "shell",
+            json!({"argv": ["curl", "-sS", "-f", "-o", "/dev/null", url]}),
+        ));
+        assert!(r.is_success(), "{r:?}");
+    };
+    let (through, direct) = compare(
+        5,
+        1,
+        || download(&proxied, "bench.test"),
+        || download(&open, "127.0.0.1"),
+    );
+    println!(
+        "proxy_mib_per_s: {:.0}",
+        SIZE as f64 / (1 << 20) as f64 / through.as_secs_f64()
+    );
+    println!(
+        "direct_mib_per_s: {:.0}",
+        SIZE as f64 / (1 << 20) as f64 / direct.as_secs_f64()
+    );
+    println!(
+        "proxy_throughput_ratio: {:.3}",
+        direct.as_secs_f64() / through.as_secs_f64()
+    );
     Ok(())
 }

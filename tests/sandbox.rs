@@ -724,6 +724,32 @@ fn tool_config_defaults_deny_and_bad_fields_are_named() -> TestResult {
         // read as written, and an enum is a word.
         (json!({"shell": {"env": {"A": null}}}), "tools.shell.env.A"),
         (json!({"shel": null}), "tools.shel"),
+        // Network by name.
+        (
+            json!({"shell": {"isolation": {"network": "yes"}}}),
+            "tools.shell.isolation.network",
+        ),
+        (
+            json!({"shell": {"isolation": {"network": {"allow": ["bad host"]}}}}),
+            "tools.shell.isolation.network.allow[0]",
+        ),
+        (
+            json!({"shell": {"isolation": {"network": {"allow": ["a.test"], "max_bytes": 0}}}}),
+            "tools.shell.isolation.network.max_bytes",
+        ),
+        (
+            json!({"shell": {"isolation": {"network": {"resolve": {"a.test": "nowhere"}}}}}),
+            "tools.shell.isolation.network.resolve.a.test",
+        ),
+        (
+            json!({"shell": {"isolation": {"mode": "none", "network": {"allow": ["a.test"]}}}}),
+            "tools.shell.isolation.network",
+        ),
+        (
+            json!({"shell": {"env": {"HTTPS_PROXY": "http://evil"},
+                             "isolation": {"network": {"allow": ["a.test"]}}}}),
+            "tools.shell.env.HTTPS_PROXY",
+        ),
         (json!({"shell": {"timeout": null}}), "tools.shell.timeout"),
         (
             json!({"shell": {"isolation": {"mode": {"none": null}}}}),

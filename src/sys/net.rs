@@ -71,3 +71,62 @@ pub(crate) fn recv_fd(sock: &OwnedFd) -> io::Result<Option<OwnedFd>> {
 pub(crate) fn shut(fd: RawFd) {
     let _ = super::syscall!(SYS_shutdown, fd, libc::SHUT_RDWR);
 }
+
+/// Moves bytes from socket `from` to socket `to` through a pipe with `splice` (no copy through
+/// user space) until `from` ends, a call fails, or `allow` (told each chunk's size before it
+/// is passed on) says stop. A read that times out (`SO_RCVTIMEO`) goes on waiting while
+/// `keep_waiting` says so. The bytes passed on; `None` when `splice` cannot be used on these
+/// descriptors before anything moved (the caller copies instead).
+pub(crate) fn pump(
+    from: RawFd,
+    to: RawFd,
+    mut allow: impl FnMut(u64) -> bool,
+    mut keep_waiting: impl FnMut() -> bool,
+) -> Option<u64> {
+    const CHUNK: usize = 1 << 20;
+    let mut fds = [0 as RawFd; 2];
+    super::syscall!(SYS_pipe2, fds.as_mut_ptr(), libc::O_CLOEXEC).ok()?;
+    // SAFETY: pipe2 stored two new descriptors that nothing else owns.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // A bigger pipe moves more per call; the default (64 KiB) works too.
+    let _ = super::syscall!(
+        SYS_fcntl,
+        w.as_raw_fd(),
+        libc::F_SETPIPE_SZ,
+        CHUNK as libc::c_int
+    );
+    let flags = libc::SPLICE_F_MOVE | libc::SPLICE_F_MORE;
+    let null = std::ptr::null_mut::<libc::loff_t>();
+    let mut total = 0u64;
+    loop {
+        let n = match super::syscall!(SYS_splice, from, null, w.as_raw_fd(), null, CHUNK, flags) {
+            Ok(0) => return Some(total),
+            Ok(n) => n as u64,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && keep_waiting() => continue,
+            Err(e) if total == 0 && e.raw_os_error() == Some(libc::EINVAL) => return None,
+            Err(_) => return Some(total),
+        };
+        if !allow(n) {
+            return Some(total);
+        }
+        let mut left = n;
+        while left > 0 {
+            match super::syscall!(
+                SYS_splice,
+                r.as_raw_fd(),
+                null,
+                to,
+                null,
+                left as usize,
+                flags
+            ) {
+                Ok(0) => return Some(total),
+                Ok(m) => left -= m as u64,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return Some(total),
+            }
+        }
+        total += n;
+    }
+}

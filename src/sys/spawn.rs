@@ -152,6 +152,11 @@ pub(crate) fn best_containment() -> Containment {
 /// Whether a child can be cloned into `c`'s namespaces (and, in a user namespace, map its ids:
 /// a host that is not dumpable, such as one that dropped privileges, cannot).
 fn probe(c: Containment) -> bool {
+    probe_flags(c, 0)
+}
+
+/// As [`probe`], with `extra` clone flags.
+fn probe_flags(c: Containment, extra: libc::c_ulong) -> bool {
     let Ok(maps) = id_maps() else {
         return false;
     };
@@ -160,7 +165,7 @@ fn probe(c: Containment) -> bool {
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone,
-            c.clone_flags() | libc::CLONE_PIDFD as libc::c_ulong,
+            c.clone_flags() | extra | libc::CLONE_PIDFD as libc::c_ulong,
             0usize,
             &mut pidfd as *mut RawFd,
             0usize,
@@ -181,6 +186,26 @@ fn probe(c: Containment) -> bool {
     // SAFETY: CLONE_PIDFD stored a new descriptor that nothing else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     reap(&pidfd) == Some(0)
+}
+
+/// Whether a run in `c` can also get a network namespace of its own (probed once: a
+/// container without CAP_SYS_ADMIN, or `user.max_net_namespaces=0`, refuses one).
+pub(crate) fn network_namespace_works(c: Containment) -> bool {
+    static WORKS: std::sync::OnceLock<[Option<bool>; 3]> = std::sync::OnceLock::new();
+    let probe_all = || {
+        [
+            Containment::PidNamespace { user_ns: false },
+            Containment::PidNamespace { user_ns: true },
+            Containment::Subreaper,
+        ]
+        .map(|c| Some(probe_flags(c, libc::CLONE_NEWNET as libc::c_ulong)))
+    };
+    let i = match c {
+        Containment::PidNamespace { user_ns: false } => 0,
+        Containment::PidNamespace { user_ns: true } => 1,
+        Containment::Subreaper => 2,
+    };
+    WORKS.get_or_init(probe_all)[i].unwrap_or(false)
 }
 
 /// The uid and gid map lines that map our effective ids to themselves in a new user namespace

@@ -158,6 +158,11 @@ impl IsolationOptions {
         settings::absolute("read_paths", &self.read_paths)?;
         if let Some(a) = self.network.allowlist() {
             a.validate().map_err(|e| e.under("network"))?;
+            settings::check(
+                self.mode != IsolationMode::None,
+                "network",
+                "an allowlist needs the run confined (mode \"required\" or \"best_effort\")",
+            )?;
         }
         let l = &self.limits;
         for (field, v) in [
@@ -383,8 +388,18 @@ pub(crate) fn plan(
     let network = match &options.network {
         NetworkPolicy::Off => RunNetwork::Off,
         NetworkPolicy::Open => RunNetwork::Open,
+        // Mode none confines nothing: a root run could leave the namespace (setns) and any
+        // run could open any socket. An allowlist is a confinement; it cannot go without.
+        NetworkPolicy::Allowlist(_) if !confine => {
+            return Err(
+                "a network allowlist needs the run confined: set tools.shell.isolation.mode to \
+                 \"required\" or \"best_effort\", or network to true"
+                    .into(),
+            )
+        }
         NetworkPolicy::Allowlist(a) => {
-            let netns = root || containment == (Containment::PidNamespace { user_ns: true });
+            let netns = (root || containment == (Containment::PidNamespace { user_ns: true }))
+                && spawn::network_namespace_works(containment);
             if netns {
                 RunNetwork::Proxied(Arc::new(Rules::new(a)?))
             } else if mode == IsolationMode::Required {

@@ -459,7 +459,7 @@ impl History {
                             p["port"],
                             s("reason")
                         );
-                        self.instants.push((t, sess, label, true));
+                        self.instants.push((t, sess, label, false));
                     }
                     EventType::ModelLoaded
                     | EventType::ModelUnloaded

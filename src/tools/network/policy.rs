@@ -342,6 +342,14 @@ impl Rules {
                 if found.is_empty() {
                     return Err(Refusal::Unresolved);
                 }
+                // A denied address is denied under any name that resolves to it.
+                if found.iter().any(|a| {
+                    self.deny
+                        .iter()
+                        .any(|p| p.covers(&Host::Address(*a), port, &[]))
+                }) {
+                    return Err(Refusal::Denied);
+                }
                 // One private address among public ones refuses the name: a resolver that
                 // answers with both could be steering the proxy at the host's services.
                 if !self.allow_private && found.iter().any(|a| !is_public(*a)) {
@@ -386,6 +394,14 @@ pub(crate) fn is_public(a: IpAddr) -> bool {
             if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0] {
                 let o = v6.octets();
                 return public_v4(std::net::Ipv4Addr::new(o[12], o[13], o[14], o[15]));
+            }
+            // Local-use NAT64 (64:ff9b:1::/48), Teredo (2001::/32) and IPv4-translated
+            // (::ffff:0:0:0/96) reach what their operator routes them to.
+            if (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1)
+                || (s[0] == 0x2001 && s[1] == 0)
+                || (s[..4] == [0, 0, 0, 0] && s[4] == 0xffff && s[5] == 0)
+            {
+                return false;
             }
             if s[0] == 0x2002 {
                 let o = v6.octets();
@@ -499,6 +515,9 @@ mod tests {
             "64:ff9b::a9fe:a9fe",
             "2002:a9fe:a9fe::1",
             "::127.0.0.1",
+            "64:ff9b:1::a9fe:a9fe",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "::ffff:0:a9fe:a9fe",
         ] {
             assert!(!is_public(a.parse().expect("an address")), "{a} is public");
         }

@@ -10,11 +10,11 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The port the proxy listens on inside the run's namespace.
 pub(crate) const PROXY_PORT: u16 = 3128;
@@ -26,6 +26,8 @@ const MAX_HEAD: usize = 64 * 1024;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a connection may be idle both ways before it is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How often a waiting read looks at the connection's idle time and the stop flag.
+const IDLE_CHECK: Duration = Duration::from_secs(5);
 /// How long the proxy tries to reach an allowed host.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Refusals kept for the record; more are counted.
@@ -90,14 +92,16 @@ impl Report {
 struct Shared {
     rules: Arc<Rules>,
     stop: AtomicBool,
-    /// Connections opened in all, and open now.
+    /// Connections accepted in all.
     opened: AtomicU32,
-    open: AtomicU32,
     bytes: AtomicU64,
     report: parking_lot::Mutex<Report>,
-    /// The client and upstream sockets open now, to shut when the run ends.
-    sockets: parking_lot::Mutex<BTreeMap<u64, TcpStream>>,
+    /// The client and upstream sockets open now (each open while registered: its guard
+    /// leaves before it closes), to shut when the run ends.
+    sockets: parking_lot::Mutex<BTreeMap<u64, RawFd>>,
     next_socket: AtomicU64,
+    /// When the proxy started: connections' last activity is counted from it.
+    start: Instant,
     /// The listener's descriptor once received, to shut when the run ends.
     listener: parking_lot::Mutex<Option<Arc<TcpListener>>>,
 }
@@ -107,7 +111,12 @@ impl Shared {
         let mut r = self.report.lock();
         if r.denied.len() < MAX_DENIALS {
             r.denied.push(Denial {
-                host: host.to_owned(),
+                // What a run wrote: no control character reaches a log or a terminal.
+                host: host
+                    .chars()
+                    .take(200)
+                    .map(|c| if c.is_control() { '?' } else { c })
+                    .collect(),
                 port,
                 reason: why.as_str(),
             });
@@ -120,19 +129,22 @@ impl Shared {
     /// when its connection is done (a clone would otherwise keep it open).
     fn track<'a>(&'a self, s: &TcpStream) -> Tracked<'a> {
         let id = self.next_socket.fetch_add(1, Ordering::SeqCst);
-        if let Ok(c) = s.try_clone() {
-            self.sockets.lock().insert(id, c);
-        }
+        self.sockets.lock().insert(id, s.as_raw_fd());
         Tracked(self, id)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
     }
 }
 
+/// Registers a socket while it lives; declared after the socket, so it leaves first.
 struct Tracked<'a>(&'a Shared, u64);
 
 impl Drop for Tracked<'_> {
     fn drop(&mut self) {
-        if let Some(s) = self.0.sockets.lock().remove(&self.1) {
-            let _ = s.shutdown(Shutdown::Both);
+        if let Some(fd) = self.0.sockets.lock().remove(&self.1) {
+            crate::sys::net::shut(fd);
         }
     }
 }
@@ -153,11 +165,11 @@ impl RunProxy {
             rules,
             stop: AtomicBool::new(false),
             opened: AtomicU32::new(0),
-            open: AtomicU32::new(0),
             bytes: AtomicU64::new(0),
             report: parking_lot::Mutex::new(Report::default()),
             sockets: parking_lot::Mutex::new(BTreeMap::new()),
             next_socket: AtomicU64::new(0),
+            start: Instant::now(),
             listener: parking_lot::Mutex::new(None),
         });
         let receiver = Arc::new(receiver);
@@ -214,11 +226,27 @@ fn accept_loop(shared: &Arc<Shared>, receiver: &OwnedFd) {
         return;
     }
     let mut handlers: Vec<JoinHandle<()>> = Vec::new();
-    while let Ok((client, _)) = listener.accept() {
+    loop {
+        let client = match listener.accept() {
+            Ok((c, _)) => c,
+            Err(_) if shared.stop.load(Ordering::SeqCst) => break,
+            // Out of descriptors or memory for a moment: the run's clients wait in the queue.
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+        };
         if shared.stop.load(Ordering::SeqCst) {
             break;
         }
         handlers.retain(|h| !h.is_finished());
+        // Bounded before a thread is spent on it: connections in all, and open at once.
+        let opened = shared.opened.fetch_add(1, Ordering::SeqCst) + 1;
+        if opened > shared.rules.max_connections || handlers.len() >= MAX_OPEN as usize {
+            let mut client = client;
+            refuse(shared, &mut client, "", 0, Refusal::TooManyConnections);
+            continue;
+        }
         let s = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("correx-proxy-conn".into())
@@ -228,8 +256,8 @@ fn accept_loop(shared: &Arc<Shared>, receiver: &OwnedFd) {
             Err(e) => log::warn!("shell proxy: no thread for a connection: {e}"),
         }
     }
-    for s in shared.sockets.lock().values() {
-        let _ = s.shutdown(Shutdown::Both);
+    for fd in shared.sockets.lock().values() {
+        crate::sys::net::shut(*fd);
     }
     for h in handlers {
         let _ = h.join();
@@ -244,17 +272,45 @@ struct Request<'a> {
     headers: Vec<(&'a str, &'a str)>,
 }
 
+/// A request head, strictly: no control character anywhere (a bare LF would be a line break
+/// to some servers and not to us), header names of token characters, no folded lines, at most
+/// one Host, and not both Content-Length and Transfer-Encoding (a smuggling ground).
 fn parse_head(head: &str) -> Option<Request<'_>> {
+    let control = |t: &str| t.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f);
+    let token = |t: &str| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
     let mut lines = head.split("\r\n");
-    let mut first = lines.next()?.split(' ');
-    let (method, target, version) = (first.next()?, first.next()?, first.next()?);
-    if first.next().is_some() || !version.starts_with("HTTP/1.") {
+    let first = lines.next()?;
+    if control(first) {
+        return None;
+    }
+    let mut parts = first.split(' ');
+    let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || !version.starts_with("HTTP/1.") || !token(method) {
         return None;
     }
     let mut headers = Vec::new();
-    for line in lines.filter(|l| !l.is_empty()) {
+    for line in lines {
+        if line.starts_with([' ', '\t']) || control(line) {
+            return None;
+        }
         let (k, v) = line.split_once(':')?;
-        headers.push((k.trim(), v.trim()));
+        if !token(k) {
+            return None;
+        }
+        headers.push((k, v.trim()));
+    }
+    let count = |name: &str| {
+        headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+            .count()
+    };
+    if count("host") > 1 || (count("content-length") > 0 && count("transfer-encoding") > 0) {
+        return None;
     }
     Some(Request {
         method,
@@ -268,7 +324,13 @@ fn parse_head(head: &str) -> Option<Request<'_>> {
 fn read_head(client: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
+    // One deadline for the whole head: a byte now and then does not keep a thread.
+    let deadline = Instant::now() + HEAD_TIMEOUT;
     loop {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        client
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .ok()?;
         let n = client.read(&mut chunk).ok()?;
         if n == 0 {
             return None;
@@ -337,10 +399,6 @@ fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
     if shared.stop.load(Ordering::SeqCst) {
         return;
     }
-    let _ = client.set_read_timeout(Some(HEAD_TIMEOUT));
-    let opened = shared.opened.fetch_add(1, Ordering::SeqCst) + 1;
-    let open = shared.open.fetch_add(1, Ordering::SeqCst) + 1;
-    let _open = Decrement(&shared.open);
     let Some((head, rest)) = read_head(&mut client) else {
         return refuse(shared, &mut client, "", 0, Refusal::BadRequest);
     };
@@ -360,15 +418,6 @@ fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
         return refuse(shared, &mut client, &shown, 0, Refusal::BadRequest);
     };
     let name = host.to_string();
-    if opened > shared.rules.max_connections || open > MAX_OPEN {
-        return refuse(
-            shared,
-            &mut client,
-            &name,
-            port,
-            Refusal::TooManyConnections,
-        );
-    }
     if let Err(why) = shared.rules.check(&host, port) {
         return refuse(shared, &mut client, &name, port, why);
     }
@@ -416,7 +465,7 @@ fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
             // The tunnel is open: nothing to answer on, only to close.
             return shared.deny(&name, port, why);
         }
-        let Some(mut upstream) = reach(&addresses, port) else {
+        let Some(mut upstream) = reach(shared, &addresses, port) else {
             return shared.deny(&name, port, Refusal::Unreachable);
         };
         if upstream.write_all(&raw).is_err() {
@@ -424,7 +473,7 @@ fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
         }
         splice(shared, client, upstream, (name, port), raw.len() as u64);
     } else {
-        let Some(mut upstream) = reach(&addresses, port) else {
+        let Some(mut upstream) = reach(shared, &addresses, port) else {
             return refuse(shared, &mut client, &name, port, Refusal::Unreachable);
         };
         let path = req
@@ -432,15 +481,21 @@ fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
             .strip_prefix("http://")
             .and_then(|t| t.find('/').map(|i| &t[i..]))
             .unwrap_or("/");
-        let mut out = format!("{} {path} {}\r\n", req.method, req.version);
+        // The Host the upstream sees is the one checked, whatever the client sent.
+        let mut out = format!("{} {path} {}\r\nHost: {name}", req.method, req.version);
+        if port != 80 {
+            out.push_str(&format!(":{port}"));
+        }
+        out.push_str("\r\n");
         for (k, v) in &req.headers {
-            let hop = [
+            let dropped = [
+                "host",
                 "connection",
                 "proxy-connection",
                 "proxy-authorization",
                 "keep-alive",
             ];
-            if !hop.iter().any(|h| k.eq_ignore_ascii_case(h)) {
+            if !dropped.iter().any(|h| k.eq_ignore_ascii_case(h)) {
                 out.push_str(&format!("{k}: {v}\r\n"));
             }
         }
@@ -454,19 +509,14 @@ fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
     }
 }
 
-struct Decrement<'a>(&'a AtomicU32);
-
-impl Drop for Decrement<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// A connection to the first of `addresses` that answers.
-fn reach(addresses: &[IpAddr], port: u16) -> Option<TcpStream> {
-    addresses
-        .iter()
-        .find_map(|a| TcpStream::connect_timeout(&SocketAddr::new(*a, port), CONNECT_TIMEOUT).ok())
+fn reach(shared: &Shared, addresses: &[IpAddr], port: u16) -> Option<TcpStream> {
+    addresses.iter().find_map(|a| {
+        if shared.stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        TcpStream::connect_timeout(&SocketAddr::new(*a, port), CONNECT_TIMEOUT).ok()
+    })
 }
 
 /// Copies both ways until both ends are done, counting bytes against the run's bound.
@@ -489,30 +539,59 @@ fn splice(
         .or_default()
         .connections += 1;
     shared.bytes.fetch_add(already_up, Ordering::SeqCst);
+    // Reads wake now and then to look at the connection's last activity, either way.
     for s in [&client, &upstream] {
-        let _ = s.set_read_timeout(Some(IDLE_TIMEOUT));
+        let _ = s.set_read_timeout(Some(IDLE_CHECK));
     }
+    // The connection is idle when neither way moved a byte for IDLE_TIMEOUT: a long download
+    // to a client that sends nothing is not.
+    let last = AtomicU64::new(shared.now_ms());
+    let keep_waiting = || {
+        !shared.stop.load(Ordering::SeqCst)
+            && shared.now_ms().saturating_sub(last.load(Ordering::SeqCst))
+                < IDLE_TIMEOUT.as_millis() as u64
+    };
     let copy = |from: &TcpStream, to: &TcpStream| -> u64 {
-        let (mut from, mut to) = (from, to);
-        let mut buf = [0u8; 16 * 1024];
-        let mut total = 0;
-        loop {
-            let n = match from.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            let moved = shared.bytes.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
+        // Counts a chunk against the run's bound before it is passed on.
+        let allow = |n: u64| {
+            last.store(shared.now_ms(), Ordering::SeqCst);
+            let moved = shared.bytes.fetch_add(n, Ordering::SeqCst) + n;
             if moved > shared.rules.max_bytes {
                 shared.deny(&key.0, key.1, Refusal::ByteLimit);
                 let _ = from.shutdown(Shutdown::Both);
                 let _ = to.shutdown(Shutdown::Both);
-                break;
+                return false;
             }
-            if to.write_all(&buf[..n]).is_err() {
-                break;
+            true
+        };
+        // Through a pipe, without a copy in user space; read and write where splice is
+        // refused.
+        let pumped = crate::sys::net::pump(from.as_raw_fd(), to.as_raw_fd(), allow, keep_waiting);
+        let total = pumped.unwrap_or_else(|| {
+            let (mut from, mut to) = (from, to);
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut total = 0;
+            loop {
+                let n = match from.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) && keep_waiting() =>
+                    {
+                        continue
+                    }
+                    Err(_) => break,
+                };
+                if !allow(n as u64) || to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                total += n as u64;
             }
-            total += n as u64;
-        }
+            total
+        });
         let _ = to.shutdown(Shutdown::Write);
         total
     };
@@ -541,6 +620,20 @@ mod tests {
         assert!(parse_head("GET / HTTP/2\r\n").is_none());
         assert!(parse_head("GET  / HTTP/1.1").is_none());
         assert!(parse_head("GET / HTTP/1.1\r\nno colon").is_none());
+        // Smuggling and fronting grounds.
+        assert!(
+            parse_head("GET http://a/ HTTP/1.1\nHost: b").is_none(),
+            "bare LF"
+        );
+        assert!(parse_head("GET http://a/ HTTP/1.1\r\nHost: a\r\nHost: b").is_none());
+        assert!(parse_head("GET http://a/ HTTP/1.1\r\nX: 1\r\n folded").is_none());
+        assert!(parse_head("GET http://a/ HTTP/1.1\r\nX: a\x1bb").is_none());
+        assert!(parse_head("GET http://a/ HTTP/1.1\r\nBad Name: 1").is_none());
+        assert!(parse_head(
+            "POST http://a/ HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked"
+        )
+        .is_none());
+        assert!(parse_head("GET http://a/ HTTP/1.1\r\nX: tab\there").is_some());
         assert_eq!(
             authority("[::1]:8080", 80),
             Some((Host::Address("::1".parse().expect("ip")), 8080))
