@@ -28,6 +28,15 @@ struct Site {
 
 impl Site {
     fn start(addr: &str, pages: BTreeMap<String, Vec<u8>>) -> std::io::Result<Site> {
+        Site::serving(addr, pages, None)
+    }
+
+    /// As [`Site::start`], and the files beneath `root` by path.
+    fn serving(
+        addr: &str,
+        pages: BTreeMap<String, Vec<u8>>,
+        root: Option<std::path::PathBuf>,
+    ) -> std::io::Result<Site> {
         let listener = TcpListener::bind(addr)?;
         let port = listener.local_addr()?.port();
         let hits = Arc::new(AtomicUsize::new(0));
@@ -51,11 +60,21 @@ impl Site {
                         }
                     }
                     let text = String::from_utf8_lossy(&head);
-                    let path = text.split(' ').nth(1).unwrap_or("/").to_owned();
-                    let reply = match pages.get(&path) {
+                    let target = text.split(' ').nth(1).unwrap_or("/");
+                    let path = target.split('?').next().unwrap_or("/").to_owned();
+                    let file = root
+                        .as_ref()
+                        .filter(|_| !path.contains(".."))
+                        .and_then(|r| std::fs::read(r.join(path.trim_start_matches('/'))).ok());
+                    let kind = if path.ends_with('/') {
+                        "text/html"
+                    } else {
+                        "application/octet-stream"
+                    };
+                    let reply = match pages.get(&path).cloned().or(file) {
                         Some(body) => {
                             let mut r = format!(
-                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                                 body.len()
                             )
                             .into_bytes();
@@ -396,9 +415,154 @@ fn allowlist_scenario() -> TestResult {
     Ok(())
 }
 
+/// `pip download` from a PyPI-style simple index, and `git clone` over HTTP, each from a
+/// loopback server under an allowed name; the same with the name not allowed fails and is
+/// recorded.
+fn clients_scenario() -> TestResult {
+    let work = TempDir::new("net-clients");
+    let served = work.join("served");
+    std::fs::create_dir_all(served.join("files"))?;
+    // A wheel, and an index page naming it.
+    let wheel = "demo_pkg-1.0-py3-none-any.whl";
+    let made = std::process::Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(
+            "import sys, zipfile\n\
+             with zipfile.ZipFile(sys.argv[1], 'w') as z:\n\
+             \x20   z.writestr('demo_pkg/__init__.py', 'VALUE = 7\\n')\n\
+             \x20   z.writestr('demo_pkg-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: demo-pkg\\nVersion: 1.0\\n')\n\
+             \x20   z.writestr('demo_pkg-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
+             \x20   z.writestr('demo_pkg-1.0.dist-info/RECORD', '')\n",
+        )
+        .arg(served.join("files").join(wheel))
+        .status()?;
+    assert!(made.success(), "making the wheel");
+    let index = format!("<html><body><a href=\"/files/{wheel}\">{wheel}</a></body></html>");
+    // A bare repository with one commit, served as files (git's dumb HTTP protocol).
+    let src = work.join("src");
+    let git = |dir: &std::path::Path, args: &[&str]| -> TestResult {
+        let s = std::process::Command::new("git")
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .current_dir(dir)
+            .status()?;
+        assert!(s.success(), "git {args:?}");
+        Ok(())
+    };
+    std::fs::create_dir_all(&src)?;
+    git(&src, &["init", "-q"])?;
+    std::fs::write(src.join("README"), "served over http\n")?;
+    git(&src, &["add", "README"])?;
+    git(&src, &["commit", "-q", "-m", "one"])?;
+    git(
+        work.path(),
+        &["clone", "-q", "--bare", "src", "served/repo.git"],
+    )?;
+    git(&served.join("repo.git"), &["update-server-info"])?;
+
+    let pages: BTreeMap<String, Vec<u8>> =
+        [("/simple/demo-pkg/".to_owned(), index.into_bytes())].into();
+    let site = Site::serving("127.0.0.1:0", pages, Some(served.clone()))?;
+    let port = site.port;
+    let loopback: IpAddr = "127.0.0.1".parse()?;
+    let allowlist = Allowlist {
+        allow: vec![format!("pypi.test:{port}"), format!("git.test:{port}")],
+        resolve: [
+            ("pypi.test".to_owned(), loopback),
+            ("git.test".to_owned(), loopback),
+            ("other.test".to_owned(), loopback),
+        ]
+        .into(),
+        ..Allowlist::default()
+    };
+    let o = ShellOptions {
+        allowed_executables: vec!["pip".into(), "git".into()],
+        working_roots: vec![work.path().to_path_buf()],
+        timeout: Duration::from_secs(60),
+        isolation: correx::IsolationOptions {
+            network: NetworkPolicy::Allowlist(allowlist),
+            ..correx::IsolationOptions::default()
+        },
+        ..ShellOptions::default()
+    };
+    let t = ShellTool::new(o)?;
+    let pip = |host: &str, into: &str| {
+        run(
+            &t,
+            &[
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-cache-dir",
+                "--disable-pip-version-check",
+                "--index-url",
+                &format!("http://{host}:{port}/simple/"),
+                "--trusted-host",
+                host,
+                "-d",
+                into,
+                "demo-pkg",
+            ],
+        )
+    };
+    let (ok, out, data) = pip("pypi.test", "dl");
+    assert!(ok, "pip download: {out}");
+    assert!(work.join("dl").join(wheel).is_file(), "{out}");
+    assert_eq!(denied(&data), [], "{data}");
+    let (ok, _, data) = pip("other.test", "dl2");
+    assert!(!ok);
+    assert!(!work.join("dl2").join(wheel).exists());
+    assert!(
+        denied(&data).contains(&("other.test".to_owned(), "not_allowed".to_owned())),
+        "{data}"
+    );
+
+    let (ok, out, _) = run(
+        &t,
+        &[
+            "git",
+            "clone",
+            "-q",
+            &format!("http://git.test:{port}/repo.git"),
+            "cloned",
+        ],
+    );
+    assert!(ok, "git clone: {out}");
+    assert_eq!(
+        std::fs::read_to_string(work.join("cloned").join("README"))?,
+        "served over http\n"
+    );
+    let (ok, _, data) = run(
+        &t,
+        &[
+            "git",
+            "clone",
+            "-q",
+            &format!("http://other.test:{port}/repo.git"),
+            "cloned2",
+        ],
+    );
+    assert!(!ok);
+    assert!(
+        denied(&data).contains(&("other.test".to_owned(), "not_allowed".to_owned())),
+        "{data}"
+    );
+    Ok(())
+}
+
 type Scenario = fn() -> TestResult;
 
-const SCENARIOS: &[(&str, Scenario)] = &[("allowlist", allowlist_scenario)];
+const SCENARIOS: &[(&str, Scenario)] = &[
+    ("allowlist", allowlist_scenario),
+    ("clients", clients_scenario),
+];
 
 /// Runs the scenario in a child test process inside a network namespace of its own (as root),
 /// then again as nobody.
@@ -465,4 +629,9 @@ fn private_network_child() {
 #[test]
 fn an_allowlisted_run_reaches_its_hosts_through_the_proxy_and_nothing_else() -> TestResult {
     in_private_network("allowlist")
+}
+
+#[test]
+fn pip_and_git_fetch_from_allowed_names_only() -> TestResult {
+    in_private_network("clients")
 }
