@@ -147,7 +147,8 @@ pub enum DomainEvent {
         /// How long the tool ran, in milliseconds.
         duration_ms: u64,
         /// What a run with a network allowlist did through its proxy: `connections`,
-        /// `bytes_up`, `bytes_down`, and per host `allowed` and `denied`; absent for others.
+        /// `bytes_up`, `bytes_down`, `allowed` (those per host) and `denied_count` (each
+        /// refusal is a `tool.network_denied` event before this one); absent for others.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         network: Option<serde_json::Value>,
     },

@@ -426,15 +426,7 @@ fn supervisor(plan: &ChildPlan) -> ! {
 /// our own): loopback up, a listener on `127.0.0.1:port`, sent to the host over `sock`. The
 /// proxy's listener is the only thing the run can reach.
 fn proxy_listener(sock: RawFd, port: u16) -> Result<(), i32> {
-    let s = call!(
-        SYS_socket,
-        libc::AF_INET,
-        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-        0
-    );
-    if s < 0 {
-        return Err(errno_of(s));
-    }
+    let s = inet_socket(libc::SOCK_DGRAM)?;
     // SAFETY: ifreq is plain data, valid all zero.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
     ifr.ifr_name[0] = b'l' as libc::c_char;
@@ -454,15 +446,7 @@ fn proxy_listener(sock: RawFd, port: u16) -> Result<(), i32> {
     if r < 0 {
         return Err(errno_of(r));
     }
-    let l = call!(
-        SYS_socket,
-        libc::AF_INET,
-        libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-        0
-    );
-    if l < 0 {
-        return Err(errno_of(l));
-    }
+    let l = inet_socket(libc::SOCK_STREAM)?;
     let addr = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: port.to_be(),
@@ -490,6 +474,16 @@ fn proxy_listener(sock: RawFd, port: u16) -> Result<(), i32> {
     Ok(())
 }
 
+/// A close-on-exec IPv4 socket of type `ty`.
+fn inet_socket(ty: libc::c_int) -> Result<RawFd, i32> {
+    let s = call!(SYS_socket, libc::AF_INET, ty | libc::SOCK_CLOEXEC, 0);
+    if s < 0 {
+        Err(errno_of(s))
+    } else {
+        Ok(s as RawFd)
+    }
+}
+
 /// Sends descriptor `fd` over the UNIX socket `sock` (`SCM_RIGHTS`), with one byte.
 fn send_fd(sock: RawFd, fd: RawFd) -> isize {
     let byte = [0u8; 1];
@@ -498,12 +492,7 @@ fn send_fd(sock: RawFd, fd: RawFd) -> isize {
         iov_len: 1,
     };
     let mut control = [0u64; 4];
-    // SAFETY: an all-zero msghdr is valid; its pointers are set below to locals that outlive
-    // the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
+    let mut msg = super::net::fd_message(&mut iov, &mut control);
     // SAFETY: CMSG_SPACE is arithmetic on its argument.
     msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
     // SAFETY: msg_control has room for one header and one descriptor (CMSG_SPACE above, within

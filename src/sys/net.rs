@@ -19,6 +19,19 @@ pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// A message of one byte (`iov`) with room for one descriptor (`control`): what a run's
+/// supervisor sends the proxy's listener in, and the host receives it in. Allocates nothing.
+pub(crate) fn fd_message(iov: &mut libc::iovec, control: &mut [u64; 4]) -> libc::msghdr {
+    // SAFETY: an all-zero msghdr is valid; the pointers set below are the caller's, who keeps
+    // them alive while it uses the message.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(control);
+    msg
+}
+
 /// Waits for one descriptor sent over `sock` (`SCM_RIGHTS`); `None` when the sender closed
 /// its end, or the socket was shut, without sending one.
 pub(crate) fn recv_fd(sock: &OwnedFd) -> io::Result<Option<OwnedFd>> {
@@ -27,14 +40,8 @@ pub(crate) fn recv_fd(sock: &OwnedFd) -> io::Result<Option<OwnedFd>> {
         iov_base: byte.as_mut_ptr().cast(),
         iov_len: 1,
     };
-    // Room for one descriptor's control message, aligned for cmsghdr.
-    let mut control = [0u64; 8];
-    // SAFETY: an all-zero msghdr is valid; its pointers are set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
+    let mut control = [0u64; 4];
+    let mut msg = fd_message(&mut iov, &mut control);
     let n = loop {
         match super::syscall!(
             SYS_recvmsg,

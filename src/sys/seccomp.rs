@@ -493,6 +493,16 @@ const SOCKETPAIR_CONNECTED: Rule = Rule {
     }],
 };
 
+/// A send that names where it goes (a datagram's address).
+const SENDTO_ADDRESSED: Rule = Rule {
+    name: "sendto(with an address)",
+    nr: libc::SYS_sendto,
+    checks: &[Check::NonZero {
+        arg: 4,
+        then: EACCES,
+    }],
+};
+
 /// No network: only UNIX sockets, and none that can address a socket outside the run.
 const NO_NETWORK: &[Rule] = &[
     Rule {
@@ -518,14 +528,7 @@ const NO_NETWORK: &[Rule] = &[
         nr: libc::SYS_connect,
         checks: &[Check::Always(EACCES)],
     },
-    Rule {
-        name: "sendto(with an address)",
-        nr: libc::SYS_sendto,
-        checks: &[Check::NonZero {
-            arg: 4,
-            then: EACCES,
-        }],
-    },
+    SENDTO_ADDRESSED,
 ];
 
 /// Network only through a run's proxy (its network namespace holds nothing else): TCP
@@ -553,14 +556,7 @@ const PROXIED: &[Rule] = &[
         ],
     },
     SOCKETPAIR_CONNECTED,
-    Rule {
-        name: "sendto(with an address)",
-        nr: libc::SYS_sendto,
-        checks: &[Check::NonZero {
-            arg: 4,
-            then: EACCES,
-        }],
-    },
+    SENDTO_ADDRESSED,
 ];
 
 /// TCP/IP and netlink sockets only; socketpairs that can address nothing.

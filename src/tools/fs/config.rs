@@ -58,26 +58,23 @@ impl BuiltinTool for FileReadTool {
     }
 }
 
-impl BuiltinTool for FileWriteTool {
-    type Config = FileToolConfig;
+/// The writing tools: built over their roots, never writing what a tool built before them
+/// protects (the shell's executables).
+macro_rules! writer {
+    ($tool:ident) => {
+        impl BuiltinTool for $tool {
+            type Config = FileToolConfig;
 
-    fn build(config: &FileToolConfig, context: &BuildContext) -> Result<Self, ToolError> {
-        Ok(FileWriteTool::with_roots(roots(config)?).protecting(&context.protected))
-    }
+            fn build(config: &FileToolConfig, context: &BuildContext) -> Result<Self, ToolError> {
+                Ok($tool::with_roots(roots(config)?).protecting(&context.protected))
+            }
 
-    fn explain(config: &FileToolConfig) -> Vec<(&'static str, String)> {
-        vec![beneath(config)]
-    }
+            fn explain(config: &FileToolConfig) -> Vec<(&'static str, String)> {
+                vec![beneath(config)]
+            }
+        }
+    };
 }
 
-impl BuiltinTool for FileEditTool {
-    type Config = FileToolConfig;
-
-    fn build(config: &FileToolConfig, context: &BuildContext) -> Result<Self, ToolError> {
-        Ok(FileEditTool::with_roots(roots(config)?).protecting(&context.protected))
-    }
-
-    fn explain(config: &FileToolConfig) -> Vec<(&'static str, String)> {
-        vec![beneath(config)]
-    }
-}
+writer!(FileWriteTool);
+writer!(FileEditTool);

@@ -612,33 +612,21 @@ impl ShellTool {
         if let Some(n) = network {
             data["network"] = n;
         }
-        if out.cancelled {
-            return Ok(ToolResult::failure_of(
-                id,
-                ToolErrorKind::Cancelled,
-                format!(
-                    "cancelled by the host after {} ms; every process of the run was killed. stdout: {}\nstderr: {}",
-                    out.duration.as_millis(),
-                    render(&out.stdout),
-                    render(&out.stderr)
-                ),
-                false,
-            )
-            .with_data(data));
-        }
-        if out.timed_out {
-            return Ok(ToolResult::failure_of(
-                id,
-                ToolErrorKind::TimedOut,
-                format!(
-                    "timed out after {} ms; every process of the run was killed. stdout: {}\nstderr: {}",
-                    timeout.as_millis(),
-                    render(&out.stdout),
-                    render(&out.stderr)
-                ),
-                true,
-            )
-            .with_data(data));
+        if out.cancelled || out.timed_out {
+            let (kind, what, recoverable) = if out.cancelled {
+                let ms = out.duration.as_millis();
+                let what = format!("cancelled by the host after {ms} ms");
+                (ToolErrorKind::Cancelled, what, false)
+            } else {
+                let what = format!("timed out after {} ms", timeout.as_millis());
+                (ToolErrorKind::TimedOut, what, true)
+            };
+            let reason = format!(
+                "{what}; every process of the run was killed. stdout: {}\nstderr: {}",
+                render(&out.stdout),
+                render(&out.stderr)
+            );
+            return Ok(ToolResult::failure_of(id, kind, reason, recoverable).with_data(data));
         }
         Ok(match out.exit {
             Exit::Code(0) => ToolResult::Success {
