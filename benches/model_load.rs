@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 const LOADS: usize = 10;
 const SWAPS: usize = 6;
-const BARE_PAIRS: usize = 8;
-const CONFINED_PAIRS: usize = 12;
+const BARE_PAIRS: usize = 12;
+const CONFINED_PAIRS: usize = 16;
 const EVICTIONS: usize = 6;
 const SWITCH_REQUESTS: usize = 40;
 

@@ -557,11 +557,66 @@ fn clients_scenario() -> TestResult {
     Ok(())
 }
 
+/// Where runs are contained by a subreaper instead of a PID namespace: as root the run still
+/// gets its network namespace and reaches only its proxy; as a user who can make no user
+/// namespace there is none to give it, and the tool refuses to run rather than open the
+/// network.
+fn subreaper_scenario() -> TestResult {
+    let work = TempDir::new("net-subreaper");
+    let pages: BTreeMap<String, Vec<u8>> = [("/hi".to_owned(), b"hi\n".to_vec())].into();
+    let site = Site::start("127.0.0.1:0", pages)?;
+    let port = site.port;
+    let o = ShellOptions {
+        allowed_executables: vec!["curl".into()],
+        working_roots: vec![work.path().to_path_buf()],
+        timeout: Duration::from_secs(20),
+        isolation: correx::IsolationOptions {
+            network: NetworkPolicy::Allowlist(Allowlist {
+                allow: vec![format!("site.test:{port}")],
+                resolve: [("site.test".to_owned(), "127.0.0.1".parse()?)].into(),
+                ..Allowlist::default()
+            }),
+            force_subreaper: true,
+            ..correx::IsolationOptions::default()
+        },
+        ..ShellOptions::default()
+    };
+    let t = ShellTool::new(o)?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_eq!(t.applied_policy()["containment"], "subreaper");
+        let (ok, out, _) = run(
+            &t,
+            &["curl", "-sS", "-f", &format!("http://site.test:{port}/hi")],
+        );
+        assert!(ok && out == "hi\n", "{out}");
+        let (ok, _, data) = run(
+            &t,
+            &["curl", "-sS", "-f", &format!("http://127.0.0.1:{port}/hi")],
+        );
+        assert!(!ok);
+        assert_eq!(
+            denied(&data),
+            [("127.0.0.1".to_owned(), "address_literal".to_owned())]
+        );
+    } else {
+        let refusal = t
+            .refusal()
+            .ok_or("an allowlist ran without a network namespace")?;
+        assert!(refusal.contains("network namespace"), "{refusal}");
+        let (ok, out, _) = run(&t, &["curl", "-sS", &format!("http://site.test:{port}/hi")]);
+        assert!(!ok, "{out}");
+        assert_eq!(site.hits(), 0);
+    }
+    Ok(())
+}
+
 type Scenario = fn() -> TestResult;
 
 const SCENARIOS: &[(&str, Scenario)] = &[
     ("allowlist", allowlist_scenario),
     ("clients", clients_scenario),
+    ("subreaper", subreaper_scenario),
 ];
 
 /// Runs the scenario in a child test process inside a network namespace of its own (as root),
@@ -634,4 +689,9 @@ fn an_allowlisted_run_reaches_its_hosts_through_the_proxy_and_nothing_else() -> 
 #[test]
 fn pip_and_git_fetch_from_allowed_names_only() -> TestResult {
     in_private_network("clients")
+}
+
+#[test]
+fn under_a_subreaper_an_allowlist_gets_a_namespace_or_no_run() -> TestResult {
+    in_private_network("subreaper")
 }
