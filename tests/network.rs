@@ -558,9 +558,8 @@ fn clients_scenario() -> TestResult {
 }
 
 /// Where runs are contained by a subreaper instead of a PID namespace: as root the run still
-/// gets its network namespace and reaches only its proxy; as a user who can make no user
-/// namespace there is none to give it, and the tool refuses to run rather than open the
-/// network.
+/// gets its network namespace and reaches only its proxy; a user's run has no user namespace
+/// then, so no network namespace, and the tool refuses to run rather than open the network.
 fn subreaper_scenario() -> TestResult {
     let work = TempDir::new("net-subreaper");
     let pages: BTreeMap<String, Vec<u8>> = [("/hi".to_owned(), b"hi\n".to_vec())].into();
@@ -581,10 +580,20 @@ fn subreaper_scenario() -> TestResult {
         },
         ..ShellOptions::default()
     };
+    // Where the run's proxy listens in its own namespace, something of the host's listens too.
+    let decoy = Site::start("127.0.0.1:3128", BTreeMap::new())?;
     let t = ShellTool::new(o)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
-        assert_eq!(t.applied_policy()["containment"], "subreaper");
+        let policy = t.applied_policy();
+        assert_eq!(policy["containment"], "subreaper");
+        assert_eq!(policy["namespaces"]["net"], true, "{policy}");
+        assert_eq!(policy["network"]["enforced_by"], "network_namespace");
+        // Around the proxy: the host's loopback is not the run's.
+        let url = format!("http://127.0.0.1:{port}/hi");
+        let (ok, out, _) = run(&t, &["curl", "-sS", "--noproxy", "*", &url]);
+        assert!(!ok, "a direct connect to the host's loopback: {out}");
+        assert_eq!(site.hits(), 0);
         let (ok, out, _) = run(
             &t,
             &["curl", "-sS", "-f", &format!("http://site.test:{port}/hi")],
@@ -599,6 +608,7 @@ fn subreaper_scenario() -> TestResult {
             denied(&data),
             [("127.0.0.1".to_owned(), "address_literal".to_owned())]
         );
+        assert_eq!(site.hits(), 1, "only the proxied fetch reached the site");
     } else {
         let refusal = t
             .refusal()
@@ -608,6 +618,7 @@ fn subreaper_scenario() -> TestResult {
         assert!(!ok, "{out}");
         assert_eq!(site.hits(), 0);
     }
+    assert_eq!(decoy.hits(), 0, "a run reached the host's port 3128");
     Ok(())
 }
 

@@ -315,7 +315,7 @@ fn root_host(
             }
             Err(e) if options.mode == IsolationMode::Required => {
                 return Err(format!(
-                    "on a root host a run executes as uid {uid}, which needs its working dirs                      idmapped (Linux 5.12, and a filesystem that supports idmapped mounts): {e};                      set tools.shell.isolation.run_as to \"host\" (root without                      capabilities, root's files readable), or mode \"best_effort\""
+                    "on a root host a run executes as uid {uid}, which needs its working dirs idmapped (Linux 5.12, and a filesystem that supports idmapped mounts): {e}; set tools.shell.isolation.run_as to \"host\" (root without capabilities, root's files readable), or mode \"best_effort\""
                 ))
             }
             Err(e) => {
