@@ -15,7 +15,7 @@ pub struct LogProblem {
     pub detail: String,
 }
 
-/// What [`verify_log`] found.
+/// What [`verify_log`](crate::verify_log) found.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LogReport {
     /// Rows read.
@@ -85,7 +85,7 @@ pub(super) fn open_log_read_only(path: &Path) -> Result<Connection> {
 /// `crate::verify_log`).
 ///
 /// # Errors
-/// As [`open_log_read_only`]; a row that cannot be read at all is a problem, not an error.
+/// As `open_log_read_only`; a row that cannot be read at all is a problem, not an error.
 pub fn verify_log_with(
     path: &Path,
     check: &dyn Fn(&RecordedEvent) -> Option<String>,

@@ -28,10 +28,11 @@ pub use options::{ShellOptions, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT};
 /// The child gets a cleared environment (a fixed `PATH`, `TMPDIR` and configured variables),
 /// stdin from `/dev/null`, and a private temp directory removed after the run. It starts in the
 /// request's `cwd`, else the first working root, else its temp directory. It is confined by the
-/// kernel as [`IsolationOptions`] say (Landlock: read and execute only the system directories,
-/// the allowed executables' directories and `read_paths`; write only the working roots and its
-/// temp directory; seccomp: no socket but `AF_UNIX`; resource limits), and contained: when the
-/// run ends, by exit or timeout, every process it started is killed, however it detached.
+/// kernel as [`IsolationOptions`](crate::IsolationOptions) say (Landlock: read and execute
+/// only the system directories, the allowed executables' directories and `read_paths`; write
+/// only the working roots and its temp directory; seccomp: no socket but `AF_UNIX`, or TCP to
+/// its proxy alone with a network allowlist; resource limits), and contained: when the run
+/// ends, by exit or timeout, every process it started is killed, however it detached.
 ///
 /// Exit 0 is a success with stdout as the output; non-zero is a failure with stderr as the
 /// reason. Metadata: `exit_code` or `signal`, `stdout_truncated`, `stderr_truncated`,
