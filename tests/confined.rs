@@ -84,14 +84,11 @@ fn both(name: &str, scenario: Scenario) -> TestResult {
     if unsafe { libc::geteuid() } != 0 {
         return Ok(());
     }
-    let out = child_test("confined::unprivileged_child")
-        .env("CORREX_CHILD_SCENARIO", name)
-        .output()?;
-    let text = crate::util::both_streams(&out);
-    assert!(
-        out.status.success() && text.contains("scenario passed"),
-        "{name} as uid {NOBODY}:\n{text}"
-    );
+    crate::util::assert_child_passes(
+        child_test("confined::unprivileged_child").env("CORREX_CHILD_SCENARIO", name),
+        "scenario passed",
+        &format!("{name} as uid {NOBODY}"),
+    )?;
     Ok(())
 }
 
@@ -1111,12 +1108,11 @@ fn bad_settings_are_refused_at_construction() {
 /// A host that ignores SIGCHLD (so the kernel reaps its children at once) still gets exit codes.
 #[test]
 fn a_host_ignoring_sigchld_still_gets_exit_statuses() -> TestResult {
-    let out = child_test("confined::sigchld_child").output()?;
-    let text = crate::util::both_streams(&out);
-    assert!(
-        out.status.success() && text.contains("sigchld ok"),
-        "{text}"
-    );
+    crate::util::assert_child_passes(
+        &mut child_test("confined::sigchld_child"),
+        "sigchld ok",
+        "the SIGCHLD-ignoring host",
+    )?;
     Ok(())
 }
 
@@ -1205,9 +1201,11 @@ fn file_tools_refuse_to_rewrite_an_allowed_executable() -> TestResult {
 /// to no CPU time (a busy-waiting supervisor would spend about a second).
 #[test]
 fn a_waiting_run_costs_no_cpu() -> TestResult {
-    let out = child_test("confined::cpu_child").output()?;
-    let text = crate::util::both_streams(&out);
-    assert!(out.status.success() && text.contains("cpu ok"), "{text}");
+    crate::util::assert_child_passes(
+        &mut child_test("confined::cpu_child"),
+        "cpu ok",
+        "the waiting run",
+    )?;
     Ok(())
 }
 

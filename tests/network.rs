@@ -134,12 +134,10 @@ fn run(tool: &ShellTool, argv: &[&str]) -> (bool, String, Value) {
     }
 }
 
-fn shell(allowlist: Allowlist, work: &std::path::Path) -> ShellTool {
-    let o = ShellOptions {
-        allowed_executables: ["curl", "openssl", "getent", "python3", "sh"]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect(),
+/// A shell that may run `exes` in `work`, its network through `allowlist`.
+fn options(exes: &[&str], allowlist: Allowlist, work: &std::path::Path) -> ShellOptions {
+    ShellOptions {
+        allowed_executables: exes.iter().map(|s| (*s).to_owned()).collect(),
         working_roots: vec![work.to_path_buf()],
         timeout: Duration::from_secs(20),
         isolation: correx::IsolationOptions {
@@ -147,8 +145,18 @@ fn shell(allowlist: Allowlist, work: &std::path::Path) -> ShellTool {
             ..correx::IsolationOptions::default()
         },
         ..ShellOptions::default()
-    };
-    let t = ShellTool::new(o).expect("the shell tool builds");
+    }
+}
+
+/// Each of `names` pinned to loopback (the `resolve` map).
+fn pinned(names: &[&str]) -> BTreeMap<String, IpAddr> {
+    let loopback = IpAddr::from([127, 0, 0, 1]);
+    names.iter().map(|n| ((*n).to_owned(), loopback)).collect()
+}
+
+fn shell(allowlist: Allowlist, work: &std::path::Path) -> ShellTool {
+    let exes = ["curl", "openssl", "getent", "python3", "sh"];
+    let t = ShellTool::new(options(&exes, allowlist, work)).expect("the shell tool builds");
     assert_eq!(t.refusal(), None, "this kernel cannot confine the shell");
     t
 }
@@ -179,7 +187,6 @@ fn allowlist_scenario() -> TestResult {
     // the run must reach its proxy, never this.
     let decoy = Site::start("127.0.0.1:3128", BTreeMap::new())?;
     let port = site.port;
-    let loopback: IpAddr = "127.0.0.1".parse()?;
     let allowlist = Allowlist {
         allow: vec![
             format!("site.test:{port}"),
@@ -187,12 +194,7 @@ fn allowlist_scenario() -> TestResult {
             format!("localhost:{port}"),
         ],
         deny: vec!["bad.site.test".into()],
-        resolve: [
-            ("site.test".to_owned(), loopback),
-            ("www.site.test".to_owned(), loopback),
-            ("bad.site.test".to_owned(), loopback),
-        ]
-        .into(),
+        resolve: pinned(&["site.test", "www.site.test", "bad.site.test"]),
         ..Allowlist::default()
     };
     let t = shell(allowlist, work.path());
@@ -471,26 +473,14 @@ fn clients_scenario() -> TestResult {
         [("/simple/demo-pkg/".to_owned(), index.into_bytes())].into();
     let site = Site::serving("127.0.0.1:0", pages, Some(served.clone()))?;
     let port = site.port;
-    let loopback: IpAddr = "127.0.0.1".parse()?;
     let allowlist = Allowlist {
         allow: vec![format!("pypi.test:{port}"), format!("git.test:{port}")],
-        resolve: [
-            ("pypi.test".to_owned(), loopback),
-            ("git.test".to_owned(), loopback),
-            ("other.test".to_owned(), loopback),
-        ]
-        .into(),
+        resolve: pinned(&["pypi.test", "git.test", "other.test"]),
         ..Allowlist::default()
     };
     let o = ShellOptions {
-        allowed_executables: vec!["pip".into(), "git".into()],
-        working_roots: vec![work.path().to_path_buf()],
         timeout: Duration::from_secs(60),
-        isolation: correx::IsolationOptions {
-            network: NetworkPolicy::Allowlist(allowlist),
-            ..correx::IsolationOptions::default()
-        },
-        ..ShellOptions::default()
+        ..options(&["pip", "git"], allowlist, work.path())
     };
     let t = ShellTool::new(o)?;
     let pip = |host: &str, into: &str| {
@@ -565,21 +555,13 @@ fn subreaper_scenario() -> TestResult {
     let pages: BTreeMap<String, Vec<u8>> = [("/hi".to_owned(), b"hi\n".to_vec())].into();
     let site = Site::start("127.0.0.1:0", pages)?;
     let port = site.port;
-    let o = ShellOptions {
-        allowed_executables: vec!["curl".into()],
-        working_roots: vec![work.path().to_path_buf()],
-        timeout: Duration::from_secs(20),
-        isolation: correx::IsolationOptions {
-            network: NetworkPolicy::Allowlist(Allowlist {
-                allow: vec![format!("site.test:{port}")],
-                resolve: [("site.test".to_owned(), "127.0.0.1".parse()?)].into(),
-                ..Allowlist::default()
-            }),
-            force_subreaper: true,
-            ..correx::IsolationOptions::default()
-        },
-        ..ShellOptions::default()
+    let allowlist = Allowlist {
+        allow: vec![format!("site.test:{port}")],
+        resolve: pinned(&["site.test"]),
+        ..Allowlist::default()
     };
+    let mut o = options(&["curl"], allowlist, work.path());
+    o.isolation.force_subreaper = true;
     // Where the run's proxy listens in its own namespace, something of the host's listens too.
     let decoy = Site::start("127.0.0.1:3128", BTreeMap::new())?;
     let t = ShellTool::new(o)?;
@@ -639,15 +621,13 @@ fn in_private_network(name: &str) -> TestResult {
         return Ok(());
     }
     for nobody in [false, true] {
-        let out = child_test("network::private_network_child")
-            .env("CORREX_CHILD_SCENARIO", name)
-            .env("CORREX_CHILD_NOBODY", if nobody { "1" } else { "0" })
-            .output()?;
-        let text = crate::util::both_streams(&out);
-        assert!(
-            out.status.success() && text.contains("scenario passed"),
-            "{name} (nobody: {nobody}):\n{text}"
-        );
+        crate::util::assert_child_passes(
+            child_test("network::private_network_child")
+                .env("CORREX_CHILD_SCENARIO", name)
+                .env("CORREX_CHILD_NOBODY", if nobody { "1" } else { "0" }),
+            "scenario passed",
+            &format!("{name} (nobody: {nobody})"),
+        )?;
     }
     Ok(())
 }

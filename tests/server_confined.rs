@@ -106,15 +106,13 @@ fn llama_server_is_confined_as_root_and_as_nobody() -> TestResult {
     let model = link(&install.model, "model.gguf")?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
-    let out = child_test("server_confined::unprivileged_child")
-        .env("CORREX_CHILD_SERVER", &server)
-        .env("CORREX_CHILD_MODEL", &model)
-        .output()?;
-    let text = crate::util::both_streams(&out);
-    assert!(
-        out.status.success() && text.contains("scenario passed"),
-        "as uid {NOBODY}:\n{text}"
-    );
+    crate::util::assert_child_passes(
+        child_test("server_confined::unprivileged_child")
+            .env("CORREX_CHILD_SERVER", &server)
+            .env("CORREX_CHILD_MODEL", &model),
+        "scenario passed",
+        &format!("as uid {NOBODY}"),
+    )?;
     Ok(())
 }
 

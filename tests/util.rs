@@ -189,6 +189,18 @@ pub fn become_nobody() {
     }
 }
 
+/// Runs a child test process and asserts that it exited 0 and printed `marker`; `what` names
+/// it in the failure, with both its streams.
+pub fn assert_child_passes(cmd: &mut Command, marker: &str, what: &str) -> std::io::Result<()> {
+    let out = cmd.output()?;
+    let text = both_streams(&out);
+    assert!(
+        out.status.success() && text.contains(marker),
+        "{what}:\n{text}"
+    );
+    Ok(())
+}
+
 /// A child's stdout and stderr, one after the other, as text (for its assertion messages).
 pub fn both_streams(out: &std::process::Output) -> String {
     format!(

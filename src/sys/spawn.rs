@@ -191,21 +191,15 @@ fn probe_flags(c: Containment, extra: libc::c_ulong) -> bool {
 /// Whether a run in `c` can also get a network namespace of its own (probed once: a
 /// container without CAP_SYS_ADMIN, or `user.max_net_namespaces=0`, refuses one).
 pub(crate) fn network_namespace_works(c: Containment) -> bool {
-    static WORKS: std::sync::OnceLock<[Option<bool>; 3]> = std::sync::OnceLock::new();
-    let probe_all = || {
-        [
-            Containment::PidNamespace { user_ns: false },
-            Containment::PidNamespace { user_ns: true },
-            Containment::Subreaper,
-        ]
-        .map(|c| Some(probe_flags(c, libc::CLONE_NEWNET as libc::c_ulong)))
-    };
+    use std::sync::OnceLock;
+    // Only the containment asked about is probed: each probe is a clone.
+    static WORKS: [OnceLock<bool>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     let i = match c {
         Containment::PidNamespace { user_ns: false } => 0,
         Containment::PidNamespace { user_ns: true } => 1,
         Containment::Subreaper => 2,
     };
-    WORKS.get_or_init(probe_all)[i].unwrap_or(false)
+    *WORKS[i].get_or_init(|| probe_flags(c, libc::CLONE_NEWNET as libc::c_ulong))
 }
 
 /// The uid and gid map lines that map our effective ids to themselves in a new user namespace

@@ -9,7 +9,7 @@ use correx::{
     ResidencyMode, RuntimeConfig, ShellTool, SqliteEventStore,
 };
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// How much a finding matters.
@@ -155,7 +155,10 @@ fn kernel(r: &mut Report, config: Option<&RuntimeConfig>) {
 fn llama(r: &mut Report, config: Option<&RuntimeConfig>, serve: bool) {
     let install = LlamaInstall::locate();
     // Unless the config names one, server_bin is the installed one, else a bare name.
-    let default_bin = ManagerOptions::default().server_bin;
+    // (ManagerOptions' default, from the install already located above.)
+    let default_bin = install
+        .as_ref()
+        .map_or_else(|| PathBuf::from("llama-server"), |i| i.server.clone());
     let configured = config
         .map(|c| c.models.server_bin.clone())
         .filter(|p| *p != default_bin);

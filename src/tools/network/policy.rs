@@ -152,7 +152,7 @@ impl Pattern {
 }
 
 /// `host[:port]`, with `[v6]` brackets; a bare IPv6 address has no port.
-fn split_port(text: &str) -> Result<(&str, Option<u16>), String> {
+pub(crate) fn split_port(text: &str) -> Result<(&str, Option<u16>), String> {
     let port_of = |p: &str| {
         p.parse::<u16>()
             .ok()

@@ -4,7 +4,7 @@
 //! connected to at the address it checked. It listens only inside the run's network
 //! namespace (the listener comes from the run's supervisor) and stops with the run.
 
-use super::policy::{Host, Refusal, Rules};
+use super::policy::{split_port, Host, Refusal, Rules};
 use super::tls;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -375,21 +375,8 @@ fn refuse(shared: &Shared, client: &mut TcpStream, host: &str, port: u16, why: R
 
 /// `host:port` of a CONNECT or a URL's authority; `default` when it has no port.
 fn authority(text: &str, default: u16) -> Option<(Host, u16)> {
-    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
-        let (h, after) = rest.split_once(']')?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => p.parse().ok()?,
-            None if after.is_empty() => default,
-            None => return None,
-        };
-        (format!("[{h}]"), port)
-    } else {
-        match text.rsplit_once(':') {
-            Some((h, p)) => (h.to_owned(), p.parse().ok()?),
-            None => (text.to_owned(), default),
-        }
-    };
-    Some((Host::parse(&host)?, port))
+    let (host, port) = split_port(text).ok()?;
+    Some((Host::parse(host)?, port.unwrap_or(default)))
 }
 
 /// One client connection: its one request, checked, then the bytes both ways.
