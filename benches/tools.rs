@@ -271,5 +271,107 @@ fn network(rounds: usize) -> Result<(), Box<dyn std::error::Error>> {
         "proxy_throughput_ratio: {:.3}",
         direct.as_secs_f64() / through.as_secs_f64()
     );
-    Ok(())
+    https_through_proxy(&dir_of_bench(), rounds)
+}
+
+fn dir_of_bench() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("correx-bench-https-{}", std::process::id()))
+}
+
+/// Small HTTPS fetches through a CONNECT tunnel against the same fetches made directly: a
+/// fetch is a TLS handshake and a request, several flights each way, so a proxy that holds a
+/// flight back (a corked socket) shows here, where a bulk download hides it.
+fn https_through_proxy(
+    dir: &std::path::Path,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(dir)?;
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=bench.test"])
+        .args(["-addext", "subjectAltName=DNS:bench.test", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status();
+    if !matches!(made, Ok(s) if s.success()) {
+        println!("proxy_https: unavailable (openssl could not make a certificate)");
+        return Ok(());
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut server = std::process::Command::new("openssl")
+        .args(["s_server", "-quiet", "-www", "-accept"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("-cert")
+        .arg(&cert)
+        .arg("-key")
+        .arg(&key)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let up = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let result = (|| -> Result<(), Box<dyn std::error::Error>> {
+        if !up {
+            println!("proxy_https: unavailable (openssl s_server did not listen)");
+            return Ok(());
+        }
+        let tool = |network: NetworkPolicy| {
+            ShellTool::new(ShellOptions {
+                allowed_executables: vec!["curl".into()],
+                working_roots: vec![dir.to_path_buf()],
+                timeout: Duration::from_secs(60),
+                isolation: IsolationOptions {
+                    network,
+                    ..IsolationOptions::default()
+                },
+                ..ShellOptions::default()
+            })
+        };
+        let proxied = tool(NetworkPolicy::Allowlist(Allowlist {
+            allow: vec![format!("bench.test:{port}")],
+            resolve: [("bench.test".to_owned(), "127.0.0.1".parse()?)].into(),
+            ..Allowlist::default()
+        }))?;
+        let open = tool(NetworkPolicy::Open)?;
+        const FETCHES: usize = 10;
+        let url = format!("https://bench.test:{port}/");
+        let fetch = |tool: &ShellTool, direct: bool| {
+            let mut argv = vec!["curl".to_owned(), "-sS".into(), "-f".into()];
+            argv.extend(["--cacert".into(), cert.display().to_string()]);
+            if direct {
+                argv.extend(["--resolve".into(), format!("bench.test:{port}:127.0.0.1")]);
+            }
+            for _ in 0..FETCHES {
+                argv.extend(["-o".into(), "/dev/null".into(), url.clone()]);
+            }
+            let r = tool.execute(&req("shell", json!({"argv": argv, "cwd": dir})));
+            assert!(r.is_success(), "{r:?}");
+        };
+        let (through, direct) =
+            compare(rounds, 1, || fetch(&proxied, false), || fetch(&open, true));
+        let per = |d: Duration| d.as_secs_f64() * 1e3 / FETCHES as f64;
+        println!("proxy_https_fetch_ms: {:.2}", per(through));
+        println!("direct_https_fetch_ms: {:.2}", per(direct));
+        println!("proxy_https_extra_ms: {:.2}", per(through) - per(direct));
+        Ok(())
+    })();
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(dir);
+    result
 }

@@ -115,6 +115,61 @@ impl Drop for Site {
     }
 }
 
+/// `openssl s_server -www` on loopback with a fresh self-signed certificate for `name`.
+struct TlsSite {
+    port: u16,
+    cert: std::path::PathBuf,
+    server: std::process::Child,
+}
+
+impl TlsSite {
+    fn start(dir: &std::path::Path, name: &str) -> Result<TlsSite, Box<dyn std::error::Error>> {
+        let (cert, key) = (dir.join("tls-cert.pem"), dir.join("tls-key.pem"));
+        let made = std::process::Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .args(["-nodes", "-days", "1", "-subj", &format!("/CN={name}")])
+            .args(["-addext", &format!("subjectAltName=DNS:{name}"), "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()?;
+        assert!(made.status.success(), "openssl req: {made:?}");
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let server = std::process::Command::new("openssl")
+            .args(["s_server", "-quiet", "-www", "-accept"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("-cert")
+            .arg(&cert)
+            .arg("-key")
+            .arg(&key)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()?;
+        let site = TlsSite { port, cert, server };
+        for _ in 0..500 {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(site);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err("openssl s_server did not listen within 5 s".into())
+    }
+}
+
+impl Drop for TlsSite {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
 fn run(tool: &ShellTool, argv: &[&str]) -> (bool, String, Value) {
     let req = ToolRequest::new(
         SessionId::from("network"),
@@ -360,6 +415,32 @@ fn allowlist_scenario() -> TestResult {
     assert_eq!(data["network"]["allowed"][0]["host"], "site.test", "{data}");
     assert_eq!(site.hits(), hits + 1);
     assert_eq!(decoy.hits(), 0, "a run reached the host's port 3128");
+
+    // A real TLS site through the tunnel, two fetches: curl checks the certificate of the name
+    // it asked for, end to end.
+    let tls = TlsSite::start(work.path(), "secure.test")?;
+    let secure = shell(
+        Allowlist {
+            allow: vec![format!("secure.test:{}", tls.port)],
+            resolve: pinned(&["secure.test"]),
+            ..Allowlist::default()
+        },
+        work.path(),
+    );
+    let url = format!("https://secure.test:{}/", tls.port);
+    let cert = tls.cert.display().to_string();
+    let (ok, out, data) = run(
+        &secure,
+        &["curl", "-sS", "-f", "--cacert", &cert, &url, &url],
+    );
+    assert!(ok, "{out}");
+    assert_eq!(
+        out.matches("Ciphers supported in s_server").count(),
+        2,
+        "{out}"
+    );
+    assert_eq!(data["network"]["allowed"][0]["connections"], 2, "{data}");
+    drop(tls);
 
     // Through the runtime, from its JSON config: each refusal is an event, appended with the
     // run's outcome, which carries what the run did through its proxy.

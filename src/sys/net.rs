@@ -102,7 +102,9 @@ pub(crate) fn pump(
         libc::F_SETPIPE_SZ,
         CHUNK as libc::c_int
     );
-    let flags = libc::SPLICE_F_MOVE | libc::SPLICE_F_MORE;
+    // Not SPLICE_F_MORE: it corks the socket, and the last segment of a burst (a TLS flight,
+    // a response) would wait ~200 ms for data that is not coming.
+    let flags = libc::SPLICE_F_MOVE;
     let null = std::ptr::null_mut::<libc::loff_t>();
     let mut total = 0u64;
     loop {
