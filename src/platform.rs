@@ -20,6 +20,10 @@ pub struct KernelFeatures {
     pub landlock_abi: u32,
     /// Whether this build has the seccomp filter that takes the shell's network away.
     pub seccomp_filter: bool,
+    /// Seccomp user notification with `pidfd_getfd` (Linux 5.6) and Yama letting a process read
+    /// its descendants: where no network namespace can be made, a run with a network allowlist
+    /// is kept to its proxy by correx making its connects.
+    pub seccomp_user_notification: bool,
     /// How the shell's descendants are contained: `pid_namespace`,
     /// `user_and_pid_namespace` or `subreaper`.
     pub containment: &'static str,
@@ -45,6 +49,7 @@ pub fn kernel_features() -> KernelFeatures {
         close_range,
         landlock_abi: crate::sys::landlock::abi(),
         seccomp_filter: crate::sys::seccomp::available(),
+        seccomp_user_notification: crate::sys::mediate::available(),
         containment: crate::sys::spawn::best_containment().name(),
     }
 }

@@ -630,7 +630,8 @@ fn clients_scenario() -> TestResult {
 
 /// Where runs are contained by a subreaper instead of a PID namespace: as root the run still
 /// gets its network namespace and reaches only its proxy; a user's run has no user namespace
-/// then, so no network namespace, and the tool refuses to run rather than open the network.
+/// then, so no network namespace: correx makes its connects (seccomp user notification), or,
+/// on a kernel without that, the tool refuses to run rather than open the network.
 fn subreaper_scenario() -> TestResult {
     let work = TempDir::new("net-subreaper");
     let pages: BTreeMap<String, Vec<u8>> = [("/hi".to_owned(), b"hi\n".to_vec())].into();
@@ -672,6 +673,24 @@ fn subreaper_scenario() -> TestResult {
             [("127.0.0.1".to_owned(), "address_literal".to_owned())]
         );
         assert_eq!(site.hits(), 1, "only the proxied fetch reached the site");
+    } else if correx::kernel_features().seccomp_user_notification {
+        // No namespace for a user without user namespaces: correx makes the run's connects.
+        let policy = t.applied_policy();
+        assert_eq!(policy["namespaces"]["net"], false, "{policy}");
+        assert_eq!(
+            policy["network"]["enforced_by"],
+            "seccomp_user_notification"
+        );
+        let url = format!("http://127.0.0.1:{port}/hi");
+        let (ok, out, _) = run(&t, &["curl", "-sS", "--noproxy", "*", &url]);
+        assert!(!ok, "a direct connect to the host's loopback: {out}");
+        assert_eq!(site.hits(), 0);
+        let (ok, out, _) = run(
+            &t,
+            &["curl", "-sS", "-f", &format!("http://site.test:{port}/hi")],
+        );
+        assert!(ok && out == "hi\n", "{out}");
+        assert_eq!(site.hits(), 1);
     } else {
         let refusal = t
             .refusal()
@@ -685,12 +704,180 @@ fn subreaper_scenario() -> TestResult {
     Ok(())
 }
 
+/// Where no network namespace can be made (forced here by a test hook): the run shares the
+/// test's network, its seccomp filter holds every `connect`, and correx makes it, to the proxy
+/// alone. Attacked as a run would: straight to an allowed site's address, to the metadata
+/// address, to the host's own port 3128, with a sockaddr another thread rewrites while the
+/// call is held, by TCP Fast Open, by a listener of its own, over IPv6, and by DNS.
+fn mediated_scenario() -> TestResult {
+    let work = TempDir::new("net-mediated");
+    let pages: BTreeMap<String, Vec<u8>> = [("/hi".to_owned(), b"hi\n".to_vec())].into();
+    let site = Site::start("127.0.0.1:0", pages.clone())?;
+    let metadata = Site::start("169.254.169.254:80", pages)?;
+    // The run shares this network: its 127.0.0.1:3128 is this one, unless correx redirects.
+    let decoy = Site::start("127.0.0.1:3128", BTreeMap::new())?;
+    let port = site.port;
+    let allowlist = Allowlist {
+        allow: vec![format!("site.test:{port}")],
+        resolve: pinned(&["site.test"]),
+        ..Allowlist::default()
+    };
+    let mut o = options(&["curl", "python3", "getent"], allowlist, work.path());
+    o.isolation.force_mediated_network = true;
+    let t = ShellTool::new(o)?;
+    assert_eq!(t.refusal(), None);
+    let policy = t.applied_policy();
+    assert_eq!(
+        policy["network"]["enforced_by"], "seccomp_user_notification",
+        "{policy}"
+    );
+    assert_eq!(policy["namespaces"]["net"], false);
+    if policy["landlock_abi"].as_u64() >= Some(4) {
+        assert_eq!(policy["network"]["landlock_tcp_connect"], json!([]));
+    }
+
+    // curl's own proxy support (a non-blocking connect): through the proxy.
+    let url = format!("http://site.test:{port}/hi");
+    let (ok, out, data) = run(&t, &["curl", "-sS", "-f", &url]);
+    assert!(ok && out == "hi\n", "{out}");
+    assert_eq!(data["network"]["allowed"][0]["host"], "site.test", "{data}");
+    assert_eq!(site.hits(), 1);
+    let (ok, _, data) = run(
+        &t,
+        &["curl", "-sS", "-f", &format!("http://other.test:{port}/hi")],
+    );
+    assert!(!ok);
+    assert_eq!(
+        denied(&data),
+        [("other.test".to_owned(), "not_allowed".to_owned())]
+    );
+
+    // Around the proxy, straight to the site's address: held, refused, recorded.
+    let (ok, out, data) = run(
+        &t,
+        &[
+            "curl",
+            "-sS",
+            "--noproxy",
+            "*",
+            &format!("http://127.0.0.1:{port}/hi"),
+        ],
+    );
+    assert!(!ok, "a direct connect: {out}");
+    assert_eq!(
+        denied(&data),
+        [("127.0.0.1".to_owned(), "direct_connect".to_owned())]
+    );
+    assert_eq!(site.hits(), 1, "a direct connect reached the site");
+
+    // Raw sockets from Python, each attack printing what the kernel said.
+    let script = format!(
+        r#"
+import ctypes, errno, socket, struct, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, f):
+    try:
+        f()
+        print(name, "ok")
+    except OSError as e:
+        print(name, errno.errorcode.get(e.errno, e.errno))
+def connect(addr, family=socket.AF_INET):
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(addr)
+    return s
+attempt("metadata", lambda: connect(("169.254.169.254", 80)))
+attempt("site", lambda: connect(("127.0.0.1", {port})))
+attempt("ipv6", lambda: connect(("::1", {port}), socket.AF_INET6))
+def proxy_get(family, host):
+    s = connect((host, 3128), family)
+    s.sendall(b"GET http://site.test:{port}/hi HTTP/1.1\r\nHost: site.test:{port}\r\n\r\n")
+    body = b""
+    while True:
+        b = s.recv(4096)
+        if not b:
+            break
+        body += b
+    if not body.endswith(b"hi\n"):
+        raise OSError(errno.EPROTO, body)
+attempt("proxy4", lambda: proxy_get(socket.AF_INET, "127.0.0.1"))
+attempt("proxy6", lambda: proxy_get(socket.AF_INET6, "::ffff:127.0.0.1"))
+attempt("fastopen", lambda: socket.socket().sendto(b"x", socket.MSG_FASTOPEN, ("127.0.0.1", {port})))
+attempt("fastopen_msg", lambda: socket.socket().sendmsg([b"GET / HTTP/1.0\r\n\r\n"], [], socket.MSG_FASTOPEN, ("127.0.0.1", {port})))
+attempt("bind", lambda: socket.socket().bind(("127.0.0.1", 0)))
+attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+# The address rewritten by another thread while the connect is held: the proxy's, then the
+# site's. Whatever was read, correx connects only to the proxy.
+def raw(port):
+    return struct.pack("=H", socket.AF_INET) + struct.pack("!H", port) + bytes([127, 0, 0, 1]) + bytes(8)
+buf = ctypes.create_string_buffer(raw(3128), 16)
+proxy, site = raw(3128), raw({port})
+stop = False
+def flip():
+    while not stop:
+        ctypes.memmove(buf, site, 16)
+        ctypes.memmove(buf, proxy, 16)
+threading.Thread(target=flip, daemon=True).start()
+ports = set()
+for _ in range(300):
+    s = socket.socket()
+    if libc.connect(s.fileno(), buf, 16) == 0:
+        ports.add(s.getpeername()[1])
+    s.close()
+stop = True
+print("raced", "site" if {port} in ports else "never_site", len(ports))
+"#
+    );
+    let (_, out, data) = run(&t, &["python3", "-c", &script]);
+    let said: BTreeMap<&str, &str> = out.lines().filter_map(|l| l.split_once(' ')).collect();
+    for (attack, expected) in [
+        ("metadata", "EACCES"),
+        ("site", "EACCES"),
+        ("ipv6", "EACCES"),
+        ("proxy4", "ok"),
+        ("proxy6", "ok"),
+        ("fastopen", "EACCES"),
+        ("fastopen_msg", "EACCES"),
+        ("bind", "EACCES"),
+        ("udp", "EACCES"),
+    ] {
+        assert_eq!(said.get(attack), Some(&expected), "{attack}: {out}");
+    }
+    assert!(
+        said.get("raced")
+            .is_some_and(|r| r.starts_with("never_site")),
+        "{out}"
+    );
+    let direct = denied(&data);
+    assert!(
+        direct.contains(&("169.254.169.254".to_owned(), "direct_connect".to_owned())),
+        "{data}"
+    );
+    assert!(
+        direct.contains(&("::1".to_owned(), "direct_connect".to_owned())),
+        "{data}"
+    );
+    assert_eq!(metadata.hits(), 0, "the metadata address was reached");
+    assert_eq!(
+        site.hits(),
+        3,
+        "only the two proxied fetches reached the site"
+    );
+    assert_eq!(decoy.hits(), 0, "a run reached the host's port 3128");
+
+    // No DNS of its own.
+    let (ok, out, _) = run(&t, &["getent", "hosts", "site.test"]);
+    assert!(!ok, "{out}");
+    Ok(())
+}
+
 type Scenario = fn() -> TestResult;
 
 const SCENARIOS: &[(&str, Scenario)] = &[
     ("allowlist", allowlist_scenario),
     ("clients", clients_scenario),
     ("subreaper", subreaper_scenario),
+    ("mediated", mediated_scenario),
 ];
 
 /// Runs the scenario in a child test process inside a network namespace of its own (as root),
@@ -751,6 +938,11 @@ fn private_network_child() {
         .expect("a known scenario");
     scenario().expect("the scenario");
     println!("scenario passed");
+}
+
+#[test]
+fn without_a_namespace_correx_makes_every_connect_of_the_run() -> TestResult {
+    in_private_network("mediated")
 }
 
 #[test]

@@ -95,9 +95,11 @@ pub(crate) struct ChildPlan {
     /// Switch to these ids (uid, gid), with no supplementary groups, before exec.
     pub(crate) run_as: Option<(u32, u32)>,
     /// In a new network namespace: the socket the supervisor sends the proxy's listener on
-    /// (-1: none), and the listener's port.
+    /// (-1: none), and the listener's port. With `net_mediated`, no namespace: the program's
+    /// process sends its seccomp filter's listener on the socket instead.
     pub(crate) net_sock: RawFd,
     pub(crate) net_port: u16,
+    pub(crate) net_mediated: bool,
     /// The host's dumpable flag (0 or 1; -1 unknown), given back after a uid switch.
     pub(crate) host_dumpable: i32,
     /// Descriptors the supervisor keeps until the program has exec'd (besides the pipes).
@@ -359,7 +361,9 @@ fn supervisor(plan: &ChildPlan) -> ! {
             fail(plan, Stage::UserNamespace, e);
         }
     }
-    if plan.net_sock >= 0 {
+    // Mediated: the program's process sends its filter's listener over the socket (and the
+    // supervisor's copy is closed with the rest once the program has exec'd).
+    if plan.net_sock >= 0 && !plan.net_mediated {
         let sent = proxy_listener(plan.net_sock, plan.net_port);
         // The program must not hold the host's end of the pair.
         call!(SYS_close, plan.net_sock);
@@ -714,6 +718,9 @@ pub(crate) struct SelfConfinement<'a> {
     /// A Landlock ruleset descriptor, or -1.
     pub ruleset: RawFd,
     pub seccomp: Option<&'a libc::sock_fprog>,
+    /// A UNIX socket to send the filter's listener over (the filter holds calls for whoever
+    /// holds it, [`super::mediate`]), then closed; -1 for a filter without a listener.
+    pub listener_to: RawFd,
 }
 
 /// Applies `c` to the calling process: raw syscalls only, async-signal-safe, no allocation
@@ -824,15 +831,28 @@ pub(crate) fn confine_self(c: &SelfConfinement<'_>) -> Result<(), (Stage, i32)> 
         )?;
     }
     if let Some(prog) = c.seccomp {
-        check(
-            call!(
-                SYS_seccomp,
-                libc::SECCOMP_SET_MODE_FILTER,
-                0,
-                prog as *const libc::sock_fprog
-            ),
-            Stage::Seccomp,
-        )?;
+        let flags = if c.listener_to >= 0 {
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER
+        } else {
+            0
+        };
+        let listener = call!(
+            SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            flags,
+            prog as *const libc::sock_fprog
+        );
+        check(listener, Stage::Seccomp)?;
+        if c.listener_to >= 0 {
+            // The program must never hold the listener: it could answer its own calls.
+            let sent = send_fd(c.listener_to, listener as RawFd);
+            call!(SYS_close, listener);
+            call!(SYS_close, c.listener_to);
+            check(sent, Stage::Network)?;
+        }
+    } else if c.listener_to >= 0 {
+        // A mediated network without a filter would be an open one.
+        return Err((Stage::Seccomp, libc::ENOSYS));
     }
     Ok(())
 }
@@ -911,6 +931,7 @@ fn program(plan: &ChildPlan) -> ! {
             ),
             ruleset: plan.ruleset,
             seccomp: plan.seccomp.as_ref(),
+            listener_to: if plan.net_mediated { plan.net_sock } else { -1 },
         };
         if let Err((stage, errno)) = confine_self(&own) {
             fail(plan, stage, errno);

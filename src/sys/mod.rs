@@ -8,6 +8,7 @@ mod child;
 pub(crate) mod fs;
 pub(crate) mod landlock;
 pub(crate) mod limits;
+pub(crate) mod mediate;
 pub(crate) mod namespaces;
 pub(crate) mod net;
 pub(crate) mod seccomp;
@@ -119,6 +120,7 @@ pub(crate) fn confine_command(cmd: &mut Command, c: ForkConfinement) {
                 parent: None,
                 ruleset: c.ruleset.as_ref().map_or(-1, |r| r.raw()),
                 seccomp: prog.as_ref(),
+                listener_to: -1,
             };
             child::confine_self(&own).map_err(|(_, errno)| io::Error::from_raw_os_error(errno))
         });

@@ -75,6 +75,9 @@ pub(crate) enum Action {
     Allow,
     Errno(i32),
     KillProcess,
+    /// Held for the process holding the filter's listener, which answers it
+    /// ([`super::mediate`]).
+    Notify,
 }
 
 impl Action {
@@ -83,6 +86,7 @@ impl Action {
             Action::Allow => libc::SECCOMP_RET_ALLOW,
             Action::Errno(e) => libc::SECCOMP_RET_ERRNO | (e as u32 & libc::SECCOMP_RET_DATA),
             Action::KillProcess => libc::SECCOMP_RET_KILL_PROCESS,
+            Action::Notify => libc::SECCOMP_RET_USER_NOTIF,
         }
     }
 }
@@ -536,27 +540,95 @@ const NO_NETWORK: &[Rule] = &[
 /// UNIX socket but a socketpair's: `connect` is allowed (to reach the proxy), and it cannot
 /// tell a UNIX socket's path (a Docker or D-Bus socket the filesystem rules leave in reach)
 /// from an address, so the run gets no UNIX socket to connect with.
-const PROXIED: &[Rule] = &[
+const PROXIED: &[Rule] = &[TCP_SOCKETS_ONLY, SOCKETPAIR_CONNECTED, SENDTO_ADDRESSED];
+
+/// TCP sockets (protocol 0 or `IPPROTO_TCP`: SCTP and MPTCP streams are other protocols).
+const TCP_SOCKETS_ONLY: Rule = Rule {
+    name: "socket(not AF_INET or AF_INET6, or not SOCK_STREAM, or not TCP)",
+    nr: libc::SYS_socket,
+    checks: &[
+        Check::MaskedNotIn {
+            arg: 0,
+            mask: u32::MAX,
+            allowed: &[libc::AF_INET as u32, libc::AF_INET6 as u32],
+            then: EACCES,
+        },
+        Check::MaskedNotIn {
+            arg: 1,
+            mask: SOCK_TYPE_MASK,
+            allowed: &[libc::SOCK_STREAM as u32],
+            then: EACCES,
+        },
+        Check::MaskedNotIn {
+            arg: 2,
+            mask: u32::MAX,
+            allowed: &[0, libc::IPPROTO_TCP as u32],
+            then: EACCES,
+        },
+    ],
+};
+
+/// `MSG_FASTOPEN`: a send that connects (to the address it carries, which the filter cannot
+/// read).
+const FASTOPEN: u32 = libc::MSG_FASTOPEN as u32;
+
+/// Network only through a run's proxy where the run shares the host's network (no namespace
+/// could be made): TCP sockets as [`PROXIED`], and every `connect` held for correx, which reads
+/// the address and connects the run's socket itself, to the proxy, or refuses
+/// ([`super::mediate`]). No other way to start a connection or take one: no `sendto` with an
+/// address, no send with `MSG_FASTOPEN`, no `bind` or `listen` (a listener on the host's
+/// network would be a way in).
+const MEDIATED: &[Rule] = &[
+    TCP_SOCKETS_ONLY,
+    SOCKETPAIR_CONNECTED,
     Rule {
-        name: "socket(not AF_INET or AF_INET6, or not SOCK_STREAM)",
-        nr: libc::SYS_socket,
+        name: "connect (held for correx)",
+        nr: libc::SYS_connect,
+        checks: &[Check::Always(Action::Notify)],
+    },
+    Rule {
+        name: "sendto(with an address, or MSG_FASTOPEN)",
+        nr: libc::SYS_sendto,
         checks: &[
-            Check::MaskedNotIn {
-                arg: 0,
-                mask: u32::MAX,
-                allowed: &[libc::AF_INET as u32, libc::AF_INET6 as u32],
+            Check::NonZero {
+                arg: 4,
                 then: EACCES,
             },
-            Check::MaskedNotIn {
-                arg: 1,
-                mask: SOCK_TYPE_MASK,
-                allowed: &[libc::SOCK_STREAM as u32],
+            Check::AnyBit {
+                arg: 3,
+                mask: FASTOPEN,
                 then: EACCES,
             },
         ],
     },
-    SOCKETPAIR_CONNECTED,
-    SENDTO_ADDRESSED,
+    Rule {
+        name: "sendmsg(MSG_FASTOPEN)",
+        nr: libc::SYS_sendmsg,
+        checks: &[Check::AnyBit {
+            arg: 2,
+            mask: FASTOPEN,
+            then: EACCES,
+        }],
+    },
+    Rule {
+        name: "sendmmsg(MSG_FASTOPEN)",
+        nr: libc::SYS_sendmmsg,
+        checks: &[Check::AnyBit {
+            arg: 3,
+            mask: FASTOPEN,
+            then: EACCES,
+        }],
+    },
+    Rule {
+        name: "bind",
+        nr: libc::SYS_bind,
+        checks: &[Check::Always(EACCES)],
+    },
+    Rule {
+        name: "listen",
+        nr: libc::SYS_listen,
+        checks: &[Check::Always(EACCES)],
+    },
 ];
 
 /// TCP/IP and netlink sockets only; socketpairs that can address nothing.
@@ -593,6 +665,9 @@ pub(crate) struct Options {
     /// Without `network`: TCP too, for a run whose network namespace holds only its proxy
     /// ([`PROXIED`] instead of [`NO_NETWORK`]).
     pub proxied: bool,
+    /// With `proxied`, the run shares the host's network: every `connect` is held for correx
+    /// ([`MEDIATED`] instead of [`PROXIED`]; the filter is installed with a listener).
+    pub mediated: bool,
 }
 
 /// A BPF program, kept alive for a child to install.
@@ -616,7 +691,9 @@ fn rules(options: Options) -> Vec<Rule> {
     if options.deny_ipc {
         all.extend_from_slice(IPC);
     }
-    if !options.network && options.proxied {
+    if !options.network && options.proxied && options.mediated {
+        all.extend_from_slice(MEDIATED);
+    } else if !options.network && options.proxied {
         all.extend_from_slice(PROXIED);
     } else if !options.network {
         all.extend_from_slice(NO_NETWORK);
@@ -861,6 +938,7 @@ mod tests {
             deny_ipc: false,
             inet_only: false,
             proxied: false,
+            mediated: false,
         },
         Options {
             floor: true,
@@ -868,6 +946,7 @@ mod tests {
             deny_ipc: false,
             inet_only: false,
             proxied: false,
+            mediated: false,
         },
         Options {
             floor: true,
@@ -875,6 +954,7 @@ mod tests {
             deny_ipc: true,
             inet_only: false,
             proxied: false,
+            mediated: false,
         },
         Options {
             floor: true,
@@ -882,6 +962,7 @@ mod tests {
             deny_ipc: true,
             inet_only: false,
             proxied: false,
+            mediated: false,
         },
     ];
 
@@ -1053,6 +1134,7 @@ mod tests {
                 deny_ipc,
                 inet_only: false,
                 proxied: true,
+                mediated: false,
             };
             let socket = |family: i32, ty: i32| {
                 run(o, libc::SYS_socket, [family as u64, ty as u64, 0, 0, 0, 0])
@@ -1097,6 +1179,61 @@ mod tests {
     }
 
     #[test]
+    fn mediated_every_connect_is_held_and_nothing_else_starts_a_connection() {
+        let eacces = errno(libc::EACCES);
+        let o = Options {
+            floor: true,
+            network: false,
+            deny_ipc: false,
+            inet_only: false,
+            proxied: true,
+            mediated: true,
+        };
+        let socket = |family: i32, ty: i32, protocol: i32| {
+            run(
+                o,
+                libc::SYS_socket,
+                [family as u64, ty as u64, protocol as u64, 0, 0, 0],
+            )
+        };
+        assert_eq!(socket(libc::AF_INET, libc::SOCK_STREAM, 0), ALLOW);
+        assert_eq!(
+            socket(libc::AF_INET6, libc::SOCK_STREAM, libc::IPPROTO_TCP),
+            ALLOW
+        );
+        // SCTP's one-to-one sockets are streams that can connect by sendmsg.
+        assert_eq!(
+            socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP),
+            eacces
+        );
+        assert_eq!(socket(libc::AF_INET, libc::SOCK_DGRAM, 0), eacces);
+        assert_eq!(socket(libc::AF_UNIX, libc::SOCK_STREAM, 0), eacces);
+        assert_eq!(
+            run(o, libc::SYS_connect, [3, 0x1000, 16, 0, 0, 0]),
+            libc::SECCOMP_RET_USER_NOTIF
+        );
+        let fastopen = libc::MSG_FASTOPEN as u64;
+        assert_eq!(run(o, libc::SYS_sendto, [3, 0, 1, fastopen, 0, 0]), eacces);
+        assert_eq!(run(o, libc::SYS_sendto, [3, 0, 1, 0, 0x1000, 16]), eacces);
+        assert_eq!(run(o, libc::SYS_sendto, [3, 0, 1, 0, 0, 0]), ALLOW);
+        assert_eq!(run(o, libc::SYS_sendmsg, [3, 0, fastopen, 0, 0, 0]), eacces);
+        assert_eq!(run(o, libc::SYS_sendmsg, [3, 0, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(
+            run(o, libc::SYS_sendmmsg, [3, 0, 1, fastopen, 0, 0]),
+            eacces
+        );
+        assert_eq!(run(o, libc::SYS_bind, [3, 0x1000, 16, 0, 0, 0]), eacces);
+        assert_eq!(run(o, libc::SYS_listen, [3, 1, 0, 0, 0, 0]), eacces);
+        // Not mediated (a namespace of its own): connect, bind and listen are the run's own.
+        let ns = Options {
+            mediated: false,
+            ..o
+        };
+        assert_eq!(run(ns, libc::SYS_connect, [3, 0x1000, 16, 0, 0, 0]), ALLOW);
+        assert_eq!(run(ns, libc::SYS_listen, [3, 1, 0, 0, 0, 0]), ALLOW);
+    }
+
+    #[test]
     fn without_the_floor_only_the_rest_is_checked() {
         let o = Options {
             floor: false,
@@ -1104,6 +1241,7 @@ mod tests {
             deny_ipc: false,
             inet_only: false,
             proxied: false,
+            mediated: false,
         };
         assert_eq!(run(o, libc::SYS_mount, [0; 6]), ALLOW);
         assert_eq!(run(o, libc::SYS_connect, [0; 6]), errno(libc::EACCES));
@@ -1113,6 +1251,7 @@ mod tests {
             deny_ipc: false,
             inet_only: false,
             proxied: false,
+            mediated: false,
         };
         assert!(
             Filter::new(none).expect("assembles").is_none(),
@@ -1128,6 +1267,7 @@ mod tests {
             deny_ipc: true,
             inet_only: true,
             proxied: false,
+            mediated: false,
         };
         let socket =
             |family: i32, ty: i32| run(o, libc::SYS_socket, [family as u64, ty as u64, 0, 0, 0, 0]);

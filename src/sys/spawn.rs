@@ -270,9 +270,19 @@ pub(crate) struct SpawnSpec<'a> {
     pub output_cap: usize,
     /// Cancelling it stops the run as its timeout would: every process of it is killed.
     pub cancel: Option<&'a crate::cancel::CancelToken>,
-    /// A network namespace of the run's own, with only loopback: the supervisor listens on
-    /// this port there and sends the listener over this socket (see [`super::net`]).
-    pub net: Option<(RawFd, u16)>,
+    /// The run's way to its proxy, if it has one.
+    pub net: Option<RunNet>,
+}
+
+/// How a run reaches its proxy and nothing else.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RunNet {
+    /// A network namespace of its own, with only loopback: the supervisor listens on `port`
+    /// there and sends the listener over `sock` (see [`super::net`]).
+    Namespace { sock: RawFd, port: u16 },
+    /// The host's network, every `connect` held by the run's seccomp filter: the program's
+    /// process sends the filter's listener over `sock` (see [`super::mediate`]).
+    Mediated { sock: RawFd },
 }
 
 /// How the program ended.
@@ -442,8 +452,15 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         join,
         drop_bounding: spec.confinement.is_some_and(|c| c.drop_bounding),
         run_as: spec.confinement.and_then(|c| c.run_as),
-        net_sock: spec.net.map_or(-1, |n| n.0),
-        net_port: spec.net.map_or(0, |n| n.1),
+        net_sock: match spec.net {
+            Some(RunNet::Namespace { sock, .. } | RunNet::Mediated { sock }) => sock,
+            None => -1,
+        },
+        net_port: match spec.net {
+            Some(RunNet::Namespace { port, .. }) => port,
+            _ => 0,
+        },
+        net_mediated: matches!(spec.net, Some(RunNet::Mediated { .. })),
         host_dumpable: host_dumpable(),
         keep: [spec.cwd.unwrap_or(-1), ruleset, join[0], join[1], join[2]],
         supervisor_pid: std::sync::atomic::AtomicI32::new(0),
@@ -459,7 +476,7 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
     let plan_addr = &*plan as *const ChildPlan as usize;
     let mut flags =
         libc::CLONE_VM | libc::CLONE_PIDFD | spec.containment.clone_flags() as libc::c_int;
-    if spec.net.is_some() {
+    if matches!(spec.net, Some(RunNet::Namespace { .. })) {
         flags |= libc::CLONE_NEWNET;
     }
     let (pid, pidfd, clone_error) = match spec.spawner {

@@ -134,6 +134,11 @@ pub struct IsolationOptions {
     #[cfg(feature = "test-hooks")]
     #[serde(skip)]
     pub force_subreaper: bool,
+    /// Test hook (feature `test-hooks`): route an allowlist's runs through seccomp user
+    /// notification even where a network namespace is available.
+    #[cfg(feature = "test-hooks")]
+    #[serde(skip)]
+    pub force_mediated_network: bool,
 }
 
 impl IsolationOptions {
@@ -149,6 +154,14 @@ impl IsolationOptions {
     fn subreaper_forced(&self) -> bool {
         #[cfg(feature = "test-hooks")]
         return self.force_subreaper;
+        #[cfg(not(feature = "test-hooks"))]
+        false
+    }
+
+    /// Whether a test asked for a mediated network where a namespace would do.
+    fn mediated_forced(&self) -> bool {
+        #[cfg(feature = "test-hooks")]
+        return self.force_mediated_network;
         #[cfg(not(feature = "test-hooks"))]
         false
     }
@@ -251,8 +264,30 @@ const DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/urandom", "/dev/rando
 pub(crate) enum RunNetwork {
     Off,
     Open,
-    /// A network namespace of its own holding only the proxy, which applies these rules.
-    Proxied(Arc<Rules>),
+    /// Only the run's proxy, which applies these rules, reached by this route.
+    Proxied(Arc<Rules>, Route),
+}
+
+/// How a run is kept to its proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// A network namespace of the run's own, holding only loopback and the proxy's listener.
+    Namespace,
+    /// The host's network, with every `connect` of the run held by its seccomp filter and
+    /// made by correx, to the proxy, or refused ([`crate::sys::mediate`]): where no network
+    /// namespace can be made (a user without user namespaces, a container without
+    /// CAP_SYS_ADMIN).
+    Mediated,
+}
+
+impl Route {
+    /// As recorded in the applied policy (`network.enforced_by`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Route::Namespace => "network_namespace",
+            Route::Mediated => "seccomp_user_notification",
+        }
+    }
 }
 
 /// What the kernel here lets the shell enforce, decided when the tool is built.
@@ -382,37 +417,44 @@ pub(crate) fn plan(
     let orphans_killed = containment != Containment::Subreaper || spawn::subreaper_works();
     let landlock_on = confine && abi >= 1;
     let root = crate::sys::euid() == 0;
-    // Network by name needs a network namespace for the run: root makes one, anyone else
-    // inside the run's own user namespace. Without one there is no proxy to force traffic
-    // through, and a run must not get the whole network instead.
-    let network = match &options.network {
-        NetworkPolicy::Off => RunNetwork::Off,
-        NetworkPolicy::Open => RunNetwork::Open,
-        // Mode none confines nothing: a root run could leave the namespace (setns) and any
-        // run could open any socket. An allowlist is a confinement; it cannot go without.
-        NetworkPolicy::Allowlist(_) if !confine => {
-            return Err(
+    // Network by name keeps a run to its proxy with a network namespace of its own (root
+    // makes one, anyone else inside the run's own user namespace), or else by holding every
+    // connect of the run in its seccomp filter and making it ourselves. Without either there
+    // is no proxy to force traffic through, and a run must not get the whole network instead.
+    let network =
+        match &options.network {
+            NetworkPolicy::Off => RunNetwork::Off,
+            NetworkPolicy::Open => RunNetwork::Open,
+            // Mode none confines nothing: a root run could leave the namespace (setns) and any
+            // run could open any socket. An allowlist is a confinement; it cannot go without.
+            NetworkPolicy::Allowlist(_) if !confine => return Err(
                 "a network allowlist needs the run confined: set tools.shell.isolation.mode to \
                  \"required\" or \"best_effort\", or network to true"
                     .into(),
-            )
-        }
-        NetworkPolicy::Allowlist(a) => {
-            let netns = (root || containment == (Containment::PidNamespace { user_ns: true }))
-                && spawn::network_namespace_works(containment);
-            if netns {
-                RunNetwork::Proxied(Arc::new(Rules::new(a)?))
-            } else if mode == IsolationMode::Required {
-                return Err(
-                    "network by name needs a network namespace for each run: run as root, or                      allow unprivileged user namespaces (kernel.unprivileged_userns_clone,                      apparmor_restrict_unprivileged_userns); or set                      tools.shell.isolation.network to false or true"
-                        .into(),
-                );
-            } else {
-                log::warn!("shell tool: no network namespace for a proxy; runs get no network");
-                RunNetwork::Off
+            ),
+            NetworkPolicy::Allowlist(a) => {
+                let netns = (root || containment == (Containment::PidNamespace { user_ns: true }))
+                    && !options.mediated_forced()
+                    && spawn::network_namespace_works(containment);
+                if netns {
+                    RunNetwork::Proxied(Arc::new(Rules::new(a)?), Route::Namespace)
+                } else if crate::sys::mediate::available() {
+                    RunNetwork::Proxied(Arc::new(Rules::new(a)?), Route::Mediated)
+                } else if mode == IsolationMode::Required {
+                    return Err(
+                        "network by name needs a network namespace for each run (run as root, or \
+                     allow unprivileged user namespaces: kernel.unprivileged_userns_clone, \
+                     apparmor_restrict_unprivileged_userns), or else seccomp user \
+                     notification with pidfd_getfd (Linux 5.6) and kernel.yama.ptrace_scope \
+                     below 3; or set tools.shell.isolation.network to false or true"
+                            .into(),
+                    );
+                } else {
+                    log::warn!("shell tool: no network namespace for a proxy; runs get no network");
+                    RunNetwork::Off
+                }
             }
-        }
-    };
+        };
     let tcp = landlock_on && !matches!(network, RunNetwork::Open) && abi >= landlock::NET_ABI;
     let scopes = landlock_on && abi >= landlock::SCOPE_ABI;
     let nproc_in_userns = containment == (Containment::PidNamespace { user_ns: true });
@@ -434,7 +476,8 @@ pub(crate) fn plan(
         network: matches!(network, RunNetwork::Open),
         deny_ipc: !own_uts_ipc,
         inet_only: false,
-        proxied: matches!(network, RunNetwork::Proxied(_)),
+        proxied: matches!(network, RunNetwork::Proxied(..)),
+        mediated: matches!(network, RunNetwork::Proxied(_, Route::Mediated)),
     });
     // Emptying the bounding set needs CAP_SETPCAP: root has it, and so does a run in a user
     // namespace of its own. Elsewhere the set stays, unusable: no_new_privs means no exec can
@@ -509,6 +552,7 @@ pub(crate) fn plan(
             deny_ipc: !own_uts_ipc,
             inet_only: false,
             proxied: false,
+            mediated: false,
         })
         .ok()?
         .map(|f| f.instructions());
@@ -584,7 +628,7 @@ pub(crate) fn plan(
             })
         } else { Value::Null },
         "network": match (&network, options.network.allowlist()) {
-            (RunNetwork::Proxied(_), Some(a)) => json!({
+            (RunNetwork::Proxied(_, route), Some(a)) => json!({
                 "mode": "allowlist",
                 "allow": a.allow,
                 "deny": a.deny,
@@ -592,10 +636,15 @@ pub(crate) fn plan(
                 "resolve": a.resolve,
                 "max_connections": a.max_connections,
                 "max_bytes": a.max_bytes,
-                "enforced_by": "network_namespace",
+                "enforced_by": route.name(),
                 "proxy": format!("127.0.0.1:{PROXY_PORT}"),
                 "seccomp_tcp_only": filter.is_some(),
-                "landlock_tcp_connect": if tcp { json!([PROXY_PORT]) } else { Value::Null },
+                // Mediated: the run's own connects never happen (correx makes them).
+                "landlock_tcp_connect": match (tcp, route) {
+                    (false, _) => Value::Null,
+                    (true, Route::Namespace) => json!([PROXY_PORT]),
+                    (true, Route::Mediated) => json!([]),
+                },
             }),
             _ => json!({
                 "mode": if matches!(network, RunNetwork::Open) || !confine { "open" } else { "off" },
@@ -603,7 +652,7 @@ pub(crate) fn plan(
                 "seccomp_af_unix_only": filter.is_some_and(|f| !f.network && !f.proxied),
                 "unix_datagram_denied": filter.is_some_and(|f| !f.network),
                 "landlock_tcp_denied": tcp,
-                "fallback": options.network.allowlist().map(|_| "no network namespace for a proxy"),
+                "fallback": options.network.allowlist().map(|_| "no network namespace or seccomp user notification for a proxy"),
             }),
         },
         "identity": if confine { json!({
@@ -630,7 +679,7 @@ pub(crate) fn plan(
             "pid": containment != Containment::Subreaper,
             "user": nproc_in_userns,
             "mount": host.held.is_some(),
-            "net": matches!(network, RunNetwork::Proxied(_)),
+            "net": matches!(network, RunNetwork::Proxied(_, Route::Namespace)),
             "uts": confine && own_uts_ipc,
             "ipc": confine && own_uts_ipc,
         },
@@ -752,13 +801,17 @@ impl Policy {
                 match &self.network {
                     RunNetwork::Off => landlock::build(rules, tmp, true),
                     RunNetwork::Open => landlock::build(rules, tmp, false),
-                    // The proxy's port alone, to connect to; nothing to bind.
-                    RunNetwork::Proxied(_) => landlock::build_with(
+                    // The proxy's port alone, to connect to; nothing to bind. Mediated, not
+                    // even that: correx makes the run's connects.
+                    RunNetwork::Proxied(_, route) => landlock::build_with(
                         rules,
                         Some(tmp),
                         Some(&TcpPorts {
                             bind: Vec::new(),
-                            connect: vec![PROXY_PORT],
+                            connect: match route {
+                                Route::Namespace => vec![PROXY_PORT],
+                                Route::Mediated => Vec::new(),
+                            },
                         }),
                         true,
                     ),

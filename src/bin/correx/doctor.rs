@@ -138,15 +138,18 @@ fn kernel(r: &mut Report, config: Option<&RuntimeConfig>) {
     );
     r.say(Level::Ok, "containment", k.containment);
     // A run with a network allowlist gets a network namespace of its own (only its proxy in
-    // it): root makes one, anyone else inside the run's user namespace.
+    // it): root makes one, anyone else inside the run's user namespace. Elsewhere correx makes
+    // the run's connects, held by its seccomp filter.
     let netns = current_uid() == 0 || k.containment == "user_and_pid_namespace";
     r.say(
-        warn(netns),
+        warn(netns || k.seccomp_user_notification),
         "network by name",
         if netns {
             "available: a run with an allowlist reaches its hosts through a proxy, alone in a network namespace"
+        } else if k.seccomp_user_notification {
+            "available: a run with an allowlist reaches its hosts through a proxy; its seccomp filter holds every connect and correx makes it (no network namespace without root or user namespaces)"
         } else {
-            "unavailable (no network namespace without root or user namespaces): a run with an allowlist is refused (\"required\") or gets no network"
+            "unavailable (no network namespace without root or user namespaces, and no seccomp user notification with pidfd_getfd, Linux 5.6): a run with an allowlist is refused (\"required\") or gets no network"
         },
     );
 }

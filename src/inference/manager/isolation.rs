@@ -167,6 +167,7 @@ pub(super) fn plan(
             deny_ipc: true,
             inet_only: true,
             proxied: false,
+            mediated: false,
         })?
     } else {
         None

@@ -5,6 +5,10 @@
 //! supervisor listens on `127.0.0.1:3128` and hands the listener to the host: the proxy is the
 //! only thing it can reach. Its seccomp filter admits TCP sockets only (no UDP, so no DNS of
 //! its own), and where Landlock has network rules (ABI 4) it may connect to port 3128 alone.
+//!
+//! Where no network namespace can be made, the run shares the host's network and its filter
+//! holds every `connect` for correx, which connects the run's socket to the proxy itself or
+//! refuses ([`crate::sys::mediate`]); Landlock then lets the run connect nowhere on its own.
 
 mod policy;
 pub(crate) mod proxy;

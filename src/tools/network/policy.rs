@@ -253,6 +253,9 @@ pub(crate) enum Refusal {
     BadRequest,
     /// The allowed host could not be reached.
     Unreachable,
+    /// A connect straight to an address, not to the proxy (seen where correx makes the run's
+    /// connects; in a network namespace the kernel refuses it unseen).
+    Direct,
 }
 
 impl Refusal {
@@ -267,6 +270,7 @@ impl Refusal {
             Refusal::SniMismatch => "sni_mismatch",
             Refusal::NoSni => "no_sni",
             Refusal::EncryptedClientHello => "encrypted_client_hello",
+            Refusal::Direct => "direct_connect",
             Refusal::HostMismatch => "host_mismatch",
             Refusal::TooManyConnections => "too_many_connections",
             Refusal::ByteLimit => "byte_limit",

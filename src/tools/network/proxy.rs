@@ -1,13 +1,18 @@
 //! The proxy a run with an allowlist reaches the network through: HTTP `CONNECT` (checked
 //! against the TLS ClientHello's server name) and plain-HTTP forwarding (checked against the
 //! Host header), each target checked against the allowlist, resolved once by the proxy, and
-//! connected to at the address it checked. It listens only inside the run's network
-//! namespace (the listener comes from the run's supervisor) and stops with the run.
+//! connected to at the address it checked. It stops with the run.
+//!
+//! Where it listens depends on the run's [`Route`]: inside the run's network namespace (the
+//! listener comes from the run's supervisor), or, mediated, on an ephemeral port of the host's
+//! loopback that takes only the connections correx itself made for the run (every other
+//! client is closed unread).
 
 use super::policy::{split_port, Host, Refusal, Rules};
 use super::tls;
+use crate::tools::isolation::Route;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -104,6 +109,9 @@ struct Shared {
     start: Instant,
     /// The listener's descriptor once received, to shut when the run ends.
     listener: parking_lot::Mutex<Option<Arc<TcpListener>>>,
+    /// Mediated: the local addresses of the run's sockets correx connected to the listener,
+    /// each let in once; `None` in a network namespace, where only the run can connect.
+    expected: Option<parking_lot::Mutex<BTreeSet<SocketAddr>>>,
 }
 
 impl Shared {
@@ -152,15 +160,28 @@ impl Drop for Tracked<'_> {
 /// A run's proxy: started before the run, stopped (every connection closed) after it.
 pub(crate) struct RunProxy {
     shared: Arc<Shared>,
-    /// The socket the listener arrives on; shut to stop a wait for it.
+    /// The socket the listener (or, mediated, the filter's listener) arrives on; shut to stop
+    /// a wait for it.
     receiver: Arc<OwnedFd>,
     acceptor: Option<JoinHandle<()>>,
+    /// Mediated: the thread that makes the run's connects.
+    mediator: Option<JoinHandle<()>>,
 }
 
 impl RunProxy {
-    /// Starts the proxy: a thread waits for the listener the run's supervisor sends on
-    /// `receiver`, then serves it.
-    pub(crate) fn start(rules: Arc<Rules>, receiver: OwnedFd) -> io::Result<RunProxy> {
+    /// Starts the proxy for a run kept to it by `route`. In a namespace, a thread waits for
+    /// the listener the run's supervisor sends on `receiver`, then serves it. Mediated, the
+    /// proxy listens on the host's loopback, and a thread waits for the run's seccomp
+    /// listener on `receiver`, then answers the run's connects.
+    pub(crate) fn start(
+        rules: Arc<Rules>,
+        receiver: OwnedFd,
+        route: Route,
+    ) -> io::Result<RunProxy> {
+        let own_listener = match route {
+            Route::Namespace => None,
+            Route::Mediated => Some(Arc::new(TcpListener::bind("127.0.0.1:0")?)),
+        };
         let shared = Arc::new(Shared {
             rules,
             stop: AtomicBool::new(false),
@@ -170,20 +191,46 @@ impl RunProxy {
             sockets: parking_lot::Mutex::new(BTreeMap::new()),
             next_socket: AtomicU64::new(0),
             start: Instant::now(),
-            listener: parking_lot::Mutex::new(None),
+            listener: parking_lot::Mutex::new(own_listener.clone()),
+            expected: own_listener
+                .as_ref()
+                .map(|_| parking_lot::Mutex::new(BTreeSet::new())),
         });
         let receiver = Arc::new(receiver);
-        let acceptor = {
-            let (shared, receiver) = (shared.clone(), receiver.clone());
-            std::thread::Builder::new()
-                .name("correx-proxy".into())
-                .spawn(move || accept_loop(&shared, &receiver))?
+        let mut proxy = RunProxy {
+            shared: shared.clone(),
+            receiver: receiver.clone(),
+            acceptor: None,
+            mediator: None,
         };
-        Ok(RunProxy {
-            shared,
-            receiver,
-            acceptor: Some(acceptor),
-        })
+        match own_listener {
+            None => {
+                proxy.acceptor = Some(
+                    std::thread::Builder::new()
+                        .name("correx-proxy".into())
+                        .spawn(move || {
+                            if let Some(l) = receive_listener(&shared, &receiver) {
+                                accept_loop(&shared, &l);
+                            }
+                        })?,
+                );
+            }
+            Some(listener) => {
+                let port = listener.local_addr()?.port();
+                let s = shared.clone();
+                proxy.acceptor = Some(
+                    std::thread::Builder::new()
+                        .name("correx-proxy".into())
+                        .spawn(move || accept_loop(&s, &listener))?,
+                );
+                proxy.mediator = Some(
+                    std::thread::Builder::new()
+                        .name("correx-proxy-connects".into())
+                        .spawn(move || mediate(&shared, &receiver, port))?,
+                );
+            }
+        }
+        Ok(proxy)
     }
 
     /// Stops accepting, closes every connection, waits for the proxy's threads, and says what
@@ -199,8 +246,11 @@ impl RunProxy {
         if let Some(l) = self.shared.listener.lock().as_ref() {
             crate::sys::net::shut(l.as_raw_fd());
         }
-        if let Some(a) = self.acceptor.take() {
-            let _ = a.join();
+        for t in [self.acceptor.take(), self.mediator.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = t.join();
         }
     }
 }
@@ -211,24 +261,62 @@ impl Drop for RunProxy {
     }
 }
 
-fn accept_loop(shared: &Arc<Shared>, receiver: &OwnedFd) {
+/// The listener the run's supervisor makes in the run's namespace; `None` when the run ended
+/// first.
+fn receive_listener(shared: &Shared, receiver: &OwnedFd) -> Option<Arc<TcpListener>> {
     let listener = match crate::sys::net::recv_fd(receiver) {
         Ok(Some(fd)) => Arc::new(TcpListener::from(fd)),
-        Ok(None) => return,
+        Ok(None) => return None,
         Err(e) => {
             log::warn!("shell proxy: no listener from the run: {e}");
-            return;
+            return None;
         }
     };
     *shared.listener.lock() = Some(listener.clone());
     // A stop that came before the listener was stored could not shut it.
-    if shared.stop.load(Ordering::SeqCst) {
-        return;
-    }
+    (!shared.stop.load(Ordering::SeqCst)).then_some(listener)
+}
+
+/// Mediated: answers the run's connects until it ends. A connect to the proxy's address as
+/// the run knows it (`127.0.0.1:3128`) becomes a connect of the run's socket to the proxy's
+/// real port; any other is refused and recorded.
+fn mediate(shared: &Shared, receiver: &OwnedFd, port: u16) {
+    let listener = match crate::sys::net::recv_fd(receiver) {
+        Ok(Some(fd)) => fd,
+        Ok(None) => return,
+        Err(e) => {
+            log::warn!("shell proxy: no seccomp listener from the run: {e}");
+            return;
+        }
+    };
+    crate::sys::mediate::serve(listener, &shared.stop, |target, socket| {
+        let proxy = target.is_some_and(|t| {
+            t.port() == PROXY_PORT && t.ip().to_canonical() == IpAddr::from([127, 0, 0, 1])
+        });
+        if !proxy {
+            match target {
+                Some(t) => shared.deny(&t.ip().to_string(), t.port(), Refusal::Direct),
+                None => shared.deny("(not an IP address)", 0, Refusal::Direct),
+            }
+            return libc::EACCES;
+        }
+        socket.connect_loopback(port, |local| {
+            if let Some(expected) = &shared.expected {
+                expected.lock().insert(local);
+            }
+        })
+    });
+}
+
+fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
     let mut handlers: Vec<JoinHandle<()>> = Vec::new();
     loop {
         let client = match listener.accept() {
-            Ok((c, _)) => c,
+            // Mediated: only a connection correx made for the run, each once.
+            Ok((c, peer)) => match &shared.expected {
+                Some(expected) if !expected.lock().remove(&peer) => continue,
+                _ => c,
+            },
             Err(_) if shared.stop.load(Ordering::SeqCst) => break,
             // Out of descriptors or memory for a moment: the run's clients wait in the queue.
             Err(_) => {

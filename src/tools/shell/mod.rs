@@ -1,7 +1,7 @@
 //! [`ShellTool`]: runs one executable from an allowlist, by argv, never through a shell.
 
 use super::fs::{Located, Roots};
-use super::isolation::{self, Policy, RunNetwork};
+use super::isolation::{self, Policy, Route, RunNetwork};
 use super::network::{self, RunProxy};
 use super::params::{json_kind, optional_str};
 use super::{
@@ -9,7 +9,7 @@ use super::{
 };
 use crate::cancel::CancelToken;
 use crate::private_dir::{check_private, PrivateDir};
-use crate::sys::spawn::{self, Captured, Exit, SpawnSpec};
+use crate::sys::spawn::{self, Captured, Exit, RunNet, SpawnSpec};
 use crate::sys::{resolve_both, FIXED_PATH};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -528,13 +528,14 @@ impl ShellTool {
         env.push(("PATH".to_owned(), FIXED_PATH.to_owned()));
         env.push(("TMPDIR".to_owned(), tmp.path().display().to_string()));
         // With an allowlist, the run's own proxy: started before the run, given the listener
-        // its supervisor makes in the run's network namespace, stopped after the run.
+        // its supervisor makes in the run's network namespace (or, mediated, the listener of
+        // the run's seccomp filter), stopped after the run.
         let (proxy, net_end) = match &policy.network {
-            RunNetwork::Proxied(rules) => {
+            RunNetwork::Proxied(rules, route) => {
                 let (host_end, run_end) = crate::sys::net::socketpair().map_err(|e| {
                     ToolResult::failure(id, format!("the run's proxy socket: {e}"), true)
                 })?;
-                let proxy = RunProxy::start(rules.clone(), host_end).map_err(|e| {
+                let proxy = RunProxy::start(rules.clone(), host_end, *route).map_err(|e| {
                     ToolResult::failure(id, format!("starting the run's proxy: {e}"), true)
                 })?;
                 env.extend(
@@ -544,7 +545,16 @@ impl ShellTool {
                         .cloned(),
                 );
                 env.extend(network::proxy_environment());
-                (Some(proxy), Some(run_end))
+                let net = match route {
+                    Route::Namespace => RunNet::Namespace {
+                        sock: run_end.as_raw_fd(),
+                        port: network::PROXY_PORT,
+                    },
+                    Route::Mediated => RunNet::Mediated {
+                        sock: run_end.as_raw_fd(),
+                    },
+                };
+                (Some(proxy), Some((run_end, net)))
             }
             RunNetwork::Off | RunNetwork::Open => {
                 env.extend(self.env.iter().cloned());
@@ -566,9 +576,7 @@ impl ShellTool {
             timeout,
             output_cap: self.output_cap,
             cancel: Some(cancel),
-            net: net_end
-                .as_ref()
-                .map(|fd| (fd.as_raw_fd(), network::PROXY_PORT)),
+            net: net_end.as_ref().map(|(_, net)| *net),
         });
         drop(net_end);
         // Every process of the run is gone: so is every client of the proxy.
