@@ -20,8 +20,8 @@ pub struct KernelFeatures {
     pub landlock_abi: u32,
     /// Whether this build has the seccomp filter that takes the shell's network away.
     pub seccomp_filter: bool,
-    /// Seccomp user notification with `pidfd_getfd` (Linux 5.6) and Yama letting a process read
-    /// its descendants: where no network namespace can be made, a run with a network allowlist
+    /// Seccomp user notification with `SECCOMP_IOCTL_NOTIF_ADDFD` (Linux 5.9), probed with a
+    /// listener of a forked child's, and Yama letting a process read its descendants: where no network namespace can be made, a run with a network allowlist
     /// is kept to its proxy by correx making its connects.
     pub seccomp_user_notification: bool,
     /// How the shell's descendants are contained: `pid_namespace`,

@@ -826,6 +826,24 @@ for _ in range(300):
     s.close()
 stop = True
 print("raced", "site" if {port} in ports else "never_site", len(ports))
+# From another thread than the main one (a held call names the thread).
+def threaded(name, f):
+    t = threading.Thread(target=attempt, args=(name, f))
+    t.start()
+    t.join()
+threaded("thread_proxy", lambda: proxy_get(socket.AF_INET, "127.0.0.1"))
+threaded("thread_site", lambda: connect(("127.0.0.1", {port})))
+# A filter of its own with a listener, to answer its own connects: refused.
+class Insn(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+allow = (Insn * 1)(Insn(0x06, 0, 0, 0x7fff0000))
+prog = Prog(1, allow)
+libc.prctl(38, 1, 0, 0, 0)
+nr = {{"x86_64": 317, "aarch64": 277}}[__import__("os").uname().machine]
+r = libc.syscall(nr, 1, 8, ctypes.byref(prog))
+print("own_listener", "ok" if r >= 0 else errno.errorcode.get(ctypes.get_errno()))
 "#
     );
     let (_, out, data) = run(&t, &["python3", "-c", &script]);
@@ -840,6 +858,9 @@ print("raced", "site" if {port} in ports else "never_site", len(ports))
         ("fastopen_msg", "EACCES"),
         ("bind", "EACCES"),
         ("udp", "EACCES"),
+        ("thread_proxy", "ok"),
+        ("thread_site", "EACCES"),
+        ("own_listener", "EPERM"),
     ] {
         assert_eq!(said.get(attack), Some(&expected), "{attack}: {out}");
     }
@@ -860,8 +881,8 @@ print("raced", "site" if {port} in ports else "never_site", len(ports))
     assert_eq!(metadata.hits(), 0, "the metadata address was reached");
     assert_eq!(
         site.hits(),
-        3,
-        "only the two proxied fetches reached the site"
+        4,
+        "only the three proxied fetches reached the site"
     );
     assert_eq!(decoy.hits(), 0, "a run reached the host's port 3128");
 

@@ -489,7 +489,7 @@ fn inet_socket(ty: libc::c_int) -> Result<RawFd, i32> {
 }
 
 /// Sends descriptor `fd` over the UNIX socket `sock` (`SCM_RIGHTS`), with one byte.
-fn send_fd(sock: RawFd, fd: RawFd) -> isize {
+pub(crate) fn send_fd(sock: RawFd, fd: RawFd) -> isize {
     let byte = [0u8; 1];
     let mut iov = libc::iovec {
         iov_base: byte.as_ptr() as *mut libc::c_void,

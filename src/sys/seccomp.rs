@@ -485,16 +485,24 @@ const SYS_CHMOD: libc::c_long = -3;
 #[cfg(not(target_arch = "x86_64"))]
 const SYS_MKNOD: libc::c_long = -4;
 
-/// Socketpairs of the types that can address nothing.
+/// UNIX socketpairs of the types that can address nothing (another family's pair, such as
+/// TIPC's, would be a socket of the host's network).
 const SOCKETPAIR_CONNECTED: Rule = Rule {
-    name: "socketpair(not SOCK_STREAM or SOCK_SEQPACKET)",
+    name: "socketpair(not AF_UNIX, or not SOCK_STREAM or SOCK_SEQPACKET)",
     nr: libc::SYS_socketpair,
-    checks: &[Check::MaskedNotIn {
-        arg: 1,
-        mask: SOCK_TYPE_MASK,
-        allowed: UNIX_CONNECTED_TYPES,
-        then: EACCES,
-    }],
+    checks: &[
+        Check::Not {
+            arg: 0,
+            value: libc::AF_UNIX as u32,
+            then: EACCES,
+        },
+        Check::MaskedNotIn {
+            arg: 1,
+            mask: SOCK_TYPE_MASK,
+            allowed: UNIX_CONNECTED_TYPES,
+            then: EACCES,
+        },
+    ],
 };
 
 /// A send that names where it goes (a datagram's address).
@@ -574,10 +582,10 @@ const FASTOPEN: u32 = libc::MSG_FASTOPEN as u32;
 
 /// Network only through a run's proxy where the run shares the host's network (no namespace
 /// could be made): TCP sockets as [`PROXIED`], and every `connect` held for correx, which reads
-/// the address and connects the run's socket itself, to the proxy, or refuses
-/// ([`super::mediate`]). No other way to start a connection or take one: no `sendto` with an
-/// address, no send with `MSG_FASTOPEN`, no `bind` or `listen` (a listener on the host's
-/// network would be a way in).
+/// the address and puts a socket of its own, connected to the proxy, in the run's place, or
+/// refuses ([`super::mediate`]). No other way to start a connection or take one: no `sendto`
+/// with an address, no send with `MSG_FASTOPEN`, no `bind` or `listen` (a listener on the
+/// host's network would be a way in), no seccomp listener of the run's own.
 const MEDIATED: &[Rule] = &[
     TCP_SOCKETS_ONLY,
     SOCKETPAIR_CONNECTED,
@@ -628,6 +636,17 @@ const MEDIATED: &[Rule] = &[
         name: "listen",
         nr: libc::SYS_listen,
         checks: &[Check::Always(EACCES)],
+    },
+    // A filter of the run's own with a listener would answer its own connects once correx's
+    // listener is closed (a process outliving its run).
+    Rule {
+        name: "seccomp(SECCOMP_FILTER_FLAG_NEW_LISTENER)",
+        nr: libc::SYS_seccomp,
+        checks: &[Check::AnyBit {
+            arg: 1,
+            mask: libc::SECCOMP_FILTER_FLAG_NEW_LISTENER as u32,
+            then: EPERM,
+        }],
     },
 ];
 
@@ -1224,6 +1243,27 @@ mod tests {
         );
         assert_eq!(run(o, libc::SYS_bind, [3, 0x1000, 16, 0, 0, 0]), eacces);
         assert_eq!(run(o, libc::SYS_listen, [3, 1, 0, 0, 0, 0]), eacces);
+        let new_listener = libc::SECCOMP_FILTER_FLAG_NEW_LISTENER;
+        assert_eq!(
+            run(o, libc::SYS_seccomp, [1, new_listener, 0x1000, 0, 0, 0]),
+            errno(libc::EPERM)
+        );
+        assert_eq!(run(o, libc::SYS_seccomp, [1, 0, 0x1000, 0, 0, 0]), ALLOW);
+        assert_eq!(
+            run(
+                o,
+                libc::SYS_socketpair,
+                [
+                    libc::AF_TIPC as u64,
+                    libc::SOCK_SEQPACKET as u64,
+                    0,
+                    0,
+                    0,
+                    0
+                ]
+            ),
+            eacces
+        );
         // Not mediated (a namespace of its own): connect, bind and listen are the run's own.
         let ns = Options {
             mediated: false,

@@ -438,15 +438,19 @@ pub(crate) fn plan(
                     && spawn::network_namespace_works(containment);
                 if netns {
                     RunNetwork::Proxied(Arc::new(Rules::new(a)?), Route::Namespace)
-                } else if crate::sys::mediate::available() {
+                } else if landlock_on && crate::sys::mediate::available() {
+                    // Landlock too: without it a run of the host's uid could reach into the host
+                    // (ptrace, pidfd_getfd) and answer its own held connects; Landlock keeps ptrace
+                    // within the run.
                     RunNetwork::Proxied(Arc::new(Rules::new(a)?), Route::Mediated)
                 } else if mode == IsolationMode::Required {
                     return Err(
                         "network by name needs a network namespace for each run (run as root, or \
                      allow unprivileged user namespaces: kernel.unprivileged_userns_clone, \
                      apparmor_restrict_unprivileged_userns), or else seccomp user \
-                     notification with pidfd_getfd (Linux 5.6) and kernel.yama.ptrace_scope \
-                     below 3; or set tools.shell.isolation.network to false or true"
+                     notification with NOTIF_ADDFD (Linux 5.9), Landlock, and \
+                     kernel.yama.ptrace_scope at most 1; or set \
+                     tools.shell.isolation.network to false or true"
                             .into(),
                     );
                 } else {

@@ -149,7 +149,7 @@ fn kernel(r: &mut Report, config: Option<&RuntimeConfig>) {
         } else if k.seccomp_user_notification {
             "available: a run with an allowlist reaches its hosts through a proxy; its seccomp filter holds every connect and correx makes it (no network namespace without root or user namespaces)"
         } else {
-            "unavailable (no network namespace without root or user namespaces, and no seccomp user notification with pidfd_getfd, Linux 5.6): a run with an allowlist is refused (\"required\") or gets no network"
+            "unavailable (no network namespace without root or user namespaces, and no seccomp user notification with NOTIF_ADDFD, Linux 5.9, with Landlock): a run with an allowlist is refused (\"required\") or gets no network"
         },
     );
 }

@@ -7,8 +7,9 @@
 //! its own), and where Landlock has network rules (ABI 4) it may connect to port 3128 alone.
 //!
 //! Where no network namespace can be made, the run shares the host's network and its filter
-//! holds every `connect` for correx, which connects the run's socket to the proxy itself or
-//! refuses ([`crate::sys::mediate`]); Landlock then lets the run connect nowhere on its own.
+//! holds every `connect` for correx, which puts a socket of its own, connected to the proxy,
+//! in place of the run's, or refuses ([`crate::sys::mediate`]); Landlock then lets the run
+//! connect nowhere on its own.
 
 mod policy;
 pub(crate) mod proxy;

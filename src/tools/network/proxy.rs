@@ -289,22 +289,31 @@ fn mediate(shared: &Shared, receiver: &OwnedFd, port: u16) {
             return;
         }
     };
-    crate::sys::mediate::serve(listener, &shared.stop, |target, socket| {
-        let proxy = target.is_some_and(|t| {
+    crate::sys::mediate::serve(listener, &shared.stop, |target| {
+        let proxy = target.filter(|t| {
             t.port() == PROXY_PORT && t.ip().to_canonical() == IpAddr::from([127, 0, 0, 1])
         });
-        if !proxy {
+        let Some(proxy) = proxy else {
             match target {
                 Some(t) => shared.deny(&t.ip().to_string(), t.port(), Refusal::Direct),
                 None => shared.deny("(not an IP address)", 0, Refusal::Direct),
             }
-            return libc::EACCES;
-        }
-        socket.connect_loopback(port, |local| {
-            if let Some(expected) = &shared.expected {
-                expected.lock().insert(local);
+            return Err(libc::EACCES);
+        };
+        let Some(expected) = &shared.expected else {
+            return Err(libc::EACCES);
+        };
+        let mut registered = None;
+        let connected = crate::sys::mediate::connect_loopback(proxy.is_ipv6(), port, |local| {
+            expected.lock().insert(local);
+            registered = Some(local);
+        });
+        if connected.is_err() {
+            if let Some(local) = registered {
+                expected.lock().remove(&local);
             }
-        })
+        }
+        connected
     });
 }
 
