@@ -523,3 +523,197 @@ fn soak_three_models_two_slots_eight_threads() -> TestResult {
     assert_eq!(servers_of("soak-"), truth.len());
     Ok(())
 }
+
+/// The signals pending for process `pid` (its own and its group's), as a bit mask.
+fn pending_signals(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map(|s| {
+            s.lines()
+                .filter_map(|l| {
+                    l.strip_prefix("ShdPnd:")
+                        .or_else(|| l.strip_prefix("SigPnd:"))
+                })
+                .filter_map(|v| u64::from_str_radix(v.trim(), 16).ok())
+                .fold(0, |a, b| a | b)
+        })
+        .unwrap_or(0)
+}
+
+/// What the chaos did to the servers.
+#[derive(Default)]
+struct Chaos {
+    killed: Vec<u32>,
+    stopped_and_resumed: Vec<u32>,
+    left_stopped: Vec<u32>,
+}
+
+/// Six threads infer, load and unload three models with room for two while a chaos thread
+/// SIGKILLs loaded servers, SIGSTOPs and resumes others, and leaves some stopped, for
+/// `CORREX_CHAOS_SECS` (default 40) seconds. Calls may fail (their server died); the record
+/// may not lie: a server is recorded `crashed` exactly when the chaos killed it, never more
+/// than two servers exist, and the log replays to the true state at the end.
+#[test]
+fn chaos_every_crash_recorded_as_one_and_no_other() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let secs: u64 = std::env::var("CORREX_CHAOS_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let s = setup_with(install, |o| {
+        o.max_loaded = 2;
+        o.drain_timeout = Duration::from_secs(20);
+        o.liveness_interval = Duration::from_millis(500);
+        o.http.read_timeout = Duration::from_secs(10);
+    })?;
+    let ids = ["chaos-a", "chaos-b", "chaos-c"];
+    let stop = AtomicBool::new(false);
+    let (ops, failed, most) = (
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    );
+    let chaos = std::thread::scope(|scope| -> Result<Chaos, Box<dyn std::error::Error>> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let workers: Vec<_> = (0..6usize)
+            .map(|t| {
+                let (s, ids, ops, failed) = (&s, &ids, &ops, &failed);
+                scope.spawn(move || {
+                    let mut i = t * 7;
+                    while Instant::now() < deadline {
+                        let d = descriptor(&s.install, ids[i % 3], ResidencyMode::Persistent);
+                        let ok = match i % 5 {
+                            0..=2 => s.manager.provider(&d).infer(&ask(2)).is_ok(),
+                            3 => s.manager.load(&d).is_ok(),
+                            _ => s.manager.unload(&d.model_id).is_ok(),
+                        };
+                        if !ok {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        ops.fetch_add(1, Ordering::Relaxed);
+                        i += 3;
+                    }
+                })
+            })
+            .collect();
+        let (s, most) = (&s, &most);
+        let chaos = scope.spawn(move || {
+            let mut done = Chaos::default();
+            let mut n = 0usize;
+            while Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(700));
+                most.fetch_max(servers_of("chaos-"), Ordering::Relaxed);
+                let loaded: Vec<u32> = s
+                    .manager
+                    .status()
+                    .into_iter()
+                    .filter(|r| r.state == ModelState::Loaded)
+                    .filter_map(|r| r.pid)
+                    .collect();
+                let Some(&pid) = loaded.get(n % loaded.len().max(1)) else {
+                    continue;
+                };
+                // Not a server correx is already stopping (its SIGTERM pending), nor one gone.
+                if !alive(pid) || pending_signals(pid) & (1 << (libc::SIGTERM - 1)) != 0 {
+                    continue;
+                }
+                let signal = |sig| {
+                    // SAFETY: kill(2) on a server this test's manager started.
+                    unsafe { libc::kill(pid as i32, sig) }
+                };
+                match n % 3 {
+                    0 => {
+                        signal(libc::SIGKILL);
+                        done.killed.push(pid);
+                    }
+                    1 => {
+                        signal(libc::SIGSTOP);
+                        std::thread::sleep(Duration::from_millis(300));
+                        signal(libc::SIGCONT);
+                        done.stopped_and_resumed.push(pid);
+                    }
+                    _ => {
+                        signal(libc::SIGSTOP);
+                        done.left_stopped.push(pid);
+                    }
+                }
+                n += 1;
+            }
+            done
+        });
+        for w in workers {
+            w.join().map_err(|_| "a worker panicked")?;
+        }
+        let chaos = chaos.join().map_err(|_| "the chaos thread panicked")?;
+        stop.store(true, Ordering::Relaxed);
+        Ok(chaos)
+    })?;
+    // Every server the chaos killed is recorded, in time, as crashed.
+    wait_for("every kill to be recorded", Duration::from_secs(30), || {
+        model_events(&s.store).is_ok_and(|events| {
+            chaos.killed.iter().all(|pid| {
+                events.iter().any(|e| {
+                    e.type_id == "model.unloaded"
+                        && e.payload["pid"].as_u64() == Some(u64::from(*pid))
+                })
+            })
+        })
+    })?;
+    let events = model_events(&s.store)?;
+    let mut wrong = Vec::new();
+    for e in events.iter().filter(|e| e.type_id == "model.unloaded") {
+        let Some(pid) = e.payload["pid"].as_u64().map(|p| p as u32) else {
+            continue;
+        };
+        let reason = e.payload["reason"].as_str().unwrap_or("?");
+        let killed = chaos.killed.contains(&pid);
+        if (reason == "crashed") != killed {
+            let done = if killed {
+                "SIGKILL"
+            } else if chaos.left_stopped.contains(&pid) {
+                "SIGSTOP, left stopped"
+            } else if chaos.stopped_and_resumed.contains(&pid) {
+                "SIGSTOP then SIGCONT"
+            } else {
+                "nothing"
+            };
+            wrong.push(format!(
+                "pid {pid}: recorded {reason}, the chaos did {done}"
+            ));
+        }
+    }
+    println!(
+        "chaos: {} operations ({} failed) in {secs} s; {} killed, {} stopped and resumed, {} left stopped; at most {} servers",
+        ops.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+        chaos.killed.len(),
+        chaos.stopped_and_resumed.len(),
+        chaos.left_stopped.len(),
+        most.load(Ordering::Relaxed)
+    );
+    assert!(
+        wrong.is_empty(),
+        "unload reasons that disagree with what was done: {wrong:?}"
+    );
+    assert!(!chaos.killed.is_empty(), "the chaos killed nothing");
+    assert!(
+        most.load(Ordering::Relaxed) <= 2,
+        "more than two servers were alive"
+    );
+    // Resume any server still stopped, so the end state is not waiting on a liveness check.
+    for pid in &chaos.left_stopped {
+        // SAFETY: kill(2) on a server this test's manager started (or a pid already gone).
+        unsafe { libc::kill(*pid as i32, libc::SIGCONT) };
+    }
+    let replayed = replay(&model_events(&s.store)?)?;
+    let truth: HashMap<String, u64> = s
+        .manager
+        .status()
+        .into_iter()
+        .filter(|m| m.state == ModelState::Loaded)
+        .map(|m| (m.model_id, u64::from(m.pid.unwrap_or(0))))
+        .collect();
+    assert_eq!(replayed, truth);
+    Ok(())
+}

@@ -17,4 +17,5 @@ mod network;
 mod sandbox;
 mod scheduler;
 mod server_confined;
+mod serving_truth;
 mod tools;

@@ -69,10 +69,16 @@ pub enum ModelLoadError {
     /// Replacing or unloading the loaded model would kill inferences still running on it; they
     /// did not finish within the drain timeout, so nothing was changed.
     Busy {
-        /// The model with work in flight.
+        /// The model the call was for.
+        requested: String,
+        /// The models with inferences running (comma-separated; empty when the room was held
+        /// by servers starting or stopping).
         model_id: String,
-        /// How many inferences were still running.
+        /// How many inferences were still running on them.
         in_flight: u32,
+        /// In words, what the call waited for: inferences to finish, servers to finish loading
+        /// or to stop, room in the queue.
+        holding: String,
         /// How long the call waited, in milliseconds.
         waited_ms: u64,
     },
@@ -163,12 +169,13 @@ impl fmt::Display for ModelLoadError {
             }
             ModelLoadError::Cancelled => f.write_str("the load was cancelled"),
             ModelLoadError::Busy {
-                model_id,
-                in_flight,
+                requested,
+                holding,
                 waited_ms,
+                ..
             } => write!(
                 f,
-                "model {model_id} still has {in_flight} inference(s) running after {waited_ms} ms; nothing was changed: retry when they finish, cancel them, or raise the drain timeout"
+                "model {requested}: waited {waited_ms} ms for {holding}; nothing was changed: retry when they finish, cancel them, or raise the drain timeout"
             ),
             ModelLoadError::ManagerGone => f.write_str("the model manager was dropped"),
             ModelLoadError::Events(e) => write!(f, "could not record the model event: {e}"),

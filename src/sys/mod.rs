@@ -190,11 +190,42 @@ fn zombie(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// How a child we stopped ended, and which of our signals reached it alive.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ended {
+    /// It had exited before we sent anything.
+    pub before: bool,
+    /// We sent SIGTERM to it running.
+    pub sent_term: bool,
+    /// We sent SIGKILL to it running.
+    pub sent_kill: bool,
+    /// Its wait status, once reaped.
+    pub status: Option<std::process::ExitStatus>,
+}
+
+impl Ended {
+    /// Whether it died of something we did not do: it exited before we signalled it, or a
+    /// signal we did not send ended it (a SIGKILL of someone else's while ours was only a
+    /// SIGTERM, a SIGSEGV).
+    pub(crate) fn not_by_us(&self) -> bool {
+        use std::os::unix::process::ExitStatusExt;
+        let ours = match self.status.and_then(|s| s.signal()) {
+            Some(libc::SIGTERM) => self.sent_term,
+            Some(libc::SIGKILL) => self.sent_kill,
+            Some(_) => false,
+            // An exit of its own after our SIGTERM (a graceful shutdown), or an unknown end.
+            None => true,
+        };
+        self.before || !ours
+    }
+}
+
 /// Stops a child that leads its own process group: SIGTERM to the group, up to `grace` for the
-/// leader to exit, then SIGKILL to the group, and reaps the leader.
-pub(crate) fn stop_group(child: &mut std::process::Child, grace: Duration) {
+/// leader to exit, then SIGKILL to the group, and reaps the leader. Says how it ended.
+pub(crate) fn stop_group(child: &mut std::process::Child, grace: Duration) -> Ended {
     let pgid = child.id() as i32;
-    if !exited_unreaped(pgid) {
+    let before = exited_unreaped(pgid);
+    if !before {
         // SAFETY: signalling the process group we created for this child.
         unsafe {
             libc::killpg(pgid, libc::SIGTERM);
@@ -204,9 +235,29 @@ pub(crate) fn stop_group(child: &mut std::process::Child, grace: Duration) {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+    let sent_kill = !exited_unreaped(pgid);
     // The leader is at most a zombie here, so its group id is still ours to signal.
     kill_group(pgid);
-    let _ = child.wait();
+    Ended {
+        before,
+        sent_term: !before,
+        sent_kill,
+        status: child.wait().ok(),
+    }
+}
+
+/// Kills a child that leads its own process group at once (SIGKILL to the group: a stopped or
+/// hung process handles no SIGTERM), and reaps the leader. Says how it ended.
+pub(crate) fn kill_and_reap(child: &mut std::process::Child) -> Ended {
+    let pgid = child.id() as i32;
+    let before = exited_unreaped(pgid);
+    kill_group(pgid);
+    Ended {
+        before,
+        sent_term: false,
+        sent_kill: !before,
+        status: child.wait().ok(),
+    }
 }
 
 /// Resolves `name` to a canonical absolute executable path: a bare name through

@@ -120,6 +120,9 @@ struct Running {
     backend: Backend,
     generation: u64,
     in_flight: u32,
+    /// Inferences of those in flight whose completion is being appended (a stop waits for
+    /// them, so the completion is before the unload in the log).
+    recording: u32,
     /// DYNAMIC's idle deadline, set while nothing is in flight.
     idle: Option<Instant>,
     /// The manager's use counter at the last load or inference: the LRU order.
@@ -191,8 +194,9 @@ struct Pending {
 /// A server being stopped, with the lock released.
 struct Stopping {
     residency: ResidencyMode,
-    pid: u32,
-    port: u16,
+    /// A local server's (`None`: a remote model).
+    pid: Option<u32>,
+    port: Option<u16>,
     estimate: Option<u64>,
 }
 
@@ -334,7 +338,8 @@ impl DefaultModelManager {
     }
 
     /// What is loaded, loading or unloading, like Ollama's `/api/ps`, sorted by model id:
-    /// answers at once, also during a load or an unload.
+    /// answers at once, from memory, also during a load, an unload or an append to the log
+    /// (no lock is held across one); resident memory is read from `/proc` after.
     pub fn status(&self) -> Vec<ModelStatus> {
         let st = self.inner.state.lock();
         let now = Instant::now();
@@ -360,7 +365,7 @@ impl DefaultModelManager {
                     .idle
                     .map(|at| at.saturating_duration_since(now).as_millis() as u64),
                 in_flight: r.in_flight,
-                rss_bytes: r.pid().and_then(|p| sys::rss_bytes(p as i32)),
+                rss_bytes: None,
                 estimated_bytes: r.estimate,
             })
             .collect();
@@ -380,16 +385,20 @@ impl DefaultModelManager {
         out.extend(st.stopping.iter().map(|(id, s)| ModelStatus {
             model_id: id.clone(),
             state: ModelState::Unloading,
-            pid: Some(s.pid),
-            port: Some(s.port),
+            pid: s.pid,
+            port: s.port,
             endpoints: Vec::new(),
             residency: s.residency,
             loaded_at_ms: None,
             idle_expires_in_ms: None,
             in_flight: 0,
-            rss_bytes: sys::rss_bytes(s.pid as i32),
+            rss_bytes: None,
             estimated_bytes: s.estimate,
         }));
+        drop(st);
+        for row in &mut out {
+            row.rss_bytes = row.pid.and_then(|p| sys::rss_bytes(p as i32));
+        }
         out.sort_by(|a, b| a.model_id.cmp(&b.model_id));
         out
     }
@@ -514,8 +523,8 @@ impl ModelManager for DefaultModelManager {
     }
 }
 
-fn stop_child(child: &mut Child) {
-    sys::stop_group(child, TERM_GRACE);
+fn stop_child(child: &mut Child) -> sys::Ended {
+    sys::stop_group(child, TERM_GRACE)
 }
 
 /// Whether the child has exited, without reaping it.

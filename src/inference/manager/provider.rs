@@ -176,7 +176,7 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// After an inference: the in-flight count, the event, and the residency policy (the latest
+/// After an inference: the event, the in-flight count, and the residency policy (the latest
 /// load's, which is this provider's unless another load of the id changed it since).
 pub(super) fn finish_inference(
     inner: &Inner,
@@ -184,19 +184,23 @@ pub(super) fn finish_inference(
     generation: u64,
     result: &Result<InferenceResponse, InferenceError>,
 ) {
-    let mut st = inner.state.lock();
     let id = descriptor.model_id.as_str();
-    let mut residency = None;
-    if let Some(r) = st.models.get_mut(id).filter(|r| r.generation == generation) {
-        r.in_flight = r.in_flight.saturating_sub(1);
-        if r.in_flight == 0 {
-            residency = Some((r.descriptor.residency, r.descriptor.idle_timeout));
+    // The completion is appended while the inference still counts as in flight, so an unload
+    // or eviction (which waits for that count) is after it in the log, and while it counts as
+    // being recorded, so a crash's unload (which waits for no inference) is after it too. No
+    // lock is held across the disk write. A server already recorded as gone gets no
+    // completion after its unload: the log would say the model was still loaded.
+    let recording = result.is_ok() && {
+        let mut st = inner.state.lock();
+        match st.models.get_mut(id).filter(|r| r.generation == generation) {
+            Some(r) => {
+                r.recording += 1;
+                true
+            }
+            None => false,
         }
-    }
-    inner.settled.notify_all();
-    // Recorded while the model is still loaded: an unload or eviction, which waits for this
-    // count, is always after it in the log.
-    if let Ok(r) = result {
+    };
+    if let (true, Ok(r)) = (recording, result) {
         let event = DomainEvent::InferenceCompleted {
             model_id: descriptor.model_id.clone(),
             usage: r.usage,
@@ -207,6 +211,18 @@ pub(super) fn finish_inference(
             log::error!("recording an inference: {e}");
         }
     }
+    let mut st = inner.state.lock();
+    let mut residency = None;
+    if let Some(r) = st.models.get_mut(id).filter(|r| r.generation == generation) {
+        if recording {
+            r.recording -= 1;
+        }
+        r.in_flight = r.in_flight.saturating_sub(1);
+        if r.in_flight == 0 {
+            residency = Some((r.descriptor.residency, r.descriptor.idle_timeout));
+        }
+    }
+    inner.settled.notify_all();
     match residency {
         Some((ResidencyMode::Dynamic, timeout)) => {
             if let Some(r) = st.models.get_mut(id) {

@@ -72,7 +72,9 @@ fn ensure_loaded_queued(
         if let Some(r) = st.models.get_mut(id) {
             if r.in_flight > 0 {
                 let in_flight = r.in_flight;
-                wait_or_busy(inner, st, deadline, started, |_| (id.to_owned(), in_flight))?;
+                wait_or_busy(inner, st, id, deadline, started, |_| {
+                    Holders::inferences(id, in_flight)
+                })?;
                 continue;
             }
             stop_model(inner, st, id, UnloadReason::Replaced)?;
@@ -89,17 +91,19 @@ fn ensure_loaded_queued(
             Room::Wait => {
                 if !*queued {
                     if st.queued >= inner.options.max_queued {
-                        let (model_id, in_flight) = busy_models(st);
+                        let held = holders(st);
                         return Err(ModelLoadError::Busy {
-                            model_id,
-                            in_flight,
+                            requested: id.to_owned(),
+                            model_id: held.models,
+                            in_flight: held.in_flight,
+                            holding: format!("room ({} loads queued already)", st.queued),
                             waited_ms: 0,
                         });
                     }
                     st.queued += 1;
                     *queued = true;
                 }
-                wait_or_busy(inner, st, deadline, started, busy_models)?;
+                wait_or_busy(inner, st, id, deadline, started, holders)?;
             }
         }
     }
@@ -139,33 +143,77 @@ fn adopt_residency(inner: &Inner, r: &mut Running, d: &ModelDescriptor) {
     }
 }
 
-/// The models with work in flight, as a Busy error names them, and their in-flight total.
-fn busy_models(st: &State) -> (String, u32) {
-    let mut ids: Vec<&str> = st
+/// What a waiting call waited for, as a Busy error names it.
+struct Holders {
+    /// The models with inferences running, and their total.
+    models: String,
+    in_flight: u32,
+    /// In words, each thing it waited for.
+    holding: String,
+}
+
+impl Holders {
+    /// The inferences running on `id`.
+    fn inferences(id: &str, in_flight: u32) -> Holders {
+        Holders {
+            models: id.to_owned(),
+            in_flight,
+            holding: format!("{in_flight} inference(s) on {id} to finish"),
+        }
+    }
+}
+
+/// What holds the room a load waits for: models with inferences running, servers starting
+/// and servers stopping (each counts towards `max_loaded` and the memory budget).
+fn holders(st: &State) -> Holders {
+    let mut running: Vec<(&str, u32)> = st
         .models
         .iter()
-        .filter(|(_, r)| r.in_flight > 0 && r.is_local())
-        .map(|(id, _)| id.as_str())
+        .filter(|(_, r)| r.in_flight > 0)
+        .map(|(id, r)| (id.as_str(), r.in_flight))
         .collect();
-    ids.sort_unstable();
-    let total = st.models.values().map(|r| r.in_flight).sum();
-    (ids.join(", "), total)
+    running.sort_unstable();
+    let mut starting: Vec<&str> = st.loading.keys().map(String::as_str).collect();
+    starting.sort_unstable();
+    let mut stopping: Vec<&str> = st.stopping.keys().map(String::as_str).collect();
+    stopping.sort_unstable();
+    let mut holding: Vec<String> = running
+        .iter()
+        .map(|(id, n)| format!("{n} inference(s) on {id} to finish"))
+        .collect();
+    holding.extend(starting.iter().map(|id| format!("{id} to finish loading")));
+    holding.extend(stopping.iter().map(|id| format!("{id} to stop")));
+    if holding.is_empty() {
+        holding.push("room under max_loaded or the memory budget".to_owned());
+    }
+    Holders {
+        models: running
+            .iter()
+            .map(|(id, _)| *id)
+            .collect::<Vec<_>>()
+            .join(", "),
+        in_flight: running.iter().map(|(_, n)| n).sum(),
+        holding: holding.join(", "),
+    }
 }
 
 /// Waits one slice for the state to change, or fails with Busy after the deadline.
 fn wait_or_busy(
     inner: &Inner,
     st: &mut MutexGuard<'_, State>,
+    requested: &str,
     deadline: Instant,
     started: Instant,
-    busy: impl FnOnce(&State) -> (String, u32),
+    busy: impl FnOnce(&State) -> Holders,
 ) -> Result<(), ModelLoadError> {
     let now = Instant::now();
     if now >= deadline {
-        let (model_id, in_flight) = busy(st);
+        let held = busy(st);
         return Err(ModelLoadError::Busy {
-            model_id,
-            in_flight,
+            requested: requested.to_owned(),
+            model_id: held.models,
+            in_flight: held.in_flight,
+            holding: held.holding,
             waited_ms: started.elapsed().as_millis() as u64,
         });
     }
@@ -177,7 +225,7 @@ fn wait_or_busy(
 fn room(inner: &Inner, st: &State, estimate: Option<u64>) -> Room {
     let servers = st.models.values().filter(|r| r.is_local()).count()
         + st.loading.values().filter(|p| p.port.is_some()).count()
-        + st.stopping.len();
+        + st.stopping.values().filter(|s| s.pid.is_some()).count();
     let over_count = servers + 1 > inner.options.max_loaded;
     // Loaded servers count with their measured RSS, the new one with its estimate (the
     // estimate alone was checked against the budget before).
@@ -273,7 +321,7 @@ fn pick_port(inner: &Inner, st: &State) -> Result<u16, ModelLoadError> {
         .values()
         .filter_map(Running::port)
         .chain(st.loading.values().filter_map(|p| p.port))
-        .chain(st.stopping.values().map(|s| s.port))
+        .chain(st.stopping.values().filter_map(|s| s.port))
         .collect();
     let last = first.saturating_add(inner.options.port_count - 1);
     let mut detail = String::new();
@@ -310,20 +358,6 @@ fn spawn_local(
 ) -> Result<(), ModelLoadError> {
     let port = pick_port(inner, st)?;
     let log_path = inner.log_path();
-    if let Some(dir) = log_path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| ModelLoadError::Log {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-    }
-    let log_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .map_err(|source| ModelLoadError::Log {
-            path: log_path.clone(),
-            source,
-        })?;
     st.generation += 1;
     let generation = st.generation;
     // A unique alias: a 200 from a server that is not ours is caught by /v1/models.
@@ -340,21 +374,33 @@ fn spawn_local(
         },
     );
     // The slow part, with the lock released: status, health and inference on other models
-    // answer meanwhile; calls for this id wait for it.
+    // answer meanwhile; calls for this id wait for it. `model.loaded` is appended here too,
+    // once the server is healthy and before the model is in use (calls for the id wait while
+    // it is loading), with no lock held across the disk write.
     let spawned = MutexGuard::unlocked(st, || {
-        server::start_and_wait_healthy(
+        let log_file = open_log(&log_path)?;
+        let (mut child, isolation) = server::start_and_wait_healthy(
             inner, d, bin, &alias, generation, log_file, port, estimate, cancel,
-        )
+        )?;
+        let event = DomainEvent::ModelLoaded {
+            model_id: d.model_id.clone(),
+            model_path: d.model_path.display().to_string(),
+            port: Some(port),
+            pid: Some(child.id()),
+            load_ms: started.elapsed().as_millis() as u64,
+            endpoints: Vec::new(),
+            isolation: Some(isolation),
+        };
+        if let Err(e) = append_domain(inner.events.as_ref(), MODEL_STREAM, &event) {
+            // The log must not say a model is loaded when it could not record it.
+            stop_child(&mut child);
+            return Err(ModelLoadError::Events(e));
+        }
+        Ok(child)
     });
     st.loading.remove(&d.model_id);
     inner.settled.notify_all();
-    let (mut child, isolation) = spawned?;
-    if st.shutdown {
-        stop_child(&mut child);
-        return Err(ModelLoadError::ManagerGone);
-    }
-    let load_ms = started.elapsed().as_millis() as u64;
-    let pid = child.id();
+    let child = spawned?;
     let provider = Arc::new(LlamaCppInferenceProvider::new(
         &d.model_id,
         &base,
@@ -374,6 +420,7 @@ fn spawn_local(
             },
             generation,
             in_flight: 0,
+            recording: 0,
             idle: None,
             last_used: uses,
             loaded_at: SystemTime::now(),
@@ -381,37 +428,38 @@ fn spawn_local(
             misses: 0,
         },
     );
-    let event = DomainEvent::ModelLoaded {
-        model_id: d.model_id.clone(),
-        model_path: d.model_path.display().to_string(),
-        port: Some(port),
-        pid: Some(pid),
-        load_ms,
-        endpoints: Vec::new(),
-        isolation: Some(isolation),
-    };
-    record_loaded(inner, st, d, event)
+    loaded(inner, st, d)
 }
 
-/// Appends `model.loaded`, rolling the load back when it cannot be recorded; starts the
-/// DYNAMIC idle clock (a model loaded and never used unloads too).
-fn record_loaded(
+/// The server's log file, its directory made first.
+fn open_log(path: &std::path::Path) -> Result<std::fs::File, ModelLoadError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| ModelLoadError::Log {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|source| ModelLoadError::Log {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// A model just recorded loaded and put in place: unloaded again (and recorded) when the
+/// manager shut down meanwhile; else the DYNAMIC idle clock starts (a model loaded and never
+/// used unloads too).
+fn loaded(
     inner: &Inner,
     st: &mut MutexGuard<'_, State>,
     d: &ModelDescriptor,
-    event: DomainEvent,
 ) -> Result<(), ModelLoadError> {
-    if let Err(e) = append_domain(inner.events.as_ref(), MODEL_STREAM, &event) {
-        // The log must not say a model is loaded when it could not record it.
-        if let Some(Running {
-            backend: Backend::Local { mut child, .. },
-            ..
-        }) = st.models.remove(&d.model_id)
-        {
-            stop_child(&mut child);
-        }
-        inner.settled.notify_all();
-        return Err(ModelLoadError::Events(e));
+    if st.shutdown {
+        stop_model(inner, st, &d.model_id, UnloadReason::Requested)?;
+        return Err(ModelLoadError::ManagerGone);
     }
     if d.residency == ResidencyMode::Dynamic {
         if let Some(r) = st.models.get_mut(&d.model_id) {
@@ -442,19 +490,33 @@ fn connect_remote(
     );
     let started = Instant::now();
     let set = Arc::new(EndpointSet::new(d, &inner.options.http));
-    let checked = MutexGuard::unlocked(st, || set.check_all());
+    // Checked and recorded with the lock released; calls for this id wait meanwhile.
+    let checked = MutexGuard::unlocked(st, || {
+        set.check_all()
+            .map_err(|detail| ModelLoadError::EndpointsDown {
+                model_id: d.model_id.clone(),
+                detail,
+            })?;
+        if cancel.is_cancelled() {
+            return Err(ModelLoadError::Cancelled);
+        }
+        let event = DomainEvent::ModelLoaded {
+            model_id: d.model_id.clone(),
+            model_path: String::new(),
+            port: None,
+            pid: None,
+            load_ms: started.elapsed().as_millis() as u64,
+            endpoints: d.endpoints.clone(),
+            isolation: None,
+        };
+        append_domain(inner.events.as_ref(), MODEL_STREAM, &event).map_err(ModelLoadError::Events)
+    });
     st.loading.remove(&d.model_id);
     inner.settled.notify_all();
-    if st.shutdown {
+    if checked.is_err() && st.shutdown {
         return Err(ModelLoadError::ManagerGone);
     }
-    if cancel.is_cancelled() {
-        return Err(ModelLoadError::Cancelled);
-    }
-    checked.map_err(|detail| ModelLoadError::EndpointsDown {
-        model_id: d.model_id.clone(),
-        detail,
-    })?;
+    checked?;
     let uses = st.touch();
     st.models.insert(
         d.model_id.clone(),
@@ -463,6 +525,7 @@ fn connect_remote(
             backend: Backend::Remote(set),
             generation,
             in_flight: 0,
+            recording: 0,
             idle: None,
             last_used: uses,
             loaded_at: SystemTime::now(),
@@ -470,82 +533,71 @@ fn connect_remote(
             misses: 0,
         },
     );
-    let event = DomainEvent::ModelLoaded {
-        model_id: d.model_id.clone(),
-        model_path: String::new(),
-        port: None,
-        pid: None,
-        load_ms: started.elapsed().as_millis() as u64,
-        endpoints: d.endpoints.clone(),
-        isolation: None,
-    };
-    record_loaded(inner, st, d, event)
+    loaded(inner, st, d)
 }
 
 /// Stops `id`'s server now (the caller has drained it or it is dead) and records the unload
-/// after it is reaped. The lock is released while the server stops; meanwhile the id is
-/// `stopping`, so a load of it waits, and the server still counts towards `max_loaded`.
+/// after it is reaped. The lock is released while the server stops and the unload is
+/// appended; meanwhile the id is `stopping`, so a load of it waits, and a server still counts
+/// towards `max_loaded`. The recorded reason is decided once the exit is known: a server that
+/// died of something correx did not do (it had exited, or a signal correx did not send ended
+/// it) crashed, whichever call noticed first.
 pub(super) fn stop_model(
     inner: &Inner,
     st: &mut MutexGuard<'_, State>,
     id: &str,
     reason: UnloadReason,
 ) -> Result<(), ModelLoadError> {
+    // A completion being recorded comes first in the log: a crash's stop waits for no
+    // inference, but for the records of those that finished.
+    while st.models.get(id).is_some_and(|r| r.recording > 0) {
+        inner.settled.wait_for(st, WAIT_SLICE);
+    }
     let Some(running) = st.models.remove(id) else {
         return Ok(());
     };
-    let residency = running.descriptor.residency;
-    let estimate = running.estimate;
-    let unloaded = |reason, pid, port| DomainEvent::ModelUnloaded {
-        model_id: id.to_owned(),
-        reason,
-        pid,
-        port,
+    let (child, port) = match running.backend {
+        Backend::Remote(_) => (None, None),
+        Backend::Local { child, port, .. } => (Some(child), Some(port)),
     };
-    let recorded = match running.backend {
-        Backend::Remote(_) => append_domain(
+    let pid = child.as_ref().map(Child::id);
+    st.stopping.insert(
+        id.to_owned(),
+        Stopping {
+            residency: running.descriptor.residency,
+            pid,
+            port,
+            estimate: running.estimate,
+        },
+    );
+    let recorded = MutexGuard::unlocked(st, || {
+        let reason = match child {
+            Some(mut child) => {
+                let ended = if reason == UnloadReason::Unresponsive {
+                    // A stopped or hung process handles no SIGTERM: no grace.
+                    sys::kill_and_reap(&mut child)
+                } else {
+                    stop_child(&mut child)
+                };
+                if ended.not_by_us() {
+                    UnloadReason::Crashed
+                } else {
+                    reason
+                }
+            }
+            None => reason,
+        };
+        append_domain(
             inner.events.as_ref(),
             MODEL_STREAM,
-            &unloaded(reason, None, None),
-        ),
-        Backend::Local {
-            mut child, port, ..
-        } => {
-            // A server that died on its own is a crash, whichever call noticed it first.
-            let reason = if exited_unreaped(&child) {
-                UnloadReason::Crashed
-            } else {
-                reason
-            };
-            let pid = child.id();
-            st.stopping.insert(
-                id.to_owned(),
-                Stopping {
-                    residency,
-                    pid,
-                    port,
-                    estimate,
-                },
-            );
-            // The unload is appended right after the reap, before the lock is taken back: the
-            // log lags the process's end by one append, not by a wait for the lock too. A load
-            // of the id still comes after it, as `stopping` holds until then.
-            MutexGuard::unlocked(st, || {
-                if reason == UnloadReason::Unresponsive {
-                    // A stopped or hung process handles no SIGTERM: no grace.
-                    kill_group(pid as i32);
-                    let _ = child.wait();
-                } else {
-                    stop_child(&mut child);
-                }
-                append_domain(
-                    inner.events.as_ref(),
-                    MODEL_STREAM,
-                    &unloaded(reason, Some(pid), Some(port)),
-                )
-            })
-        }
-    };
+            &DomainEvent::ModelUnloaded {
+                model_id: id.to_owned(),
+                reason,
+                pid,
+                port,
+            },
+        )
+    });
     st.stopping.remove(id);
     inner.settled.notify_all();
     recorded.map(|_| ()).map_err(ModelLoadError::Events)
@@ -569,7 +621,9 @@ pub(super) fn unload_model(
             None => return Ok(()),
             Some(r) if r.in_flight > 0 => {
                 let in_flight = r.in_flight;
-                wait_or_busy(inner, st, deadline, started, |_| (id.to_owned(), in_flight))?;
+                wait_or_busy(inner, st, id, deadline, started, |_| {
+                    Holders::inferences(id, in_flight)
+                })?;
             }
             Some(_) => return stop_model(inner, st, id, UnloadReason::Requested),
         }
