@@ -66,8 +66,10 @@ pub enum ModelLoadError {
     Cancelled,
     /// The manager this provider belongs to was dropped.
     ManagerGone,
-    /// Replacing or unloading the loaded model would kill inferences still running on it; they
-    /// did not finish within the drain timeout, so nothing was changed.
+    /// The call waited for something that did not happen within the drain timeout, so nothing
+    /// was changed: inferences still running on a model it must replace or unload, or room
+    /// (`max_loaded`, the memory budget) held by models with inferences running or by servers
+    /// still loading or stopping; or the queue of waiting loads is full (`max_queued`).
     Busy {
         /// The model the call was for.
         requested: String,

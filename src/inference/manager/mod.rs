@@ -5,12 +5,13 @@
 //! elsewhere.
 //!
 //! One `parking_lot::Mutex` guards the state; it is released for everything slow: spawning a
-//! server and polling it healthy, stopping one, health checks. The ids being loaded or
-//! stopped are kept in the state meanwhile, so that a call for the same id waits for the
-//! change and counts see every server that exists. Events follow committed state:
-//! `model.loaded` after the server is healthy and in the state, `model.unloaded` after its
-//! process is reaped (and before a new server for the id can load); a failed load appends
-//! nothing.
+//! server and polling it healthy, stopping one, health checks, and every append to the log.
+//! The ids being loaded or stopped are kept in the state meanwhile, so that a call for the
+//! same id waits for the change and counts see every server that exists. Events follow real
+//! state: `model.loaded` once the server is healthy (while the id is still loading, before
+//! any use), `model.unloaded` after its process is reaped (and before a new server for the id
+//! can load). A failed load appends nothing, except when the manager shut down after the
+//! server was recorded: its unload is recorded too.
 //!
 //! Here: the state and the public API. `scheduler` decides and performs loads, evictions and
 //! unloads; `descriptor` holds what a model and the options are; `server` the processes;
@@ -77,7 +78,8 @@ pub trait ModelManager: Send + Sync {
     /// evicting the least recently used idle model when the bounds require it.
     ///
     /// # Errors
-    /// [`ModelLoadError`]; nothing is recorded for a failed load.
+    /// [`ModelLoadError`]; nothing is recorded for a failed load (a load that completes as the
+    /// manager shuts down is recorded with its unload, and fails with `ManagerGone`).
     fn load(
         &self,
         descriptor: &ModelDescriptor,
@@ -396,7 +398,8 @@ impl DefaultModelManager {
             estimated_bytes: s.estimate,
         }));
         drop(st);
-        for row in &mut out {
+        // Not an unloading server's: it may be reaped by now, and its pid another process's.
+        for row in out.iter_mut().filter(|r| r.state != ModelState::Unloading) {
             row.rss_bytes = row.pid.and_then(|p| sys::rss_bytes(p as i32));
         }
         out.sort_by(|a, b| a.model_id.cmp(&b.model_id));

@@ -207,8 +207,15 @@ pub(super) fn finish_inference(
             latency_ms: r.latency_ms,
             finish_reason: r.finish_reason.as_str().to_owned(),
         };
-        if let Err(e) = append_domain(inner.events.as_ref(), MODEL_STREAM, &event) {
-            log::error!("recording an inference: {e}");
+        // A store that panics must not leave the count of records in progress up: every stop
+        // of this model would wait for it.
+        let appended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            append_domain(inner.events.as_ref(), MODEL_STREAM, &event)
+        }));
+        match appended {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => log::error!("recording an inference: {e}"),
+            Err(_) => log::error!("recording an inference: the event store panicked"),
         }
     }
     let mut st = inner.state.lock();

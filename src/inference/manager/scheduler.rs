@@ -96,7 +96,11 @@ fn ensure_loaded_queued(
                             requested: id.to_owned(),
                             model_id: held.models,
                             in_flight: held.in_flight,
-                            holding: format!("room ({} loads queued already)", st.queued),
+                            holding: format!(
+                                "a place in the queue of loads waiting for room ({} of \
+                                 max_queued {} taken)",
+                                st.queued, inner.options.max_queued
+                            ),
                             waited_ms: 0,
                         });
                     }
@@ -166,16 +170,27 @@ impl Holders {
 /// What holds the room a load waits for: models with inferences running, servers starting
 /// and servers stopping (each counts towards `max_loaded` and the memory budget).
 fn holders(st: &State) -> Holders {
+    // Local servers only: remote models take no room.
     let mut running: Vec<(&str, u32)> = st
         .models
         .iter()
-        .filter(|(_, r)| r.in_flight > 0)
+        .filter(|(_, r)| r.in_flight > 0 && r.is_local())
         .map(|(id, r)| (id.as_str(), r.in_flight))
         .collect();
     running.sort_unstable();
-    let mut starting: Vec<&str> = st.loading.keys().map(String::as_str).collect();
+    let mut starting: Vec<&str> = st
+        .loading
+        .iter()
+        .filter(|(_, p)| p.port.is_some())
+        .map(|(id, _)| id.as_str())
+        .collect();
     starting.sort_unstable();
-    let mut stopping: Vec<&str> = st.stopping.keys().map(String::as_str).collect();
+    let mut stopping: Vec<&str> = st
+        .stopping
+        .iter()
+        .filter(|(_, s)| s.pid.is_some())
+        .map(|(id, _)| id.as_str())
+        .collect();
     stopping.sort_unstable();
     let mut holding: Vec<String> = running
         .iter()
@@ -549,9 +564,14 @@ pub(super) fn stop_model(
     reason: UnloadReason,
 ) -> Result<(), ModelLoadError> {
     // A completion being recorded comes first in the log: a crash's stop waits for no
-    // inference, but for the records of those that finished.
+    // inference, but for the records of those that finished. The lock is released meanwhile:
+    // the server asked about may be gone after, and another in its place is not this stop's.
+    let asked = st.models.get(id).map(|r| r.generation);
     while st.models.get(id).is_some_and(|r| r.recording > 0) {
         inner.settled.wait_for(st, WAIT_SLICE);
+    }
+    if st.models.get(id).map(|r| r.generation) != asked {
+        return Ok(());
     }
     let Some(running) = st.models.remove(id) else {
         return Ok(());

@@ -158,7 +158,9 @@ pub(super) fn watch_exit(
             return;
         }
         if exited {
-            return; // died while loading: the load reports it
+            // Died while its load was still being recorded: once the load puts it in place,
+            // it is a crash to record; if the load failed instead, nothing is current.
+            inner.settled.wait_for(&mut st, super::WAIT_SLICE);
         }
     }
 }
