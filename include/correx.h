@@ -464,8 +464,9 @@ int32_t correx_set_log_callback(correx_log_callback callback, void *user_data, i
  * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_MODEL` (the message
  * carries the server's last log lines; also a model alone over the memory budget, or remote
  * endpoints none of which answers), `CORREX_E_BUSY` (no model could be evicted: every one
- * still had inferences running after `models.drain_timeout_ms`, or `models.max_queued` loads
- * already waited; nothing changed), `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
+ * still had inferences running after `models.drain_timeout_ms`, or servers still loading or
+ * stopping held the room, or `models.max_queued` loads already waited; the message names the
+ * model asked for and what it waited for; nothing changed), `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
  *
  * # Blocking and threads
  * When the bounds are full, first waits for a model to have nothing in flight (running
@@ -492,8 +493,8 @@ int32_t correx_model_load(const struct correx_runtime *rt,
  *
  * # Blocking and threads
  * Waits for the model's running inferences to finish (never kills them; at most
- * `models.drain_timeout_ms`, default 120 s), then until the server has exited (at most a
- * couple of seconds). Any thread.
+ * `models.drain_timeout_ms`, default 120 s), then until the server has exited (at most
+ * `models.stop_grace_ms` after SIGTERM, default 1.5 s, then SIGKILL). Any thread.
  *
  * # Safety
  * Pointers are NULL or valid as documented.
@@ -692,7 +693,8 @@ int32_t correx_models_status(const struct correx_runtime *rt,
  *   "sandbox_root": "/path", "tools": {"shell": {...}, "file_read": {...}, "file_write": {...},
  *   "file_edit": {...}}, "models": {"server_bin", "port", "port_count", "max_loaded",
  *   "memory_budget_mb", "max_queued", "liveness_interval_ms", "health_timeout_ms", "log_dir",
- *   "read_timeout_ms", "drain_timeout_ms", "isolation": "required"|"best_effort"|"none"},
+ *   "read_timeout_ms", "drain_timeout_ms", "stop_grace_ms",
+ *   "isolation": "required"|"best_effort"|"none"},
  *   "approvals": {"engine": "callback"|"auto"|"deny",
  *   "max_tier": 2, "rules": [{"tool", "argv_prefix", "action": "allow"|"ask"|"forbid"}]}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
  *   everything. See the README for every field.

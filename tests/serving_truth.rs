@@ -33,7 +33,11 @@ fn a_server_killed_by_someone_else_is_a_crash_whatever_stops_it() -> TestResult 
     let Some(install) = llama_install() else {
         return Ok(());
     };
-    let s = Arc::new(setup_with(install, |_| {})?);
+    // Long enough that correx's SIGTERM stays pending on a stopped server until this test
+    // acts, however slow the machine.
+    let s = Arc::new(setup_with(install, |o| {
+        o.stop_grace = Duration::from_secs(600)
+    })?);
     let m = descriptor(&s.install, "m", ResidencyMode::Persistent);
     let n = descriptor(&s.install, "n", ResidencyMode::Persistent);
 

@@ -91,8 +91,9 @@ fn descriptor_from(map: serde_json::Map<String, Value>) -> FfiResult<ModelDescri
 /// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_MODEL` (the message
 /// carries the server's last log lines; also a model alone over the memory budget, or remote
 /// endpoints none of which answers), `CORREX_E_BUSY` (no model could be evicted: every one
-/// still had inferences running after `models.drain_timeout_ms`, or `models.max_queued` loads
-/// already waited; nothing changed), `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
+/// still had inferences running after `models.drain_timeout_ms`, or servers still loading or
+/// stopping held the room, or `models.max_queued` loads already waited; the message names the
+/// model asked for and what it waited for; nothing changed), `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
 ///
 /// # Blocking and threads
 /// When the bounds are full, first waits for a model to have nothing in flight (running
@@ -134,8 +135,8 @@ pub unsafe extern "C" fn correx_model_load(
 ///
 /// # Blocking and threads
 /// Waits for the model's running inferences to finish (never kills them; at most
-/// `models.drain_timeout_ms`, default 120 s), then until the server has exited (at most a
-/// couple of seconds). Any thread.
+/// `models.drain_timeout_ms`, default 120 s), then until the server has exited (at most
+/// `models.stop_grace_ms` after SIGTERM, default 1.5 s, then SIGKILL). Any thread.
 ///
 /// # Safety
 /// Pointers are NULL or valid as documented.

@@ -423,6 +423,13 @@ fn effects(c: &RuntimeConfig) {
         ),
     );
     say(
+        "models.stop_grace_ms",
+        format!(
+            "a stopping server gets {} ms after SIGTERM before SIGKILL",
+            m.stop_grace.as_millis()
+        ),
+    );
+    say(
         "models.liveness_interval_ms",
         format!(
             "servers are health-checked every {} ms",

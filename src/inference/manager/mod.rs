@@ -65,8 +65,6 @@ const LOG_TAIL_LINES: usize = 100;
 /// How often the manager asks `/health` while a server loads: tight, so readiness is noticed
 /// within a few milliseconds (Ollama polls every 250 ms, llama-swap every second).
 const HEALTH_POLL: Duration = Duration::from_millis(2);
-/// How long a server gets to exit after SIGTERM before its group gets SIGKILL.
-const TERM_GRACE: Duration = Duration::from_millis(1500);
 /// Failed liveness checks in a row after which a spawned server counts as unresponsive.
 const LIVENESS_MISSES: u32 = 3;
 /// How long waiting calls sleep between looks at the state, so a cancel is seen promptly.
@@ -526,8 +524,10 @@ impl ModelManager for DefaultModelManager {
     }
 }
 
-fn stop_child(child: &mut Child) -> sys::Ended {
-    sys::stop_group(child, TERM_GRACE)
+/// Stops a server: SIGTERM, `stop_grace` to exit, then SIGKILL; says how it ended.
+fn stop_child(inner: &Inner, child: &mut Child) -> sys::Ended {
+    let grace = inner.options.stop_grace;
+    sys::stop_group(child, grace)
 }
 
 /// Whether the child has exited, without reaping it.

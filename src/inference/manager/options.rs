@@ -52,6 +52,10 @@ pub struct ManagerOptions {
     /// the call fails with [`ModelLoadError::Busy`](crate::inference::ModelLoadError::Busy). Default 120 s.
     #[serde(rename = "drain_timeout_ms", with = "settings::millis")]
     pub drain_timeout: Duration,
+    /// How long a server being stopped gets after SIGTERM to exit before SIGKILL; default
+    /// 1.5 s.
+    #[serde(rename = "stop_grace_ms", with = "settings::millis")]
+    pub stop_grace: Duration,
     /// Where `llama-server.log` goes; default `$XDG_DATA_HOME/correx/logs`
     /// (`~/.local/share/correx/logs`).
     pub log_dir: Option<PathBuf>,
@@ -77,6 +81,7 @@ impl Default for ManagerOptions {
             liveness_interval: Duration::from_secs(5),
             health_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(120),
+            stop_grace: Duration::from_millis(1500),
             log_dir: None,
             http: HttpOptions::default(),
             isolation: ServerIsolation::default(),
@@ -104,6 +109,7 @@ impl Section for ManagerOptions {
         settings::positive_ms("liveness_interval_ms", self.liveness_interval)?;
         settings::positive_ms("health_timeout_ms", self.health_timeout)?;
         settings::positive_ms("drain_timeout_ms", self.drain_timeout)?;
+        settings::positive_ms("stop_grace_ms", self.stop_grace)?;
         settings::positive_ms("read_timeout_ms", self.http.read_timeout)?;
         if let Some(dir) = &self.log_dir {
             settings::non_empty("log_dir", dir)?;

@@ -408,7 +408,7 @@ fn spawn_local(
         };
         if let Err(e) = append_domain(inner.events.as_ref(), MODEL_STREAM, &event) {
             // The log must not say a model is loaded when it could not record it.
-            stop_child(&mut child);
+            stop_child(inner, &mut child);
             return Err(ModelLoadError::Events(e));
         }
         Ok(child)
@@ -597,7 +597,7 @@ pub(super) fn stop_model(
                     // A stopped or hung process handles no SIGTERM: no grace.
                     sys::kill_and_reap(&mut child)
                 } else {
-                    stop_child(&mut child)
+                    stop_child(inner, &mut child)
                 };
                 if ended.not_by_us() {
                     UnloadReason::Crashed

@@ -235,7 +235,7 @@ pub(super) fn start_and_wait_healthy(
     });
     let started = Instant::now();
     let fail = |child: &mut Child, e: ModelLoadError| {
-        stop_child(child);
+        stop_child(inner, child);
         Err(e)
     };
     loop {
