@@ -178,6 +178,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             seed: Some(1234),
             ..GenerationConfig::default()
         },
+        session: None,
     };
     let body = chat_body("gemma", &request).to_string();
     let mut bare = BareClient::connect(port)?;
@@ -227,6 +228,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             seed: Some(1234),
             ..GenerationConfig::default()
         },
+        session: None,
     };
     let mut speeds: Vec<f64> = (0..5)
         .map(|_| {

@@ -220,6 +220,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             seed: Some(1),
             ..GenerationConfig::default()
         },
+        session: None,
     };
     // Warm both prompt caches.
     pa.infer(&request)?;

@@ -76,6 +76,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 seed: Some(7),
                 ..GenerationConfig::default()
             },
+            session: None,
         },
         &correx::CancelToken::new(),
         &mut |chunk| {

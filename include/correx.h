@@ -546,8 +546,9 @@ int32_t correx_model_health(const struct correx_runtime *rt,
  * - `model_id`: a model passed to `correx_model_load` before.
  * - `request_json`: `{"v": 1, "context": {"system": "...", "task": "...", "entries":
  *   [{"source": "model"|"user"|"tool", "content": "...", "tool_calls": [...], "tool_call_id":
- *   "..."}]}, "config": {...}}`. `context` is required (`{}` is an empty pack: one empty user
- *   message); in it, an entry needs `source` and `content`. Unknown fields are refused, at
+ *   "..."}]}, "config": {...}, "session": "..."}`. `context` is required (`{}` is an empty
+ *   pack: one empty user message); `session` (optional) keeps a conversation's requests to a
+ *   remote model on one endpoint, where its prompt is cached; in `context`, an entry needs `source` and `content`. Unknown fields are refused, at
  *   every level. Every `config` field is optional: `temperature` (0.7), `top_p`
  *   (0.95), `max_tokens` (512), `stop` ([]), `seed`, `top_k`, `min_p`, `typical_p`,
  *   `repeat_penalty`, `repeat_last_n`, `presence_penalty`, `frequency_penalty`, `mirostat`,

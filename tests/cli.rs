@@ -90,6 +90,7 @@ fn write_log(path: &std::path::Path) -> Result<SqliteEventStore, Box<dyn std::er
             },
             latency_ms: 10,
             finish_reason: "stop".into(),
+            endpoint: None,
         },
         "model-manager",
     )?;

@@ -136,6 +136,7 @@ fn every_domain_event() -> Vec<DomainEvent> {
             },
             latency_ms: 80,
             finish_reason: "length".into(),
+            endpoint: None,
         },
     ]
 }

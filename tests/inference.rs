@@ -23,6 +23,7 @@ pub fn ask(question: &str, max_tokens: u32) -> InferenceRequest {
             seed: Some(7),
             ..GenerationConfig::default()
         },
+        session: None,
     }
 }
 

@@ -94,6 +94,7 @@ pub(crate) fn ask(max_tokens: u32) -> InferenceRequest {
             seed: Some(3),
             ..GenerationConfig::default()
         },
+        session: None,
     }
 }
 

@@ -717,3 +717,93 @@ fn chaos_every_crash_recorded_as_one_and_no_other() -> TestResult {
     assert_eq!(replayed, truth);
     Ok(())
 }
+
+/// Two real llama-servers as one remote model: each session's turns all go to one endpoint
+/// (recorded in `inference.completed`), sessions spread over both, a session whose endpoint is
+/// at the spill bound goes to the other, and requests without a session go to the least loaded.
+#[test]
+fn a_session_stays_on_its_endpoint_and_sessions_spread() -> TestResult {
+    let Some(install) = llama_install() else {
+        return Ok(());
+    };
+    let s = setup_with(install, |o| o.session_spill_in_flight = 1)?;
+    let one = TestServer::start(&s.install);
+    let two = TestServer::start(&s.install);
+    let d = ModelDescriptor::remote("pair", vec![one.base_url(), two.base_url()]);
+    let provider = s.manager.load(&d)?;
+    let completed_endpoints = || -> Result<Vec<String>, Box<dyn std::error::Error>> {
+        Ok(model_events(&s.store)?
+            .iter()
+            .filter(|e| e.type_id == "inference.completed")
+            .map(|e| e.payload["endpoint"].as_str().unwrap_or("?").to_owned())
+            .collect())
+    };
+    // Four sessions of six turns each, turn by turn across the sessions.
+    let sessions = ["alpha", "bravo", "charlie", "delta"];
+    for _turn in 0..6 {
+        for session in sessions {
+            let mut r = ask(2);
+            r.session = Some(session.to_owned());
+            provider.infer(&r)?;
+        }
+    }
+    let endpoints = completed_endpoints()?;
+    assert_eq!(endpoints.len(), 24);
+    for (i, session) in sessions.iter().enumerate() {
+        let own: Vec<&String> = endpoints.iter().skip(i).step_by(4).collect();
+        assert!(
+            own.iter().all(|e| *e == own[0]),
+            "{session} moved between endpoints: {own:?}"
+        );
+    }
+    // Sixteen more sessions, one turn each: both endpoints serve some (all on one: 2 in 65536).
+    for n in 0..16 {
+        let mut r = ask(2);
+        r.session = Some(format!("spread-{n}"));
+        provider.infer(&r)?;
+    }
+    let endpoints = completed_endpoints()?;
+    let spread: std::collections::HashSet<&String> = endpoints[24..].iter().collect();
+    assert_eq!(spread.len(), 2, "{spread:?}");
+
+    // A session whose endpoint has a request running (the bound is 1) goes to the other.
+    let session = "held";
+    let mut long = ask(4000);
+    long.session = Some(session.to_owned());
+    let token = CancelToken::new();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let running = std::thread::scope(|scope| -> TestResult {
+        let stream = scope.spawn(|| {
+            let mut first = Some(tx);
+            provider.infer_stream(&long, &token, &mut |_| {
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(());
+                }
+                StreamControl::Continue
+            })
+        });
+        rx.recv_timeout(Duration::from_secs(120))?;
+        let before = completed_endpoints()?.len();
+        let mut short = ask(2);
+        short.session = Some(session.to_owned());
+        provider.infer(&short)?;
+        token.cancel();
+        let _ = stream.join();
+        let after = completed_endpoints()?;
+        assert_eq!(after.len(), before + 1);
+        let spilled = after[before].clone();
+        // The held session's own endpoint is the one the long answer streams from: once it is
+        // cancelled, the session goes back there.
+        let mut again = ask(2);
+        again.session = Some(session.to_owned());
+        provider.infer(&again)?;
+        let own = completed_endpoints()?.last().cloned().unwrap_or_default();
+        assert_ne!(
+            spilled, own,
+            "the spilled request went to the session's busy endpoint"
+        );
+        Ok(())
+    });
+    running?;
+    Ok(())
+}

@@ -513,6 +513,7 @@ public final class LibraryTest {
                     .temperature(0)
                     .seed(7)
                     .maxTokens(2)
+                    .session("chat-1")
                     .build();
 
             test("an unknown model is an UnknownModelException", () -> {

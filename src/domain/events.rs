@@ -250,6 +250,9 @@ pub enum DomainEvent {
         latency_ms: u64,
         /// Why generation stopped.
         finish_reason: String,
+        /// The endpoint that answered (a remote model's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        endpoint: Option<String>,
     },
 }
 
@@ -352,8 +355,9 @@ impl DomainEvent {
             DomainEvent::ToolExecutionRejected { tool_name, tier, reason, invocation_id, .. } => {
                 format!("{tool_name} (T{tier}) rejected: {reason}, invocation {invocation_id}")
             }
-            DomainEvent::InferenceCompleted { model_id, usage, latency_ms, finish_reason } => format!(
-                "inference on {model_id}: {} prompt + {} completion tokens in {latency_ms} ms ({finish_reason})",
+            DomainEvent::InferenceCompleted { model_id, usage, latency_ms, finish_reason, endpoint } => format!(
+                "inference on {model_id}{}: {} prompt + {} completion tokens in {latency_ms} ms ({finish_reason})",
+                endpoint.as_ref().map(|e| format!(" at {e}")).unwrap_or_default(),
                 usage.prompt_tokens, usage.completion_tokens
             ),
         }

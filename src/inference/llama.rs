@@ -648,6 +648,7 @@ mod tests {
                 repeat_penalty: Some(1.1),
                 ..GenerationConfig::default()
             },
+            session: None,
         };
         let b = chat_body("m", &req);
         assert_eq!(b["temperature"], 0.0);

@@ -284,6 +284,7 @@ fn serve_once(server: &Path, model: &Path) -> Result<String, String> {
                     max_tokens: 1,
                     ..GenerationConfig::default()
                 },
+                session: None,
             })
             .map_err(|e| e.to_string())?;
         manager.unload("doctor").map_err(|e| e.to_string())?;

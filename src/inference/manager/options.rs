@@ -52,6 +52,10 @@ pub struct ManagerOptions {
     /// the call fails with [`ModelLoadError::Busy`](crate::inference::ModelLoadError::Busy). Default 120 s.
     #[serde(rename = "drain_timeout_ms", with = "settings::millis")]
     pub drain_timeout: Duration,
+    /// A remote model's requests of one session stay on the session's endpoint until it has
+    /// this many requests in flight; beyond, they go to the least loaded; default 4.
+    #[serde(rename = "session_spill_in_flight")]
+    pub session_spill_in_flight: u32,
     /// How long a server being stopped gets after SIGTERM to exit before SIGKILL; default
     /// 1.5 s.
     #[serde(rename = "stop_grace_ms", with = "settings::millis")]
@@ -81,6 +85,7 @@ impl Default for ManagerOptions {
             liveness_interval: Duration::from_secs(5),
             health_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(120),
+            session_spill_in_flight: 4,
             stop_grace: Duration::from_millis(1500),
             log_dir: None,
             http: HttpOptions::default(),
@@ -110,6 +115,10 @@ impl Section for ManagerOptions {
         settings::positive_ms("health_timeout_ms", self.health_timeout)?;
         settings::positive_ms("drain_timeout_ms", self.drain_timeout)?;
         settings::positive_ms("stop_grace_ms", self.stop_grace)?;
+        settings::positive(
+            "session_spill_in_flight",
+            u64::from(self.session_spill_in_flight),
+        )?;
         settings::positive_ms("read_timeout_ms", self.http.read_timeout)?;
         if let Some(dir) = &self.log_dir {
             settings::non_empty("log_dir", dir)?;

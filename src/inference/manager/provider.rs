@@ -127,22 +127,25 @@ impl ManagedInferenceProvider {
             generation,
             finished: false,
         };
-        let result = match &target {
-            Target::Local(p) => p.infer_stream(request, cancel, on_chunk),
-            Target::Remote(set) => set.infer_stream(
+        let (result, endpoint) = match &target {
+            Target::Local(p) => (p.infer_stream(request, cancel, on_chunk), None),
+            Target::Remote(set) => match set.infer_stream(
                 inner.events.as_ref(),
                 request,
                 cancel,
                 on_chunk,
                 restartable,
-            ),
+            ) {
+                Ok((r, url)) => (Ok(r), Some(url)),
+                Err(e) => (Err(e), None),
+            },
         };
         let result = result.map(|mut r| {
             r.model = self.descriptor.model_id.clone();
             r
         });
         // Recorded before the caller sees the answer.
-        flight.finish(&result);
+        flight.finish(&result, endpoint);
         result
     }
 }
@@ -157,9 +160,19 @@ pub(super) struct InFlight<'a> {
 }
 
 impl InFlight<'_> {
-    fn finish(mut self, result: &Result<InferenceResponse, InferenceError>) {
+    fn finish(
+        mut self,
+        result: &Result<InferenceResponse, InferenceError>,
+        endpoint: Option<String>,
+    ) {
         self.finished = true;
-        finish_inference(self.inner, self.descriptor, self.generation, result);
+        finish_inference(
+            self.inner,
+            self.descriptor,
+            self.generation,
+            result,
+            endpoint,
+        );
     }
 }
 
@@ -171,6 +184,7 @@ impl Drop for InFlight<'_> {
                 self.descriptor,
                 self.generation,
                 &Err(InferenceError::Cancelled),
+                None,
             );
         }
     }
@@ -183,6 +197,7 @@ pub(super) fn finish_inference(
     descriptor: &ModelDescriptor,
     generation: u64,
     result: &Result<InferenceResponse, InferenceError>,
+    endpoint: Option<String>,
 ) {
     let id = descriptor.model_id.as_str();
     // The completion is appended while the inference still counts as in flight, so an unload
@@ -206,6 +221,7 @@ pub(super) fn finish_inference(
             usage: r.usage,
             latency_ms: r.latency_ms,
             finish_reason: r.finish_reason.as_str().to_owned(),
+            endpoint,
         };
         // A store that panics must not leave the count of records in progress up: every stop
         // of this model would wait for it.

@@ -1,6 +1,10 @@
 //! Remote models: llama-servers already running elsewhere, named by URL. Nothing is spawned or
-//! killed; each request goes to the healthy endpoint with the fewest requests in flight, and
-//! moves to the next when one fails before answering (recorded as `model.endpoint_failover`).
+//! killed. A request of a session goes to the session's endpoint (rendezvous hashing over the
+//! healthy endpoints: each session's highest-weighted one, so its prompt cache is reused and a
+//! lost endpoint moves only its own sessions), unless that one has
+//! `session_spill_in_flight` requests running; any other request goes to the healthy endpoint
+//! with the fewest in flight. A request moves to the next endpoint when one fails before
+//! answering (recorded as `model.endpoint_failover`).
 
 use super::*;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -17,6 +21,8 @@ pub(super) struct RemoteEndpoint {
 pub(super) struct EndpointSet {
     model_id: String,
     pub(super) endpoints: Vec<RemoteEndpoint>,
+    /// A session's endpoint with this many requests in flight takes no more of them.
+    spill_at: u32,
 }
 
 /// Counts a request on an endpoint while it lives.
@@ -40,7 +46,7 @@ fn worth_another(e: &InferenceError) -> bool {
 }
 
 impl EndpointSet {
-    pub(super) fn new(d: &ModelDescriptor, http: &HttpOptions) -> Self {
+    pub(super) fn new(d: &ModelDescriptor, http: &HttpOptions, spill_at: u32) -> Self {
         let endpoints = d
             .endpoints
             .iter()
@@ -58,6 +64,7 @@ impl EndpointSet {
         EndpointSet {
             model_id: d.model_id.clone(),
             endpoints,
+            spill_at,
         }
     }
 
@@ -80,23 +87,28 @@ impl EndpointSet {
         }
     }
 
-    /// The endpoint to try next: healthy ones first, then the fewest in flight; `None` when
-    /// every endpoint was tried.
-    fn pick(&self, tried: &[usize]) -> Option<usize> {
-        (0..self.endpoints.len())
-            .filter(|i| !tried.contains(i))
-            .min_by_key(|&i| {
-                let e = &self.endpoints[i];
-                (
-                    !e.healthy.load(Ordering::Acquire),
-                    e.in_flight.load(Ordering::Acquire),
-                )
-            })
+    /// The endpoint to try next, of those not `tried`: `session`'s (the healthy one of highest
+    /// rendezvous weight) unless it is at the spill bound, else healthy ones first, then the
+    /// fewest in flight; `None` when every endpoint was tried.
+    fn pick(&self, tried: &[usize], session: Option<&str>) -> Option<usize> {
+        let untried = || (0..self.endpoints.len()).filter(|i| !tried.contains(i));
+        let healthy = |i: &usize| self.endpoints[*i].healthy.load(Ordering::Acquire);
+        let in_flight = |i: usize| self.endpoints[i].in_flight.load(Ordering::Acquire);
+        if let Some(key) = session {
+            let own = untried()
+                .filter(healthy)
+                .max_by_key(|&i| rendezvous_weight(key, &self.endpoints[i].url));
+            if let Some(own) = own.filter(|&i| in_flight(i) < self.spill_at) {
+                return Some(own);
+            }
+        }
+        untried().min_by_key(|&i| (!healthy(&i), in_flight(i)))
     }
 
     /// The tokenizer of the endpoint a request would go to now.
     pub(super) fn tokenizer(&self) -> Option<LlamaCppTokenizer> {
-        self.pick(&[]).map(|i| self.endpoints[i].tokenizer.clone())
+        self.pick(&[], None)
+            .map(|i| self.endpoints[i].tokenizer.clone())
     }
 
     pub(super) fn status(&self) -> Vec<EndpointStatus> {
@@ -110,9 +122,10 @@ impl EndpointSet {
             .collect()
     }
 
-    /// Runs the request on one endpoint after another until one answers. A request that
-    /// already streamed text to a caller who sees the pieces (`restartable` false) is not
-    /// repeated elsewhere, since the caller would see them twice: its error is returned.
+    /// Runs the request on one endpoint after another until one answers, and says which did. A
+    /// request that already streamed text to a caller who sees the pieces (`restartable`
+    /// false) is not repeated elsewhere, since the caller would see them twice: its error is
+    /// returned.
     pub(super) fn infer_stream(
         &self,
         events: &dyn EventStore,
@@ -120,9 +133,10 @@ impl EndpointSet {
         cancel: &CancelToken,
         on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
         restartable: bool,
-    ) -> Result<InferenceResponse, InferenceError> {
+    ) -> Result<(InferenceResponse, String), InferenceError> {
+        let session = request.session.as_deref();
         let mut tried = Vec::new();
-        let Some(mut at) = self.pick(&tried) else {
+        let Some(mut at) = self.pick(&tried, session) else {
             return Err(InferenceError::ModelUnavailable {
                 detail: format!("model {} has no endpoints", self.model_id),
             });
@@ -143,7 +157,7 @@ impl EndpointSet {
             let err = match result {
                 Ok(r) => {
                     endpoint.healthy.store(true, Ordering::Release);
-                    return Ok(r);
+                    return Ok((r, endpoint.url.clone()));
                 }
                 Err(e) => e,
             };
@@ -151,7 +165,7 @@ impl EndpointSet {
                 return Err(err);
             }
             endpoint.healthy.store(false, Ordering::Release);
-            let next = self.pick(&tried);
+            let next = self.pick(&tried, session);
             let (false, Some(next)) = (delivered && !restartable, next) else {
                 return Err(err);
             };
@@ -172,5 +186,92 @@ impl EndpointSet {
             );
             at = next;
         }
+    }
+}
+
+/// A session's weight for an endpoint: the endpoint of highest weight serves the session.
+/// FNV-1a over both (so every host and every build of correx agrees), then a 64-bit finalizer
+/// to spread nearby inputs.
+fn rendezvous_weight(session: &str, url: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in session.bytes().chain([0xff]).chain(url.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(urls: &[&str], spill_at: u32) -> EndpointSet {
+        let mut d = ModelDescriptor::new("m", "", ResidencyMode::Persistent);
+        d.endpoints = urls.iter().map(|u| (*u).to_owned()).collect();
+        EndpointSet::new(&d, &HttpOptions::default(), spill_at)
+    }
+
+    #[test]
+    fn a_session_keeps_its_endpoint_and_sessions_spread() {
+        let urls = [
+            "http://10.0.0.1:8080",
+            "http://10.0.0.2:8080",
+            "http://10.0.0.3:8080",
+        ];
+        let s = set(&urls, 4);
+        let mut per_endpoint = [0usize; 3];
+        for n in 0..300 {
+            let key = format!("session-{n}");
+            let first = s.pick(&[], Some(&key)).expect("an endpoint");
+            assert_eq!(
+                s.pick(&[], Some(&key)),
+                Some(first),
+                "the same key, another pick"
+            );
+            per_endpoint[first] += 1;
+        }
+        // Rendezvous hashing spreads sessions about evenly (each about a third).
+        assert!(per_endpoint.iter().all(|&n| n > 60), "{per_endpoint:?}");
+    }
+
+    #[test]
+    fn losing_an_endpoint_moves_only_its_sessions() {
+        let urls = ["http://a:1", "http://b:1", "http://c:1"];
+        let s = set(&urls, 4);
+        let before: Vec<usize> = (0..200)
+            .map(|n| s.pick(&[], Some(&format!("k{n}"))).expect("an endpoint"))
+            .collect();
+        s.endpoints[1].healthy.store(false, Ordering::Release);
+        for (n, was) in before.iter().enumerate() {
+            let now = s.pick(&[], Some(&format!("k{n}"))).expect("an endpoint");
+            if *was != 1 {
+                assert_eq!(now, *was, "a session of a healthy endpoint moved");
+            } else {
+                assert_ne!(now, 1);
+            }
+        }
+        // A failover passes over the endpoint tried, to the session's next one.
+        let key = (0..)
+            .map(|n| format!("k{n}"))
+            .find(|k| s.pick(&[], Some(k)) == Some(0));
+        let key = key.expect("a session on endpoint 0");
+        assert_eq!(s.pick(&[0], Some(&key)), Some(2));
+    }
+
+    #[test]
+    fn a_busy_session_endpoint_spills_to_the_least_loaded() {
+        let s = set(&["http://a:1", "http://b:1"], 2);
+        let key = "busy";
+        let own = s.pick(&[], Some(key)).expect("an endpoint");
+        s.endpoints[own].in_flight.store(1, Ordering::Release);
+        assert_eq!(s.pick(&[], Some(key)), Some(own), "under the bound");
+        s.endpoints[own].in_flight.store(2, Ordering::Release);
+        assert_eq!(s.pick(&[], Some(key)), Some(1 - own), "at the bound");
+        // Without a session: the fewest in flight, as before.
+        assert_eq!(s.pick(&[], None), Some(1 - own));
     }
 }

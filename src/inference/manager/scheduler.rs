@@ -504,7 +504,11 @@ fn connect_remote(
         },
     );
     let started = Instant::now();
-    let set = Arc::new(EndpointSet::new(d, &inner.options.http));
+    let set = Arc::new(EndpointSet::new(
+        d,
+        &inner.options.http,
+        inner.options.session_spill_in_flight,
+    ));
     // Checked and recorded with the lock released; calls for this id wait meanwhile.
     let checked = MutexGuard::unlocked(st, || {
         set.check_all()

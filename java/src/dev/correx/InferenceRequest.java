@@ -45,8 +45,18 @@ public final class InferenceRequest {
         private final Map<String, Object> context = new LinkedHashMap<>();
         private final List<Object> entries = new ArrayList<>();
         private final Map<String, Object> config = new LinkedHashMap<>();
+        private String session;
 
         private Builder() {}
+
+        /**
+         * The conversation this request belongs to: a remote model keeps a session's requests
+         * on one endpoint, where its prompt is cached.
+         */
+        public Builder session(String s) {
+            session = s;
+            return this;
+        }
 
         /** The system prompt. */
         public Builder system(String s) {
@@ -98,6 +108,7 @@ public final class InferenceRequest {
             m.put("v", 1);
             m.put("context", ctx);
             m.put("config", config);
+            if (session != null) m.put("session", session);
             return new InferenceRequest(Json.write(m));
         }
     }
