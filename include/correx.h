@@ -694,7 +694,7 @@ int32_t correx_models_status(const struct correx_runtime *rt,
  *   "sandbox_root": "/path", "tools": {"shell": {...}, "file_read": {...}, "file_write": {...},
  *   "file_edit": {...}}, "models": {"server_bin", "port", "port_count", "max_loaded",
  *   "memory_budget_mb", "max_queued", "liveness_interval_ms", "health_timeout_ms", "log_dir",
- *   "read_timeout_ms", "drain_timeout_ms", "stop_grace_ms",
+ *   "read_timeout_ms", "drain_timeout_ms", "stop_grace_ms", "session_spill_in_flight",
  *   "isolation": "required"|"best_effort"|"none"},
  *   "approvals": {"engine": "callback"|"auto"|"deny",
  *   "max_tier": 2, "rules": [{"tool", "argv_prefix", "action": "allow"|"ask"|"forbid"}]}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
