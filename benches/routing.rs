@@ -1,0 +1,272 @@
+//! `cargo bench --bench routing`: a remote model over two real llama-servers. Time to first
+//! token of a conversation's later turns when its requests stay on one endpoint (sessions)
+//! against the least-loaded endpoint, four conversations at once (`affinity_ttft_ratio`); and
+//! one endpoint through the manager's router against the same requests posted by a bare
+//! client (`routing_overhead_ratio`).
+
+use correx::{
+    chat_body, CancelToken, ContextEntry, ContextPack, DefaultModelManager, GenerationConfig,
+    InferenceProvider, InferenceRequest, LlamaInstall, ManagerOptions, ModelDescriptor,
+    ModelManager, SourceType, SqliteEventStore, StreamControl,
+};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A llama-server on a free port, healthy; four slots sharing one KV cache.
+fn server(install: &LlamaInstall) -> Result<(Server, u16), Box<dyn std::error::Error>> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let child = Command::new(&install.server)
+        .arg("--model")
+        .arg(&install.model)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--ctx-size", "16384", "--parallel", "4", "--kv-unified"])
+        .args(["--threads", "1", "--no-jinja", "--chat-template", "gemma"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let healthy = BareClient::connect(port)
+            .and_then(|mut c| c.request("GET", "/health", ""))
+            .is_ok_and(|(status, _)| status == 200);
+        if healthy {
+            return Ok((server, port));
+        }
+        if Instant::now() > deadline {
+            return Err("llama-server did not become healthy".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A minimal HTTP/1.1 client on one kept-alive connection.
+struct BareClient {
+    reader: BufReader<TcpStream>,
+}
+
+impl BareClient {
+    fn connect(port: u16) -> std::io::Result<Self> {
+        let s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_nodelay(true)?;
+        Ok(BareClient {
+            reader: BufReader::new(s),
+        })
+    }
+
+    fn request(&mut self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+        write!(
+            self.reader.get_mut(),
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
+        let mut status = 0;
+        let mut len = 0;
+        loop {
+            let mut line = String::new();
+            self.reader.read_line(&mut line)?;
+            if status == 0 {
+                status = line
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+        }
+        let mut buf = vec![0; len];
+        self.reader.read_exact(&mut buf)?;
+        Ok((status, String::from_utf8_lossy(&buf).into_owned()))
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A turn of conversation `name`: a system prompt of its own, the earlier turns (each with the
+/// long tool output an agent's turn carries), and a new question.
+fn turn(
+    name: &str,
+    history: &[(String, String)],
+    question: &str,
+    session: bool,
+) -> InferenceRequest {
+    let log = "ship arrived at the harbour with cargo of grain and a crew of twelve; ";
+    let mut entries = Vec::new();
+    for (i, (q, a)) in history.iter().enumerate() {
+        entries.push(ContextEntry::new(SourceType::User, q.clone()));
+        entries.push(ContextEntry::new(SourceType::Model, a.clone()));
+        entries.push(ContextEntry::new(
+            SourceType::Tool,
+            format!("{name} log page {i}: {}", log.repeat(12)),
+        ));
+    }
+    InferenceRequest {
+        context: ContextPack {
+            system: Some(format!("Conversation {name}. You keep the harbour log.")),
+            task: Some(question.to_owned()),
+            entries,
+        },
+        config: GenerationConfig {
+            temperature: 0.0,
+            max_tokens: 8,
+            seed: Some(5),
+            ..GenerationConfig::default()
+        },
+        session: session.then(|| name.to_owned()),
+    }
+}
+
+/// Four conversations of six turns at once on `manager`'s remote model; the times to first
+/// token of turns 2 to 6.
+fn conversations(
+    manager: &DefaultModelManager,
+    model: &ModelDescriptor,
+    tag: &str,
+    session: bool,
+) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+    let questions = [
+        "Which ship came in first?",
+        "What did it carry?",
+        "Who was its captain?",
+        "What was the weather?",
+        "Which ship came in last?",
+        "What should the keeper write down?",
+    ];
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..4)
+            .map(|c| {
+                let provider = manager.managed(model);
+                let name = format!("{tag}-{c}");
+                scope.spawn(move || -> Result<Vec<f64>, String> {
+                    let mut history: Vec<(String, String)> = Vec::new();
+                    let mut ttfts = Vec::new();
+                    for (i, q) in questions.iter().enumerate() {
+                        let request = turn(&name, &history, q, session);
+                        let started = Instant::now();
+                        let mut first = None;
+                        let answer = provider
+                            .infer_stream(&request, &CancelToken::new(), &mut |_| {
+                                first.get_or_insert_with(|| started.elapsed());
+                                StreamControl::Continue
+                            })
+                            .map_err(|e| e.to_string())?;
+                        if i > 0 {
+                            ttfts.push(first.unwrap_or_else(|| started.elapsed()).as_secs_f64());
+                        }
+                        history.push(((*q).to_owned(), answer.text));
+                    }
+                    Ok(ttfts)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for t in threads {
+            all.extend(t.join().map_err(|_| "a conversation panicked")??);
+        }
+        Ok(all)
+    })
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let Some(install) = LlamaInstall::locate() else {
+        return Err("llama-server/model not installed: run scripts/install-llama.sh".into());
+    };
+    let dir = std::env::temp_dir().join(format!("correx-bench-routing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let (_one, port_one) = server(&install)?;
+    let (_two, port_two) = server(&install)?;
+    let store = Arc::new(SqliteEventStore::open(dir.join("events.db"))?);
+    // A session's endpoint takes two of its requests at once; more go to the least loaded.
+    let manager = DefaultModelManager::new(
+        store,
+        ManagerOptions {
+            session_spill_in_flight: 2,
+            ..ManagerOptions::default()
+        },
+    );
+    let url = |p: u16| format!("http://127.0.0.1:{p}");
+    let pair = ModelDescriptor::remote("pair", vec![url(port_one), url(port_two)]);
+    manager.load(&pair)?;
+
+    // Alternating which goes first, with conversations of their own each round (no cache
+    // carried over from a round before).
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for round in 0..2 {
+        let affinity = |tag: &str| conversations(&manager, &pair, tag, true);
+        let least = |tag: &str| conversations(&manager, &pair, tag, false);
+        if round % 2 == 0 {
+            with.extend(affinity(&format!("a{round}"))?);
+            without.extend(least(&format!("l{round}"))?);
+        } else {
+            without.extend(least(&format!("l{round}"))?);
+            with.extend(affinity(&format!("a{round}"))?);
+        }
+    }
+    let (with, without) = (median(with), median(without));
+    println!("affinity_ttft_ms_p50: {:.1}", with * 1e3);
+    println!("least_loaded_ttft_ms_p50: {:.1}", without * 1e3);
+    println!("affinity_ttft_ratio: {:.3}", with / without);
+
+    // One endpoint through the router against a bare client, alternating, the same body.
+    let single = ModelDescriptor::remote("single", vec![url(port_one)]);
+    manager.load(&single)?;
+    let routed = manager.managed(&single);
+    let request = InferenceRequest {
+        context: ContextPack {
+            system: Some("You answer briefly.".into()),
+            task: Some("Say hello to the user.".into()),
+            entries: vec![],
+        },
+        config: GenerationConfig {
+            temperature: 0.0,
+            max_tokens: 8,
+            seed: Some(1234),
+            ..GenerationConfig::default()
+        },
+        session: Some("bench".into()),
+    };
+    let body = chat_body("single", &request).to_string();
+    let mut bare = BareClient::connect(port_one)?;
+    routed.infer_with_cancel(&request, &CancelToken::new())?;
+    bare.request("POST", "/v1/chat/completions", &body)?;
+    let (mut ours, mut raw) = (Vec::new(), Vec::new());
+    for _ in 0..25 {
+        let t = Instant::now();
+        routed.infer_with_cancel(&request, &CancelToken::new())?;
+        ours.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let (status, _) = bare.request("POST", "/v1/chat/completions", &body)?;
+        raw.push(t.elapsed().as_secs_f64());
+        assert_eq!(status, 200);
+    }
+    let (ours, raw) = (median(ours), median(raw));
+    println!("routed_p50_ms: {:.2}", ours * 1e3);
+    println!("bare_p50_ms: {:.2}", raw * 1e3);
+    println!("routing_overhead_ratio: {:.4}", ours / raw);
+    drop(manager);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
