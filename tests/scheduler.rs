@@ -4,7 +4,7 @@
 use crate::manager::{
     alive, ask, descriptor, kinds, model_events, setup_with, wait_for, TestResult,
 };
-use crate::util::{llama_install, TestServer};
+use crate::util::{llama_install, pending_signals, TestServer};
 use correx::{
     CancelToken, InferenceError, InferenceProvider, InferenceResponse, ModelDescriptor,
     ModelLoadError, ModelManager, ModelState, ResidencyMode, StreamControl,
@@ -522,21 +522,6 @@ fn soak_three_models_two_slots_eight_threads() -> TestResult {
     }
     assert_eq!(servers_of("soak-"), truth.len());
     Ok(())
-}
-
-/// The signals pending for process `pid` (its own and its group's), as a bit mask.
-fn pending_signals(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map(|s| {
-            s.lines()
-                .filter_map(|l| {
-                    l.strip_prefix("ShdPnd:")
-                        .or_else(|| l.strip_prefix("SigPnd:"))
-                })
-                .filter_map(|v| u64::from_str_radix(v.trim(), 16).ok())
-                .fold(0, |a, b| a | b)
-        })
-        .unwrap_or(0)
 }
 
 /// What the chaos did to the servers.

@@ -5,7 +5,7 @@
 use crate::manager::{
     alive, ask, descriptor, kinds, model_events, setup_with, wait_for, TestResult,
 };
-use crate::util::{free_port, llama_install, TempDir};
+use crate::util::{free_port, llama_install, pending_signals, TempDir};
 use correx::{
     AppendResult, DefaultModelManager, EventStore, ExpectedVersion, ManagerOptions, ModelLoadError,
     ModelManager, ModelState, NewEvent, RecordedEvent, ResidencyMode, SqliteEventStore,
@@ -100,21 +100,6 @@ fn a_server_killed_by_someone_else_is_a_crash_whatever_stops_it() -> TestResult 
         ]
     );
     Ok(())
-}
-
-/// The signals pending for process `pid` (its own and its group's), as a bit mask.
-fn pending_signals(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map(|s| {
-            s.lines()
-                .filter_map(|l| {
-                    l.strip_prefix("ShdPnd:")
-                        .or_else(|| l.strip_prefix("SigPnd:"))
-                })
-                .filter_map(|v| u64::from_str_radix(v.trim(), 16).ok())
-                .fold(0, |a, b| a | b)
-        })
-        .unwrap_or(0)
 }
 
 /// The pid of the llama-server this process started for `model_id` (its alias on the command

@@ -209,3 +209,18 @@ pub fn both_streams(out: &std::process::Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// The signals pending for process `pid` (its own and its group's), as a bit mask.
+pub fn pending_signals(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map(|s| {
+            s.lines()
+                .filter_map(|l| {
+                    l.strip_prefix("ShdPnd:")
+                        .or_else(|| l.strip_prefix("SigPnd:"))
+                })
+                .filter_map(|v| u64::from_str_radix(v.trim(), 16).ok())
+                .fold(0, |a, b| a | b)
+        })
+        .unwrap_or(0)
+}
