@@ -65,13 +65,20 @@ fn a_server_killed_by_someone_else_is_a_crash_whatever_stops_it() -> TestResult 
     let pid = s.manager.server_pid().ok_or("no pid")?;
     // SAFETY: SIGSTOP to the server this test's manager started.
     unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    // Stopped before correx's SIGTERM comes: a SIGTERM sent while the SIGSTOP is still pending
+    // is taken first (lower number) and handled, and the server stops halfway through its
+    // shutdown with nothing pending.
+    wait_for("the server to stop", Duration::from_secs(120), || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('T')))
+    })?;
     let unload = std::thread::spawn({
         let s = s.clone();
         move || s.manager.unload("m")
     });
     wait_for(
         "correx's SIGTERM to be pending",
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         || pending_signals(pid) & (1 << (libc::SIGTERM - 1)) != 0,
     )?;
     sigkill(pid);
