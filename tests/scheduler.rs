@@ -599,8 +599,13 @@ fn chaos_every_crash_recorded_as_one_and_no_other() -> TestResult {
                 let Some(&pid) = loaded.get(n % loaded.len().max(1)) else {
                     continue;
                 };
-                // Not a server correx is already stopping (its SIGTERM pending), nor one gone.
-                if !alive(pid) || pending_signals(pid) & (1 << (libc::SIGTERM - 1)) != 0 {
+                // Not a server correx is already stopping (its SIGTERM pending), nor one gone,
+                // nor one left stopped (correx kills it at once with SIGKILL when its liveness
+                // checks fail: a second SIGKILL of ours would be indistinguishable).
+                if !alive(pid)
+                    || pending_signals(pid) & (1 << (libc::SIGTERM - 1)) != 0
+                    || done.left_stopped.contains(&pid)
+                {
                     continue;
                 }
                 let signal = |sig| {
