@@ -230,30 +230,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         session: None,
     };
-    let mut speeds: Vec<f64> = (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            let r = provider.infer(&long)?;
-            Ok(f64::from(r.usage.completion_tokens) / t.elapsed().as_secs_f64())
-        })
-        .collect::<Result<_, correx::InferenceError>>()?;
-    speeds.sort_by(f64::total_cmp);
-    println!("generation_tokens_per_s: {:.1}", speeds[speeds.len() / 2]);
     // The same answer not streamed, by the bare client: what infer() would do without
-    // streaming internally.
+    // streaming internally (it streams so that a cancel stops the server: this llama-server
+    // keeps generating a non-streamed answer after its client has gone). Paired rounds,
+    // alternating which goes first.
     let long_plain = chat_body("gemma", &long).to_string();
-    let mut plain: Vec<f64> = (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            let answer = BareClient::connect(port)?.post("/v1/chat/completions", &long_plain)?;
-            let v: serde_json::Value =
-                serde_json::from_str(&answer).map_err(std::io::Error::other)?;
-            let n = v["usage"]["completion_tokens"].as_f64().unwrap_or(0.0);
-            Ok(n / t.elapsed().as_secs_f64())
-        })
-        .collect::<std::io::Result<_>>()?;
+    let plain_speed = || -> Result<f64, Box<dyn std::error::Error>> {
+        let t = Instant::now();
+        let answer = BareClient::connect(port)?.post("/v1/chat/completions", &long_plain)?;
+        let v: serde_json::Value = serde_json::from_str(&answer)?;
+        let n = v["usage"]["completion_tokens"].as_f64().unwrap_or(0.0);
+        Ok(n / t.elapsed().as_secs_f64())
+    };
+    let ours_speed = || -> Result<f64, Box<dyn std::error::Error>> {
+        let t = Instant::now();
+        let r = provider.infer(&long)?;
+        Ok(f64::from(r.usage.completion_tokens) / t.elapsed().as_secs_f64())
+    };
+    let (mut speeds, mut plain) = (Vec::new(), Vec::new());
+    for round in 0..6 {
+        if round % 2 == 0 {
+            speeds.push(ours_speed()?);
+            plain.push(plain_speed()?);
+        } else {
+            plain.push(plain_speed()?);
+            speeds.push(ours_speed()?);
+        }
+    }
+    speeds.sort_by(f64::total_cmp);
     plain.sort_by(f64::total_cmp);
-    println!("raw_post_tokens_per_s: {:.1}", plain[plain.len() / 2]);
+    let (ours_tps, plain_tps) = (speeds[speeds.len() / 2], plain[plain.len() / 2]);
+    println!("generation_tokens_per_s: {ours_tps:.1}");
+    println!("raw_post_tokens_per_s: {plain_tps:.1}");
+    println!("generation_ratio_vs_raw_post: {:.3}", ours_tps / plain_tps);
     println!(
         "infer_overhead_ratio: {:.4}",
         ours.as_secs_f64() / raw.as_secs_f64()
