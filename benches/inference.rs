@@ -6,9 +6,11 @@ use correx::{
     chat_body, stream_body, CancelToken, ContextPack, GenerationConfig, HttpOptions,
     InferenceProvider, InferenceRequest, LlamaCppInferenceProvider, LlamaInstall, StreamControl,
 };
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
+
+#[path = "common/bare_client.rs"]
+mod bare_client;
+use bare_client::BareClient;
 use std::time::{Duration, Instant};
 
 const PAIRS: usize = 25;
@@ -22,109 +24,10 @@ impl Drop for Server {
     }
 }
 
-/// A minimal HTTP/1.1 client on one kept-alive connection.
-struct BareClient {
-    reader: BufReader<TcpStream>,
-}
-
-impl BareClient {
-    fn connect(port: u16) -> std::io::Result<Self> {
-        let s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_nodelay(true)?;
-        Ok(BareClient {
-            reader: BufReader::new(s),
-        })
-    }
-
-    fn post(&mut self, path: &str, body: &str) -> std::io::Result<String> {
-        write!(
-            self.reader.get_mut(),
-            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )?;
-        let mut len = 0;
-        loop {
-            let mut line = String::new();
-            self.reader.read_line(&mut line)?;
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-        }
-        let mut buf = vec![0; len];
-        self.reader.read_exact(&mut buf)?;
-        Ok(String::from_utf8_lossy(&buf).into_owned())
-    }
-
-    /// POSTs a streaming body and reads the chunked event stream to its end, calling
-    /// `on_event` with each `data:` payload.
-    fn post_sse(
-        &mut self,
-        path: &str,
-        body: &str,
-        mut on_event: impl FnMut(&str),
-    ) -> std::io::Result<()> {
-        write!(
-            self.reader.get_mut(),
-            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )?;
-        loop {
-            let mut line = String::new();
-            self.reader.read_line(&mut line)?;
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-        }
-        let mut pending = Vec::new();
-        loop {
-            let mut size = String::new();
-            self.reader.read_line(&mut size)?;
-            let n = usize::from_str_radix(size.trim(), 16).map_err(std::io::Error::other)?;
-            if n == 0 {
-                let mut end = String::new();
-                self.reader.read_line(&mut end)?;
-                return Ok(());
-            }
-            let start = pending.len();
-            pending.resize(start + n, 0);
-            self.reader.read_exact(&mut pending[start..])?;
-            let mut crlf = [0; 2];
-            self.reader.read_exact(&mut crlf)?;
-            while let Some(i) = pending.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = pending.drain(..=i).collect();
-                let line = String::from_utf8_lossy(&line);
-                if let Some(data) = line.trim_end().strip_prefix("data: ") {
-                    on_event(data);
-                }
-            }
-        }
-    }
-}
-
 /// Whether any slot of the server is decoding, over a kept-alive connection.
 fn busy(client: &mut BareClient) -> std::io::Result<bool> {
-    let mut line = String::new();
-    write!(
-        client.reader.get_mut(),
-        "GET /slots HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-    )?;
-    let mut len = 0;
-    loop {
-        line.clear();
-        client.reader.read_line(&mut line)?;
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            len = v.trim().parse().unwrap_or(0);
-        }
-        if line == "\r\n" || line.is_empty() {
-            break;
-        }
-    }
-    let mut buf = vec![0; len];
-    client.reader.read_exact(&mut buf)?;
-    Ok(String::from_utf8_lossy(&buf).contains("\"is_processing\":true"))
+    let (_, slots) = client.request("GET", "/slots", "")?;
+    Ok(slots.contains("\"is_processing\":true"))
 }
 
 fn p50(mut v: Vec<Duration>) -> Duration {

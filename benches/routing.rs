@@ -9,9 +9,13 @@ use correx::{
     InferenceProvider, InferenceRequest, LlamaInstall, ManagerOptions, ModelDescriptor,
     ModelManager, SourceType, SqliteEventStore, StreamControl,
 };
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
+
+// The inference bench uses the rest of it (streaming posts).
+#[allow(dead_code)]
+#[path = "common/bare_client.rs"]
+mod bare_client;
+use bare_client::BareClient;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,51 +56,6 @@ fn server(install: &LlamaInstall) -> Result<(Server, u16), Box<dyn std::error::E
             return Err("llama-server did not become healthy".into());
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A minimal HTTP/1.1 client on one kept-alive connection.
-struct BareClient {
-    reader: BufReader<TcpStream>,
-}
-
-impl BareClient {
-    fn connect(port: u16) -> std::io::Result<Self> {
-        let s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_nodelay(true)?;
-        Ok(BareClient {
-            reader: BufReader::new(s),
-        })
-    }
-
-    fn request(&mut self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
-        write!(
-            self.reader.get_mut(),
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )?;
-        let mut status = 0;
-        let mut len = 0;
-        loop {
-            let mut line = String::new();
-            self.reader.read_line(&mut line)?;
-            if status == 0 {
-                status = line
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0);
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-        }
-        let mut buf = vec![0; len];
-        self.reader.read_exact(&mut buf)?;
-        Ok((status, String::from_utf8_lossy(&buf).into_owned()))
     }
 }
 

@@ -1,4 +1,4 @@
-use crate::util::{child_test, is_child, TempDir};
+use crate::util::{child_test, is_child, BeforeAppend, HookedStore, TempDir};
 use correx::{
     session_stream, ApprovalContext, ApprovalEngine, ApprovalRequest, AutoApprove,
     CallbackApprover, DenyAll, DispatchingToolExecutor, EventStore, FileAffectingTool,
@@ -1538,20 +1538,14 @@ fn a_directory_swapped_for_a_symlink_mid_run_cannot_redirect_the_restore() -> Te
     Ok(())
 }
 
-/// A real store whose appends of one event type fail while `failing` is set: the log refusing
-/// a run's outcome (a full disk, say).
+/// Appends of a run's outcome fail while `failing` is set: the log refusing a run's outcome
+/// (a full disk, say).
 struct RefusingOutcomes {
-    inner: Arc<SqliteEventStore>,
     failing: std::sync::atomic::AtomicBool,
 }
 
-impl EventStore for RefusingOutcomes {
-    fn append(
-        &self,
-        stream: &str,
-        expected: correx::ExpectedVersion,
-        events: &[correx::NewEvent],
-    ) -> Result<correx::AppendResult, correx::EventStoreError> {
+impl BeforeAppend for RefusingOutcomes {
+    fn before_append(&self, events: &[correx::NewEvent]) -> Result<(), correx::EventStoreError> {
         let outcome = events
             .iter()
             .any(|e| e.type_id == "tool.execution_completed");
@@ -1560,25 +1554,7 @@ impl EventStore for RefusingOutcomes {
                 detail: "disk full (test)".into(),
             });
         }
-        self.inner.append(stream, expected, events)
-    }
-    fn read_stream(
-        &self,
-        stream: &str,
-        from: u64,
-        max: usize,
-    ) -> Result<Vec<RecordedEvent>, correx::EventStoreError> {
-        self.inner.read_stream(stream, from, max)
-    }
-    fn read_all(
-        &self,
-        from: u64,
-        max: usize,
-    ) -> Result<Vec<RecordedEvent>, correx::EventStoreError> {
-        self.inner.read_all(from, max)
-    }
-    fn last_position(&self) -> Result<u64, correx::EventStoreError> {
-        self.inner.last_position()
+        Ok(())
     }
 }
 
@@ -1586,9 +1562,11 @@ impl EventStore for RefusingOutcomes {
 fn an_outcome_the_log_refused_is_recorded_by_the_next_executor() -> TestResult {
     let rig = Rig::new()?;
     std::fs::write(rig.tmp.join("f.txt"), "old")?;
-    let refusing = Arc::new(RefusingOutcomes {
+    let refusing = Arc::new(HookedStore {
         inner: rig.store.clone(),
-        failing: std::sync::atomic::AtomicBool::new(true),
+        hook: RefusingOutcomes {
+            failing: std::sync::atomic::AtomicBool::new(true),
+        },
     });
     let write = Arc::new(FileWriteTool::new(&[rig.tmp.path().to_path_buf()])?);
     let registry = ToolRegistry::build(vec![write as Arc<dyn Tool>])?;

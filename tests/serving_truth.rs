@@ -5,10 +5,10 @@
 use crate::manager::{
     alive, ask, descriptor, kinds, model_events, setup_with, wait_for, TestResult,
 };
-use crate::util::{free_port, llama_install, pending_signals, TempDir};
+use crate::util::{free_port, llama_install, pending_signals, BeforeAppend, HookedStore, TempDir};
 use correx::{
-    AppendResult, DefaultModelManager, EventStore, ExpectedVersion, ManagerOptions, ModelLoadError,
-    ModelManager, ModelState, NewEvent, RecordedEvent, ResidencyMode, SqliteEventStore,
+    DefaultModelManager, EventStore, ManagerOptions, ModelLoadError, ModelManager, ModelState,
+    NewEvent, RecordedEvent, ResidencyMode, SqliteEventStore,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -177,28 +177,23 @@ fn a_busy_load_names_what_it_waited_for() -> TestResult {
     Ok(())
 }
 
-/// An event store whose appends wait while its gate is closed: a disk that stalls.
-struct Stalling {
-    inner: SqliteEventStore,
+/// Appends wait while the gate is closed: a disk that stalls.
+#[derive(Default)]
+struct Gate {
     closed: Mutex<bool>,
     opened: Condvar,
     waiting: AtomicUsize,
 }
 
-impl Stalling {
+impl Gate {
     fn set_closed(&self, closed: bool) {
         *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = closed;
         self.opened.notify_all();
     }
 }
 
-impl EventStore for Stalling {
-    fn append(
-        &self,
-        stream: &str,
-        expected: ExpectedVersion,
-        events: &[NewEvent],
-    ) -> Result<AppendResult, correx::EventStoreError> {
+impl BeforeAppend for Gate {
+    fn before_append(&self, _: &[NewEvent]) -> Result<(), correx::EventStoreError> {
         let mut closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
         if *closed {
             self.waiting.fetch_add(1, Ordering::SeqCst);
@@ -207,29 +202,7 @@ impl EventStore for Stalling {
             }
             self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
-        drop(closed);
-        self.inner.append(stream, expected, events)
-    }
-
-    fn read_stream(
-        &self,
-        stream: &str,
-        from_version: u64,
-        max: usize,
-    ) -> Result<Vec<RecordedEvent>, correx::EventStoreError> {
-        self.inner.read_stream(stream, from_version, max)
-    }
-
-    fn read_all(
-        &self,
-        from_position: u64,
-        max: usize,
-    ) -> Result<Vec<RecordedEvent>, correx::EventStoreError> {
-        self.inner.read_all(from_position, max)
-    }
-
-    fn last_position(&self) -> Result<u64, correx::EventStoreError> {
-        self.inner.last_position()
+        Ok(())
     }
 }
 
@@ -256,11 +229,9 @@ fn status_answers_while_the_log_stalls() -> TestResult {
         return Ok(());
     };
     let tmp = TempDir::new("truth-stall");
-    let store = Arc::new(Stalling {
-        inner: SqliteEventStore::open(tmp.join("events.db"))?,
-        closed: Mutex::new(false),
-        opened: Condvar::new(),
-        waiting: AtomicUsize::new(0),
+    let store = Arc::new(HookedStore {
+        inner: Arc::new(SqliteEventStore::open(tmp.join("events.db"))?),
+        hook: Gate::default(),
     });
     let manager = Arc::new(DefaultModelManager::new(
         store.clone(),
@@ -278,12 +249,12 @@ fn status_answers_while_the_log_stalls() -> TestResult {
     let patience = Duration::from_secs(30);
     let stalled = |count: usize| {
         wait_for("an append to stall", Duration::from_secs(120), || {
-            store.waiting.load(Ordering::SeqCst) == count
+            store.hook.waiting.load(Ordering::SeqCst) == count
         })
     };
 
     // A completion stalls: the inference still counts as running.
-    store.set_closed(true);
+    store.hook.set_closed(true);
     let infer = std::thread::spawn(move || provider.infer(&ask(3)).map(|_| ()));
     stalled(1)?;
     let rows = status_answers(&manager, patience)?;
@@ -303,12 +274,12 @@ fn status_answers_while_the_log_stalls() -> TestResult {
         .ok_or("no row for n")?;
     assert_eq!(n_row.state, ModelState::Loading);
 
-    store.set_closed(false);
+    store.hook.set_closed(false);
     infer.join().map_err(|_| "the inference panicked")??;
     load.join().map_err(|_| "the load panicked")??;
 
     // An unload stalls: the model shows as unloading, its server already gone.
-    store.set_closed(true);
+    store.hook.set_closed(true);
     let pid = manager.server_pid_of("m").ok_or("no pid")?;
     let unload = std::thread::spawn({
         let manager = manager.clone();
@@ -325,7 +296,7 @@ fn status_answers_while_the_log_stalls() -> TestResult {
         !alive(pid),
         "the unload is recorded after the server is gone"
     );
-    store.set_closed(false);
+    store.hook.set_closed(false);
     unload.join().map_err(|_| "the unload panicked")??;
 
     let events = store.read_stream(correx::MODEL_STREAM, 1, 100)?;

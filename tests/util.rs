@@ -224,3 +224,49 @@ pub fn pending_signals(pid: u32) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// What a test's event store does to an append before it reaches the real log: wait, or
+/// refuse it with an error.
+pub trait BeforeAppend: Send + Sync {
+    fn before_append(&self, events: &[correx::NewEvent]) -> Result<(), correx::EventStoreError>;
+}
+
+/// A real store whose appends pass `hook` first: a log that stalls or refuses; reads go
+/// straight through.
+pub struct HookedStore<H> {
+    pub inner: std::sync::Arc<correx::SqliteEventStore>,
+    pub hook: H,
+}
+
+impl<H: BeforeAppend> correx::EventStore for HookedStore<H> {
+    fn append(
+        &self,
+        stream: &str,
+        expected: correx::ExpectedVersion,
+        events: &[correx::NewEvent],
+    ) -> Result<correx::AppendResult, correx::EventStoreError> {
+        self.hook.before_append(events)?;
+        self.inner.append(stream, expected, events)
+    }
+
+    fn read_stream(
+        &self,
+        stream: &str,
+        from_version: u64,
+        max: usize,
+    ) -> Result<Vec<correx::RecordedEvent>, correx::EventStoreError> {
+        self.inner.read_stream(stream, from_version, max)
+    }
+
+    fn read_all(
+        &self,
+        from_position: u64,
+        max: usize,
+    ) -> Result<Vec<correx::RecordedEvent>, correx::EventStoreError> {
+        self.inner.read_all(from_position, max)
+    }
+
+    fn last_position(&self) -> Result<u64, correx::EventStoreError> {
+        self.inner.last_position()
+    }
+}

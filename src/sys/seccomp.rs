@@ -490,20 +490,23 @@ const SYS_MKNOD: libc::c_long = -4;
 const SOCKETPAIR_CONNECTED: Rule = Rule {
     name: "socketpair(not AF_UNIX, or not SOCK_STREAM or SOCK_SEQPACKET)",
     nr: libc::SYS_socketpair,
-    checks: &[
-        Check::Not {
-            arg: 0,
-            value: libc::AF_UNIX as u32,
-            then: EACCES,
-        },
-        Check::MaskedNotIn {
-            arg: 1,
-            mask: SOCK_TYPE_MASK,
-            allowed: UNIX_CONNECTED_TYPES,
-            then: EACCES,
-        },
-    ],
+    checks: UNIX_CONNECTED,
 };
+
+/// `socket` or `socketpair` of `AF_UNIX` and a type that can address nothing, else `EACCES`.
+const UNIX_CONNECTED: &[Check] = &[
+    Check::Not {
+        arg: 0,
+        value: libc::AF_UNIX as u32,
+        then: EACCES,
+    },
+    Check::MaskedNotIn {
+        arg: 1,
+        mask: SOCK_TYPE_MASK,
+        allowed: UNIX_CONNECTED_TYPES,
+        then: EACCES,
+    },
+];
 
 /// A send that names where it goes (a datagram's address).
 const SENDTO_ADDRESSED: Rule = Rule {
@@ -520,19 +523,7 @@ const NO_NETWORK: &[Rule] = &[
     Rule {
         name: "socket(not AF_UNIX, or not SOCK_STREAM or SOCK_SEQPACKET)",
         nr: libc::SYS_socket,
-        checks: &[
-            Check::Not {
-                arg: 0,
-                value: libc::AF_UNIX as u32,
-                then: EACCES,
-            },
-            Check::MaskedNotIn {
-                arg: 1,
-                mask: SOCK_TYPE_MASK,
-                allowed: UNIX_CONNECTED_TYPES,
-                then: EACCES,
-            },
-        ],
+        checks: UNIX_CONNECTED,
     },
     SOCKETPAIR_CONNECTED,
     Rule {
