@@ -91,3 +91,18 @@ pub(crate) fn check_private(root: &std::path::Path) -> std::io::Result<()> {
         format!("{} {why}", root.display()),
     ))
 }
+
+/// An exclusive advisory lock on `dir/name`, held while the file lives; `None` when another
+/// process holds it. The lock file is created (mode 0600) when `create`.
+pub(crate) fn lock_dir(dir: &Path, name: &str, create: bool) -> io::Result<Option<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .create(create)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(dir.join(name))?;
+    Ok(crate::sys::fs::try_lock_exclusive(f.as_raw_fd())?.then_some(f))
+}

@@ -58,15 +58,7 @@ pub(crate) struct Journals {
 
 /// An exclusive advisory lock on `dir/lock`; `None` when another process holds it.
 pub(crate) fn lock(dir: &Path, create: bool) -> io::Result<Option<File>> {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::OpenOptions::new()
-        .create(create)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(dir.join(LOCK))?;
-    Ok(crate::sys::fs::try_lock_exclusive(f.as_raw_fd())?.then_some(f))
+    crate::private_dir::lock_dir(dir, LOCK, create)
 }
 
 impl Journals {

@@ -177,6 +177,19 @@ pub(crate) fn rss_bytes(pid: i32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Sends `signal` to the process behind `pidfd`.
+pub(crate) fn pidfd_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    syscall!(
+        SYS_pidfd_send_signal,
+        pidfd.as_raw_fd(),
+        signal,
+        std::ptr::null::<libc::siginfo_t>(),
+        0u32
+    )
+    .map(drop)
+}
+
 /// Whether `pid`'s leader thread has exited. A multi-threaded process (llama-server) is not
 /// waitable until its last thread is gone, which takes a while after a SIGKILL, but its leader
 /// shows as a zombie at once.

@@ -21,6 +21,7 @@ use super::landlock::last_errno;
 use super::limits::Rlimit;
 use super::syscall;
 use std::ffi::{CString, OsStr};
+use std::fmt;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -47,6 +48,12 @@ struct Supervised {
     plan: Option<Box<ChildPlan>>,
     killed: bool,
 }
+
+// SAFETY: the plan's raw pointers point into allocations the plan itself owns (its strings,
+// filter and stacks), which no thread of this process touches; only the supervisor and the
+// program's process (sharing our memory) read them. Handing the owner to another thread moves
+// no allocation and changes nothing they read.
+unsafe impl Send for Supervised {}
 
 impl Supervised {
     /// Waits for the supervisor to exit and reaps it, then releases the plan.
@@ -380,6 +387,115 @@ fn cstring(bytes: &[u8], what: &str) -> io::Result<CString> {
 /// The program could not start (the error names the step: exec, Landlock, limits, ...), or a
 /// pipe or poll failed.
 pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
+    let begun = Instant::now();
+    let Some(started) = start(spec)? else {
+        return Ok(RunOutput {
+            exit: Exit::Signal(libc::SIGKILL),
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+            timed_out: true,
+            cancelled: false,
+            duration: begun.elapsed(),
+        });
+    };
+    let mut sink = Capture {
+        cap: spec.output_cap,
+        streams: [Captured::default(), Captured::default()],
+    };
+    let ended = started.wait(&mut sink, spec.cancel)?;
+    let [stdout, stderr] = sink.streams;
+    Ok(RunOutput {
+        exit: ended.exit,
+        stdout,
+        stderr,
+        timed_out: ended.timed_out,
+        cancelled: ended.cancelled,
+        duration: ended.duration,
+    })
+}
+
+/// Where a running program's output goes as it is read.
+pub(crate) trait Sink {
+    /// `bytes` read from stdout (`stream` 0) or stderr (1).
+    fn take(&mut self, stream: usize, bytes: &[u8]);
+}
+
+/// Both streams kept up to `cap` bytes each; the rest counted and dropped.
+struct Capture {
+    cap: usize,
+    streams: [Captured; 2],
+}
+
+impl Sink for Capture {
+    fn take(&mut self, stream: usize, bytes: &[u8]) {
+        let sink = &mut self.streams[stream.min(1)];
+        let room = self.cap.saturating_sub(sink.bytes.len());
+        let keep = room.min(bytes.len());
+        sink.bytes.extend_from_slice(&bytes[..keep]);
+        sink.dropped += (bytes.len() - keep) as u64;
+    }
+}
+
+/// How a started program ended.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ended {
+    pub exit: Exit,
+    pub timed_out: bool,
+    /// Stopped because the cancel token was cancelled.
+    pub cancelled: bool,
+    pub duration: Duration,
+}
+
+/// A program that has exec'd, confined and contained, and is running: its supervisor and its
+/// pipes. [`Started::wait`] reads its output until it ends; dropped instead, it kills and
+/// reaps everything it started.
+pub(crate) struct Started {
+    /// Taken by [`Started::wait`]; still here on drop, the run is stopped as at its timeout.
+    parts: Option<Parts>,
+    supervisor: libc::pid_t,
+    stop_w: Option<OwnedFd>,
+    start: Instant,
+    deadline: Instant,
+}
+
+struct Parts {
+    guard: Supervised,
+    out_r: OwnedFd,
+    err_r: OwnedFd,
+    status_r: OwnedFd,
+}
+
+impl Drop for Started {
+    /// Stops a run no one waits for as its timeout would: the supervisor is told to kill
+    /// every process of it (closing the stop pipe) and given [`STOP_GRACE`] before it is
+    /// killed itself, so a subreaper kills the program's descendants rather than leave them.
+    fn drop(&mut self) {
+        let Some(mut parts) = self.parts.take() else {
+            return;
+        };
+        drop(self.stop_w.take());
+        if wait_readable(parts.guard.pidfd.as_raw_fd(), STOP_GRACE) {
+            parts.guard.reap();
+        } else {
+            parts.guard.killed = true;
+        } // else the guard kills and reaps it
+    }
+}
+
+impl fmt::Debug for Started {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Started")
+            .field("supervisor", &self.supervisor)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Starts `spec`'s program inside a supervisor and returns once it has exec'd; `None` when it
+/// did not exec within the spec's timeout (everything it started is killed and reaped).
+///
+/// # Errors
+/// As [`run`].
+pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
     let start = Instant::now();
     let deadline = start
         .checked_add(spec.timeout)
@@ -518,14 +634,7 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
     ) {
         drop(stop_w);
         drop(guard); // kills and reaps the supervisor
-        return Ok(RunOutput {
-            exit: Exit::Signal(libc::SIGKILL),
-            stdout: Captured::default(),
-            stderr: Captured::default(),
-            timed_out: true,
-            cancelled: false,
-            duration: start.elapsed(),
-        });
+        return Ok(None);
     }
     let n = read_full(fail_r.as_raw_fd(), &mut report);
     if n == report.len() {
@@ -540,68 +649,117 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
         ));
     }
     drop(fail_r);
-
-    let mut out = Captured::default();
-    let mut err = Captured::default();
-    let mut stop_w = Some(stop_w);
-    // Registered after the start: a cancel before it makes the eventfd readable at once.
-    let wake = spec.cancel.map(cancel_wake).transpose();
-    let wake = match wake {
-        Ok(w) => w,
-        Err(e) => {
-            drop(stop_w.take());
-            guard.killed = !wait_readable(guard.pidfd.as_raw_fd(), STOP_GRACE);
-            return Err(e);
-        }
-    };
-    let pumped = pump(
-        &guard.pidfd,
-        [Some(out_r), Some(err_r)],
-        [&mut out, &mut err],
-        spec.output_cap,
+    Ok(Some(Started {
+        parts: Some(Parts {
+            guard,
+            out_r,
+            err_r,
+            status_r,
+        }),
+        supervisor: pid,
+        stop_w: Some(stop_w),
+        start,
         deadline,
-        &mut stop_w,
-        wake.as_ref().map(|(fd, _)| fd),
-    );
-    drop(wake);
-    let (timed_out, cancelled) = match pumped {
-        Ok(Pumped {
+    }))
+}
+
+impl Started {
+    /// A pidfd of the program's process while it runs (a signal sent through it can never
+    /// reach another process that reused its pid).
+    pub fn program_pidfd(&self) -> Option<OwnedFd> {
+        let pid = self.program_pid()?;
+        let fd = super::pidfd_open(pid)?;
+        // Still the supervisor's child once open: the pid was not reused in between.
+        (self.program_pid() == Some(pid)).then_some(fd)
+    }
+
+    /// The program's process (its pid as this host sees it), while it runs.
+    fn program_pid(&self) -> Option<libc::pid_t> {
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.supervisor))
+                .ok()?;
+        children.split_whitespace().next()?.parse().ok()
+    }
+
+    /// Reads the program's output into `sink` until it has ended and its pipes closed, stopping
+    /// it at the spec's timeout or when `cancel` is set; when this returns, the program and
+    /// everything it started are gone.
+    ///
+    /// # Errors
+    /// A pipe or poll failed (the program is killed and reaped all the same).
+    pub fn wait(
+        mut self,
+        sink: &mut dyn Sink,
+        cancel: Option<&crate::cancel::CancelToken>,
+    ) -> io::Result<Ended> {
+        let start = self.start;
+        let Some(Parts {
+            mut guard,
+            out_r,
+            err_r,
+            status_r,
+        }) = self.parts.take()
+        else {
+            return Err(io::Error::other("this run was already waited for"));
+        };
+        let mut stop_w = self.stop_w.take();
+
+        // Registered after the start: a cancel before it makes the eventfd readable at once.
+        let wake = cancel.map(cancel_wake).transpose();
+        let wake = match wake {
+            Ok(w) => w,
+            Err(e) => {
+                drop(stop_w.take());
+                guard.killed = !wait_readable(guard.pidfd.as_raw_fd(), STOP_GRACE);
+                return Err(e);
+            }
+        };
+        let pumped = pump(
+            &guard.pidfd,
+            [Some(out_r), Some(err_r)],
+            sink,
+            self.deadline,
+            &mut stop_w,
+            wake.as_ref().map(|(fd, _)| fd),
+        );
+        drop(wake);
+        let (timed_out, cancelled) = match pumped {
+            Ok(Pumped {
+                timed_out,
+                cancelled,
+                killed,
+            }) => {
+                guard.killed = killed;
+                (timed_out, cancelled)
+            }
+            Err(e) => {
+                drop(stop_w.take());
+                guard.killed = !wait_readable(guard.pidfd.as_raw_fd(), STOP_GRACE);
+                return Err(e); // the guard kills (if needed) and reaps
+            }
+        };
+        guard.reap();
+        // The supervisor is gone, and wrote its report (if it could) before it exited.
+        let mut status = [0u8; 8];
+        let exit = if read_now(status_r.as_raw_fd(), &mut status) == status.len() {
+            let kind = i32::from_ne_bytes([status[0], status[1], status[2], status[3]]);
+            let value = i32::from_ne_bytes([status[4], status[5], status[6], status[7]]);
+            if kind == libc::CLD_EXITED {
+                Exit::Code(value)
+            } else {
+                Exit::Signal(value)
+            }
+        } else {
+            // The supervisor itself was killed before it could report.
+            Exit::Signal(libc::SIGKILL)
+        };
+        Ok(Ended {
+            exit,
             timed_out,
             cancelled,
-            killed,
-        }) => {
-            guard.killed = killed;
-            (timed_out, cancelled)
-        }
-        Err(e) => {
-            drop(stop_w.take());
-            guard.killed = !wait_readable(guard.pidfd.as_raw_fd(), STOP_GRACE);
-            return Err(e); // the guard kills (if needed) and reaps
-        }
-    };
-    guard.reap();
-    // The supervisor is gone, and wrote its report (if it could) before it exited.
-    let mut status = [0u8; 8];
-    let exit = if read_now(status_r.as_raw_fd(), &mut status) == status.len() {
-        let kind = i32::from_ne_bytes([status[0], status[1], status[2], status[3]]);
-        let value = i32::from_ne_bytes([status[4], status[5], status[6], status[7]]);
-        if kind == libc::CLD_EXITED {
-            Exit::Code(value)
-        } else {
-            Exit::Signal(value)
-        }
-    } else {
-        // The supervisor itself was killed before it could report.
-        Exit::Signal(libc::SIGKILL)
-    };
-    Ok(RunOutput {
-        exit,
-        stdout: out,
-        stderr: err,
-        timed_out,
-        cancelled,
-        duration: start.elapsed(),
-    })
+            duration: start.elapsed(),
+        })
+    }
 }
 
 /// This process's dumpable flag as `PR_SET_DUMPABLE` takes it (0 or 1), or -1; read once,
@@ -732,7 +890,7 @@ fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
     }
 }
 
-fn read_into(fd: &OwnedFd, sink: &mut Captured, cap: usize) -> io::Result<bool> {
+fn read_into(fd: &OwnedFd, stream: usize, sink: &mut dyn Sink) -> io::Result<bool> {
     let mut buf = [0u8; 64 * 1024];
     // SAFETY: fd stays open for the duration of this borrow; ManuallyDrop keeps it from closing.
     let mut file =
@@ -740,10 +898,7 @@ fn read_into(fd: &OwnedFd, sink: &mut Captured, cap: usize) -> io::Result<bool> 
     match file.read(&mut buf) {
         Ok(0) => Ok(false),
         Ok(n) => {
-            let room = cap.saturating_sub(sink.bytes.len());
-            let keep = room.min(n);
-            sink.bytes.extend_from_slice(&buf[..keep]);
-            sink.dropped += (n - keep) as u64;
+            sink.take(stream, &buf[..n]);
             Ok(true)
         }
         Err(e)
@@ -768,13 +923,11 @@ struct Pumped {
 fn pump(
     pidfd: &OwnedFd,
     mut pipes: [Option<OwnedFd>; 2],
-    sinks: [&mut Captured; 2],
-    cap: usize,
+    sink: &mut dyn Sink,
     deadline: Instant,
     stop_w: &mut Option<OwnedFd>,
     wake: Option<&OwnedFd>,
 ) -> io::Result<Pumped> {
-    let [out_sink, err_sink] = sinks;
     let mut exited = false;
     let mut timed_out = false;
     let mut cancelled = false;
@@ -875,9 +1028,8 @@ fn pump(
             if revents == 0 {
                 continue;
             }
-            let sink: &mut Captured = if k == 0 { out_sink } else { err_sink };
             let open = if revents & libc::POLLIN != 0 {
-                read_into(fd, sink, cap)?
+                read_into(fd, k, sink)?
             } else {
                 false // POLLHUP or POLLERR with nothing left to read
             };
