@@ -422,6 +422,64 @@ int32_t correx_events_last_position(const struct correx_runtime *rt,
                                     struct correx_error **err);
 
 /**
+ * One request on a session's background jobs (those a `shell` request with
+ * `"background": true` started), as the `jobs` tool takes it but from the host: no approval,
+ * nothing recorded but the jobs' own `job.started` / `job.exited`.
+ *
+ * # Parameters
+ * - `request_json`: `{"v": 1, "session_id": "s1", "operation": "list"|"read"|"wait"|"signal"|
+ *   "stop", "job_id": "job-…", "stdout_cursor", "stderr_cursor", "max_bytes" (read),
+ *   "timeout_ms" (wait, at most 60000), "signal": "TERM"|"INT"|"KILL"|"HUP"|"QUIT"|"USR1"|
+ *   "USR2"|"STOP"|"CONT" (signal)}`.
+ * - `cancel`: NULL, or a token that ends a `wait` early (not the job).
+ * - `out_json`: receives `{"v": 1, "jobs": [{"job_id", "command", "state", ...}]}` (list);
+ *   `{"v": 1, "stdout", "stderr", "stdout_cursor", "stderr_cursor", "stdout_dropped",
+ *   "stderr_dropped", "status"}` (read: output since the cursors, as lossy UTF-8, with the
+ *   cursors to pass next and the bytes the job's buffer no longer held); `{"v": 1, "status"}`
+ *   (wait, stop); `{"v": 1, "sent"}` (signal). A status is `{"state": "running",
+ *   "elapsed_ms"}` or `{"state": "ended", "reason": "exited"|"stopped"|"timed_out"|
+ *   "session_ended"|"runtime_closed", "exit_code", "signal", "duration_ms"}`.
+ *
+ * # Returns
+ * `CORREX_OK`; `CORREX_E_INVALID_ARGUMENT` for a malformed request, an unknown operation, a
+ * job id this session does not have, or a signal not listed; `CORREX_E_TOOL_SETUP` when a
+ * system call failed; `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * `wait` blocks up to its `timeout_ms`; `stop` up to about 2 s (SIGTERM, then every process
+ * of the job killed). The rest never block. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented; `cancel` is NULL or live for the whole call.
+ */
+int32_t correx_jobs(const struct correx_runtime *rt,
+                    const char *request_json,
+                    const struct correx_cancel *cancel,
+                    char **out_json,
+                    struct correx_error **err);
+
+/**
+ * Ends a session's background jobs: each gets SIGTERM, then after about 2 s every process of
+ * it is killed, and its end is recorded (`job.exited`, reason `session_ended`). Returns once
+ * they are all gone. A session with no jobs is a no-op.
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT` (not UTF-8), `CORREX_E_UNUSABLE`.
+ *
+ * # Blocking and threads
+ * Blocks up to about 2 s while jobs end. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_session_end(const struct correx_runtime *rt,
+                           const char *session_id,
+                           struct correx_error **err);
+
+/**
  * Sets (or, with a NULL callback, clears) the process-wide log callback. Records at or below
  * `max_level` (1 error, 2 warn, 3 info, 4 debug, 5 trace) are passed to it.
  *

@@ -63,6 +63,10 @@ pub use tools::{
     ToolRegistry, ToolRequest, ToolResult, ToolRow, ValidationResult, BUILTIN_TOOLS,
     DEFAULT_MAX_READ_BYTES, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
 };
+pub use tools::{
+    signal_number, InterruptedJob, JobCursor, JobEndReason, JobError, JobInfo, JobOutput,
+    JobStatus, JobTable, JobsOptions, JobsTool, JobsToolOptions, SIGNALS,
+};
 
 #[cfg(test)]
 mod send_sync {

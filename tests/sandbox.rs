@@ -80,6 +80,37 @@ struct Rig {
 }
 
 impl Rig {
+    /// Waits (up to 500 ms) until no journal directory's lock is held. A dropped executor's
+    /// lock can outlive it for a moment: a process another test forks at that instant holds a
+    /// copy of the lock's descriptor until it execs, and a recovery meanwhile would take the
+    /// dead executor for a live one.
+    fn settle(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_millis(500);
+        let held = || {
+            std::fs::read_dir(&self.work_root)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|d| d.file_name().to_string_lossy().starts_with("run-"))
+                .any(|d| {
+                    let Ok(f) = std::fs::File::open(d.path().join("lock")) else {
+                        return false;
+                    };
+                    // SAFETY: flock on a descriptor this closure owns; released when f closes.
+                    let r = unsafe {
+                        libc::flock(
+                            std::os::fd::AsRawFd::as_raw_fd(&f),
+                            libc::LOCK_EX | libc::LOCK_NB,
+                        )
+                    };
+                    r != 0
+                })
+        };
+        while held() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn new() -> Result<Rig, Box<dyn std::error::Error>> {
         let tmp = TempDir::new("sandbox");
         let store = Arc::new(SqliteEventStore::open(tmp.join("events.db"))?);
@@ -96,6 +127,7 @@ impl Rig {
         tools: Vec<Arc<dyn Tool>>,
         approvals: Arc<dyn ApprovalEngine>,
     ) -> Result<SandboxedToolExecutor, Box<dyn std::error::Error>> {
+        self.settle();
         let registry = ToolRegistry::build(tools)?;
         Ok(SandboxedToolExecutor::new(
             Arc::new(DispatchingToolExecutor::new(registry.clone())),
@@ -927,6 +959,7 @@ fn a_tool_is_added_through_the_table_alone() -> TestResult {
             ("file_edit", false),
             ("file_read", false),
             ("file_write", false),
+            ("jobs", false),
             ("shell", false)
         ]
     );

@@ -12,6 +12,7 @@ mod ffi;
 mod header;
 mod inference;
 mod install;
+mod jobs;
 mod manager;
 mod network;
 mod sandbox;

@@ -1143,6 +1143,7 @@ fn the_registry_describes_enabled_tools_and_the_disabled_built_ins() -> TestResu
             ("file_edit", false),
             ("file_read", true),
             ("file_write", false),
+            ("jobs", false),
             ("shell", false)
         ]
     );
@@ -1150,8 +1151,12 @@ fn the_registry_describes_enabled_tools_and_the_disabled_built_ins() -> TestResu
     assert_eq!(fr.operations, ["read", "list", "exists"]);
     assert_eq!(fr.parameters["required"], json!(["operation", "path"]));
     assert!(!fr.description.is_empty());
-    assert_eq!(list[3].parameters["required"], json!(["argv"]));
-    assert!(list[3].operations.is_empty());
+    assert_eq!(
+        list[3].operations,
+        ["list", "read", "wait", "signal", "stop"]
+    );
+    assert_eq!(list[4].parameters["required"], json!(["argv"]));
+    assert!(list[4].operations.is_empty());
     // A schema is what the tool accepts: its own required fields validate.
     let req = ToolRequest::new(
         SessionId::from("s"),

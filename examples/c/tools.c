@@ -110,6 +110,54 @@ int main(void) {
         ok &= unconfinable || strstr(out, "\"type_id\":\"tool.execution_cancelled\"") != NULL;
         correx_string_free(out);
     }
+    /* A background job: started, listed, read, stopped; bad requests are errors; a session's
+     * end ends its jobs. */
+    {
+        char *out = NULL, job[128] = "", request[512];
+        correx_error *e = NULL;
+        MUST("tool", correx_tool_execute(
+                         rt, "{\"v\":1,\"session_id\":\"j\",\"tool_name\":\"shell\",\"parameters\":"
+                             "{\"argv\":[\"sleep\",\"30\"],\"background\":true}}", &out, &err));
+        int unconfinable = strstr(out, "the shell cannot be confined") != NULL;
+        mj_str(mj_get(mj_get(out, "data"), "job_id"), job, sizeof job);
+        correx_string_free(out);
+        ok &= unconfinable || strncmp(job, "job-", 4) == 0;
+        if (!unconfinable) {
+            MUST("jobs list", correx_jobs(rt, "{\"v\":1,\"session_id\":\"j\",\"operation\":\"list\"}",
+                                          NULL, &out, &err));
+            ok &= strstr(out, job) != NULL && strstr(out, "\"state\":\"running\"") != NULL;
+            correx_string_free(out);
+            snprintf(request, sizeof request,
+                     "{\"v\":1,\"session_id\":\"j\",\"operation\":\"stop\",\"job_id\":\"%s\"}", job);
+            MUST("jobs stop", correx_jobs(rt, request, NULL, &out, &err));
+            ok &= strstr(out, "\"reason\":\"stopped\"") != NULL;
+            correx_string_free(out);
+        }
+        /* Another session's job, a wrong shape, an unknown operation: typed errors. */
+        snprintf(request, sizeof request,
+                 "{\"v\":1,\"session_id\":\"other\",\"operation\":\"read\",\"job_id\":\"%s\"}", job);
+        ok &= correx_jobs(rt, request, NULL, &out, &e) == CORREX_E_INVALID_ARGUMENT;
+        correx_error_free(e);
+        e = NULL;
+        ok &= correx_jobs(rt, "{\"v\":1,\"session_id\":[\"j\"],\"operation\":\"list\"}", NULL, &out,
+                          &e) == CORREX_E_INVALID_ARGUMENT;
+        correx_error_free(e);
+        e = NULL;
+        ok &= correx_jobs(rt, "{\"v\":1,\"session_id\":\"j\",\"operation\":\"explode\"}", NULL, &out,
+                          &e) == CORREX_E_INVALID_ARGUMENT;
+        correx_error_free(e);
+        e = NULL;
+        MUST("tool", correx_tool_execute(
+                         rt, "{\"v\":1,\"session_id\":\"k\",\"tool_name\":\"shell\",\"parameters\":"
+                             "{\"argv\":[\"sleep\",\"30\"],\"background\":true}}", &out, &err));
+        correx_string_free(out);
+        MUST("session end", correx_session_end(rt, "k", &err));
+        MUST("jobs list", correx_jobs(rt, "{\"v\":1,\"session_id\":\"k\",\"operation\":\"list\"}", NULL,
+                                      &out, &err));
+        ok &= strstr(out, "\"jobs\":[]") != NULL;
+        correx_string_free(out);
+        printf("  background job %s\n", unconfinable ? "refused (unconfinable here)" : "started and stopped");
+    }
     correx_runtime_free(rt);
     rmtree(dir);
     printf(ok ? "tools: all as expected\n" : "tools: UNEXPECTED RESULT\n");

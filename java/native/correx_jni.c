@@ -522,6 +522,29 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_toolExecute(JNIEnv *env, jcl
     return answer(env, rc, err, out);
 }
 
+/* ---- jobs ---- */
+
+JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_jobs(JNIEnv *env, jclass cls, jlong rt,
+                                                        jbyteArray request, jlong cancel) {
+    (void)cls;
+    IN(r, request, NULL);
+    char *out = NULL;
+    correx_error *err = NULL;
+    int32_t rc = correx_jobs(RT(rt), r, CANCEL(cancel), &out, &err);
+    free(r);
+    return answer(env, rc, err, out);
+}
+
+JNIEXPORT void JNICALL Java_dev_correx_Native_sessionEnd(JNIEnv *env, jclass cls, jlong rt,
+                                                        jbyteArray session) {
+    (void)cls;
+    IN(s, session, );
+    correx_error *err = NULL;
+    int32_t rc = correx_session_end(RT(rt), s, &err);
+    free(s);
+    failed(env, rc, err);
+}
+
 /* ---- log ---- */
 
 static void log_cb(void *user_data, int32_t level, const char *message) {

@@ -491,6 +491,37 @@ public final class LibraryTest {
                     check(again.success() && again.data().get("stdout").toString().contains("after"), "reused " + again);
                 }
             });
+
+            test("a background job is read by cursor, waited for, stopped, and ends with its session", () -> {
+                rt.setApprover(r -> Decision.APPROVE);
+                ToolResult r = rt.tools().execute(ToolRequest.of("s7", "shell", params("argv", List.of("sleep", "30"), "background", true)));
+                check(r.success(), "started " + r);
+                String job = r.data().get("job_id").toString();
+                List<JobInfo> listed = rt.jobs().list("s7");
+                check(listed.size() == 1 && listed.get(0).jobId().equals(job) && listed.get(0).status().running(), "listed " + listed);
+                JobOutput none = rt.jobs().read("s7", job, 0, 0, 1024);
+                check(none.stdout().isEmpty() && none.status().running(), "read " + none);
+                expect(InvalidArgumentException.class, () -> rt.jobs().read("another-session", job, 0, 0, 1024));
+                expect(InvalidArgumentException.class, () -> rt.jobs().signal("s7", job, "SEGV"));
+                expect(InvalidArgumentException.class, () -> rt.jobs().list(null));
+                JobStatus stopped = rt.jobs().stop("s7", job);
+                check(!stopped.running() && "stopped".equals(stopped.reason()), "stopped " + stopped);
+
+                ToolResult e = rt.tools().execute(ToolRequest.of("s7", "shell", params("argv", List.of("echo", "hello"), "background", true)));
+                String echo = e.data().get("job_id").toString();
+                JobStatus done = rt.jobs().await("s7", echo, 10_000, null);
+                check("exited".equals(done.reason()) && Integer.valueOf(0).equals(done.exitCode()), "exited " + done);
+                JobOutput out = rt.jobs().read("s7", echo, 0, 0, 1024);
+                check("hello\n".equals(out.stdout()) && out.stdoutCursor() == 6, "output " + out);
+                JobOutput after = rt.jobs().read("s7", echo, out.stdoutCursor(), out.stderrCursor(), 1024);
+                check(after.stdout().isEmpty(), "nothing after the cursor " + after);
+
+                rt.tools().execute(ToolRequest.of("s8", "shell", params("argv", List.of("sleep", "30"), "background", true)));
+                rt.jobs().endSession("s8");
+                check(rt.jobs().list("s8").isEmpty(), "a session's end ends its jobs");
+                check(rt.events().readStream("session-s8", 1, 10).stream().anyMatch(ev -> ev.typeId().equals("job.exited")
+                        && ev.payload().contains("session_ended")), "recorded");
+            });
         }
 
         try (Runtime rt = config("models").build()) {

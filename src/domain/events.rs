@@ -239,6 +239,48 @@ pub enum DomainEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         kind: Option<String>,
     },
+    /// A background job's program started (a shell request with `background: true`); its
+    /// outcome is a later `job.exited` of the same job id.
+    #[serde(rename = "job.started")]
+    JobStarted {
+        /// The session.
+        session_id: String,
+        /// The job.
+        job_id: String,
+        /// The shell invocation that started it.
+        invocation_id: String,
+        /// The command, argv as given.
+        command: Vec<String>,
+        /// When it is stopped unless it ends first, in milliseconds from its start.
+        timeout_ms: u64,
+    },
+    /// A background job ended and every process of it is gone.
+    #[serde(rename = "job.exited")]
+    JobExited {
+        /// The session.
+        session_id: String,
+        /// The job.
+        job_id: String,
+        /// Why it ended: `exited` (on its own), `stopped` (asked to), `timed_out`,
+        /// `session_ended`, `runtime_closed`, or `interrupted` (its host died, recorded by the
+        /// next runtime opened on the same sandbox root).
+        reason: String,
+        /// Its exit code, when it exited.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        /// The signal that ended it, when one did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+        /// From its start to its end, in milliseconds (absent when interrupted).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        duration_ms: Option<u64>,
+        /// Bytes it wrote to stdout and to stderr, kept or not.
+        #[serde(default)]
+        stdout_bytes: u64,
+        /// As `stdout_bytes`.
+        #[serde(default)]
+        stderr_bytes: u64,
+    },
     /// An inference finished.
     #[serde(rename = "inference.completed")]
     InferenceCompleted {
@@ -306,6 +348,8 @@ type_ids! {
     ToolExecutionInterrupted => "tool.execution_interrupted",
     ToolNetworkDenied => "tool.network_denied",
     InferenceCompleted => "inference.completed",
+    JobStarted => "job.started",
+    JobExited => "job.exited",
 }
 
 /// Every domain event is at schema version 1.
@@ -354,6 +398,18 @@ impl DomainEvent {
             }
             DomainEvent::ToolExecutionRejected { tool_name, tier, reason, invocation_id, .. } => {
                 format!("{tool_name} (T{tier}) rejected: {reason}, invocation {invocation_id}")
+            }
+            DomainEvent::JobStarted { job_id, command, invocation_id, .. } => {
+                format!("job {job_id} started: {}, invocation {invocation_id}", command.join(" "))
+            }
+            DomainEvent::JobExited { job_id, reason, exit_code, signal, duration_ms, .. } => {
+                let how = match (exit_code, signal) {
+                    (Some(c), _) => format!(", exit code {c}"),
+                    (None, Some(s)) => format!(", signal {s}"),
+                    (None, None) => String::new(),
+                };
+                let after = duration_ms.map(|d| format!(" after {d} ms")).unwrap_or_default();
+                format!("job {job_id} ended ({reason}{how}){after}")
             }
             DomainEvent::InferenceCompleted { model_id, usage, latency_ms, finish_reason, endpoint } => format!(
                 "inference on {model_id}{}: {} prompt + {} completion tokens in {latency_ms} ms ({finish_reason})",

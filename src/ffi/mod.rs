@@ -21,6 +21,7 @@
 mod cancel;
 mod convert;
 mod events;
+mod jobs;
 mod log_bridge;
 mod models;
 mod runtime;

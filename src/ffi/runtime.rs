@@ -131,7 +131,9 @@ fn runtime_failure(e: RuntimeError) -> Failure {
     let code = match &e {
         RuntimeError::Config(_) => CORREX_E_CONFIG,
         RuntimeError::Events(_) => CORREX_E_EVENT_STORE,
-        RuntimeError::Tool { .. } | RuntimeError::Sandbox(_) => CORREX_E_TOOL_SETUP,
+        RuntimeError::Tool { .. } | RuntimeError::Sandbox(_) | RuntimeError::Jobs(_) => {
+            CORREX_E_TOOL_SETUP
+        }
     };
     Failure::new(code, e.to_string())
 }

@@ -10,7 +10,10 @@ use crate::events::{EventStore, EventStoreError, SqliteEventStore, StoreOptions}
 use crate::inference::DefaultModelManager;
 use crate::sandbox::{default_work_root, SandboxError, SandboxedToolExecutor};
 use crate::settings::ConfigError;
-use crate::tools::{DispatchingToolExecutor, ToolConfig, ToolError, ToolRegistry};
+use crate::tools::{
+    BuildContext, DispatchingToolExecutor, InterruptedJob, JobError, JobTable, ToolConfig,
+    ToolError, ToolRegistry,
+};
 use std::fmt;
 use std::sync::Arc;
 
@@ -31,6 +34,9 @@ pub enum RuntimeError {
     },
     /// The sandbox could not be set up.
     Sandbox(SandboxError),
+    /// The background jobs' table could not be set up (its records under the sandbox root),
+    /// or a job a dead host left could not be recorded interrupted.
+    Jobs(JobError),
 }
 
 impl fmt::Display for RuntimeError {
@@ -40,6 +46,7 @@ impl fmt::Display for RuntimeError {
             RuntimeError::Events(e) => e.fmt(f),
             RuntimeError::Tool { tool, source } => write!(f, "tools.{tool}: {source}"),
             RuntimeError::Sandbox(e) => e.fmt(f),
+            RuntimeError::Jobs(e) => write!(f, "background jobs: {e}"),
         }
     }
 }
@@ -51,6 +58,7 @@ impl std::error::Error for RuntimeError {
             RuntimeError::Events(e) => Some(e),
             RuntimeError::Tool { source, .. } => Some(source),
             RuntimeError::Sandbox(e) => Some(e),
+            RuntimeError::Jobs(e) => Some(e),
         }
     }
 }
@@ -71,6 +79,8 @@ pub struct Runtime {
     events: Arc<SqliteEventStore>,
     models: DefaultModelManager,
     executor: SandboxedToolExecutor,
+    jobs: Arc<JobTable>,
+    interrupted_jobs: Vec<InterruptedJob>,
 }
 
 impl fmt::Debug for Runtime {
@@ -79,6 +89,14 @@ impl fmt::Debug for Runtime {
             .field("events", &self.events)
             .field("executor", &self.executor)
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Runtime {
+    /// Ends every background job (recorded `runtime_closed`) before the tools that started
+    /// them go: nothing a runtime started outlives it.
+    fn drop(&mut self) {
+        self.jobs.close();
     }
 }
 
@@ -102,8 +120,21 @@ impl Runtime {
             )
             .map_err(RuntimeError::Events)?,
         );
-        let registry = build_registry(&config.tools)?;
         let store: Arc<dyn EventStore> = events.clone();
+        let work_root = config
+            .sandbox_root
+            .clone()
+            .unwrap_or_else(default_work_root);
+        let (jobs, interrupted_jobs) =
+            JobTable::open(store.clone(), &work_root).map_err(RuntimeError::Jobs)?;
+        let jobs = Arc::new(jobs);
+        let registry = config
+            .tools
+            .build_with(BuildContext {
+                jobs: Some(jobs.clone()),
+                ..BuildContext::default()
+            })
+            .map_err(|(tool, source)| RuntimeError::Tool { tool, source })?;
         // The config's engine, or the host's; the config's rules in front of it.
         let engine: Arc<dyn ApprovalEngine> = match config.approvals.engine {
             EngineChoice::Callback => approvals,
@@ -115,10 +146,7 @@ impl Runtime {
             registry,
             ApprovalPolicy::new(config.approvals.rules.clone(), engine),
             store.clone(),
-            config
-                .sandbox_root
-                .clone()
-                .unwrap_or_else(default_work_root),
+            work_root,
         )
         .map_err(RuntimeError::Sandbox)?;
         let models = DefaultModelManager::new(store, config.models.clone());
@@ -126,6 +154,8 @@ impl Runtime {
             events,
             models,
             executor,
+            jobs,
+            interrupted_jobs,
         })
     }
 
@@ -142,5 +172,17 @@ impl Runtime {
     /// The sandboxed tool executor.
     pub fn executor(&self) -> &SandboxedToolExecutor {
         &self.executor
+    }
+
+    /// The background jobs the shell started (`"background": true`); they end when the
+    /// runtime is dropped, at the latest.
+    pub fn jobs(&self) -> &Arc<JobTable> {
+        &self.jobs
+    }
+
+    /// Jobs a dead host left running under this sandbox root, recorded `job.exited` with
+    /// reason `interrupted` when this runtime opened.
+    pub fn interrupted_jobs(&self) -> &[InterruptedJob] {
+        &self.interrupted_jobs
     }
 }

@@ -179,7 +179,9 @@ fn run_state(
                     | EventType::ModelLoaded
                     | EventType::ModelUnloaded
                     | EventType::ModelEndpointFailover
-                    | EventType::InferenceCompleted,
+                    | EventType::InferenceCompleted
+                    | EventType::JobStarted
+                    | EventType::JobExited,
                 )
                 | None => {}
             }

@@ -19,6 +19,7 @@ mod describe;
 mod error;
 pub(crate) mod fs;
 mod isolation;
+pub(crate) mod jobs;
 mod network;
 mod params;
 pub(crate) mod process;
@@ -37,6 +38,10 @@ pub use fs::{
     DEFAULT_MAX_READ_BYTES,
 };
 pub use isolation::{IsolationMode, IsolationOptions, ResourceLimits, RunAs};
+pub use jobs::{
+    signal_number, InterruptedJob, JobCursor, JobEndReason, JobError, JobInfo, JobOutput,
+    JobStatus, JobTable, JobsOptions, JobsTool, JobsToolOptions, SIGNALS,
+};
 pub use network::{Allowlist, NetworkPolicy};
 pub(crate) use params::json_kind;
 pub use registry::{DispatchingToolExecutor, ToolRegistry};

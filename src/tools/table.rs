@@ -33,11 +33,15 @@ pub trait BuiltinTool: Tool + Sized + 'static {
     }
 }
 
-/// What the tools built earlier leave for those built after them.
+/// What the tools built earlier leave for those built after them, and what the runtime gives
+/// them all.
 #[derive(Clone, Debug, Default)]
 pub struct BuildContext {
     /// Files no tool may write: the executables a shell may run.
     pub protected: Vec<PathBuf>,
+    /// The runtime's background jobs: the shell starts them (`background: true`) and the
+    /// `jobs` tool reaches them. Without it, background runs are refused.
+    pub jobs: Option<Arc<super::JobTable>>,
 }
 
 /// One row of a tool table.
@@ -109,6 +113,12 @@ pub static BUILTIN_TOOLS: &[ToolRow] = &[
         Tier::T3,
         super::fs::schema::FILE_EDIT,
         super::fs::schema::file_edit,
+    ),
+    ToolRow::new::<super::JobsTool>(
+        "jobs",
+        Tier::T1,
+        super::jobs::DESCRIPTION,
+        super::jobs::schema,
     ),
 ];
 
@@ -288,7 +298,14 @@ impl ToolConfig {
     /// # Errors
     /// The name of the tool that could not be built, and why.
     pub(crate) fn build(&self) -> Result<super::ToolRegistry, (&'static str, ToolError)> {
-        let mut context = BuildContext::default();
+        self.build_with(BuildContext::default())
+    }
+
+    /// As [`ToolConfig::build`], starting from `context` (the runtime's job table).
+    pub(crate) fn build_with(
+        &self,
+        mut context: BuildContext,
+    ) -> Result<super::ToolRegistry, (&'static str, ToolError)> {
         let mut tools = Vec::new();
         for e in self.entries.iter().filter(|e| e.enabled) {
             let (tool, protects) = e
@@ -338,9 +355,24 @@ mod tests {
             "file_read": {"enabled": true, "allowed_paths": [dir]},
             "file_write": {"enabled": true, "allowed_paths": [dir]},
             "file_edit": {"enabled": true, "allowed_paths": [dir]},
+            "jobs": {"enabled": true},
         }))
         .expect("a valid config");
-        let registry = config.build().expect("every tool builds");
+        // Without a runtime's job table the jobs tool cannot be built, and says so.
+        let (name, e) = config.build().expect_err("no job table");
+        assert_eq!(name, "jobs");
+        assert!(e.to_string().contains("job table"), "{e}");
+        let work = dir.join(format!("correx-table-{}", crate::ids::random_uuid()));
+        std::fs::create_dir_all(&work).expect("a temp dir");
+        let events =
+            crate::events::SqliteEventStore::open(work.join("events.db")).expect("an event log");
+        let (table, _) = super::super::JobTable::open(Arc::new(events), &work.join("sandbox"))
+            .expect("a job table");
+        let context = BuildContext {
+            jobs: Some(Arc::new(table)),
+            ..BuildContext::default()
+        };
+        let registry = config.build_with(context).expect("every tool builds");
         assert_eq!(registry.names().len(), BUILTIN_TOOLS.len());
         for row in BUILTIN_TOOLS {
             let tool = registry.resolve(row.name).expect("built");
@@ -348,5 +380,7 @@ mod tests {
             assert_eq!(tool.description(), row.description, "{}", row.name);
             assert_eq!(tool.parameters(), (row.parameters)(), "{}", row.name);
         }
+        drop(registry);
+        let _ = std::fs::remove_dir_all(&work);
     }
 }

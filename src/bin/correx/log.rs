@@ -379,6 +379,18 @@ impl History {
                     ));
                 }
             }
+            EventType::JobStarted | EventType::JobExited => {
+                let sess = s("session_id");
+                if session.is_some_and(|want| want != sess) {
+                    return;
+                }
+                let label = match ty {
+                    EventType::JobStarted => format!("job {} started", s("job_id")),
+                    _ => format!("job {} ended ({})", s("job_id"), s("reason")),
+                };
+                let alarming = s("reason") == "interrupted";
+                self.instants.push((t, sess, label, alarming));
+            }
             EventType::ModelEndpointFailover => self.instants.push((
                 t,
                 s("model_id"),
@@ -464,7 +476,9 @@ impl History {
                     EventType::ModelLoaded
                     | EventType::ModelUnloaded
                     | EventType::ModelEndpointFailover
-                    | EventType::InferenceCompleted => {}
+                    | EventType::InferenceCompleted
+                    | EventType::JobStarted
+                    | EventType::JobExited => {}
                 }
             }
         }

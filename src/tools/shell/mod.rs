@@ -11,10 +11,12 @@ use crate::cancel::CancelToken;
 use crate::private_dir::{check_private, PrivateDir};
 use crate::sys::spawn::{self, Captured, Exit, RunNet, SpawnSpec};
 use crate::sys::{resolve_both, FIXED_PATH};
+use crate::tools::jobs::{JobTable, JobsOptions};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 mod options;
@@ -54,7 +56,14 @@ pub struct ShellTool {
     /// removing a directory costs about 100 µs of journaled metadata on ext4, more than the
     /// rest of a spawn's overhead.
     spare: parking_lot::Mutex<Option<PathBuf>>,
+    /// The runtime's job table and this shell's bounds on it; `None`: background runs are
+    /// refused.
+    jobs: Option<(Arc<JobTable>, JobsOptions)>,
+    jobs_options: JobsOptions,
 }
+
+/// A background request's job table, this shell's bounds on it, and the job's timeout.
+type Background<'a> = (&'a JobTable, &'a JobsOptions, Duration);
 
 /// Why the `required` policy cannot be met on this kernel.
 #[derive(Debug)]
@@ -308,7 +317,56 @@ impl ShellTool {
             policy,
             tmp_base,
             spare: parking_lot::Mutex::new(None),
+            jobs: None,
+            jobs_options: options.jobs,
         })
+    }
+
+    /// The same tool, starting background jobs (`"background": true`) in `table`.
+    pub fn with_jobs(mut self, table: Arc<JobTable>) -> Self {
+        self.jobs = Some((table, self.jobs_options.clone()));
+        self
+    }
+
+    /// A background request's job table and bounds, and its timeout; `None` for a run that
+    /// ends with its call.
+    fn background(
+        &self,
+        request: &ToolRequest,
+    ) -> Result<Option<Background<'_>>, (ToolErrorKind, String)> {
+        let off = |reason: &str| (ToolErrorKind::NotAllowed, reason.to_owned());
+        let invalid = |reason: String| (ToolErrorKind::InvalidRequest, reason);
+        match request.parameters.get("background") {
+            None | Some(serde_json::Value::Null | serde_json::Value::Bool(false)) => Ok(None),
+            Some(serde_json::Value::Bool(true)) => {
+                let Some((table, options)) = &self.jobs else {
+                    return Err(off(
+                        "background runs need a runtime's job table (a shell built by Runtime::new)",
+                    ));
+                };
+                if options.max_per_session == 0 {
+                    return Err(off(
+                        "background runs are off (tools.shell.jobs.max_per_session is 0)",
+                    ));
+                }
+                let timeout = match request.parameters.get("timeout_ms") {
+                    None | Some(serde_json::Value::Null) => options.timeout,
+                    Some(v) => match v.as_u64() {
+                        Some(ms) if ms > 0 => Duration::from_millis(ms).min(options.timeout),
+                        _ => {
+                            return Err(invalid(format!(
+                                "parameter \"timeout_ms\" must be a positive integer, got {v}"
+                            )))
+                        }
+                    },
+                };
+                Ok(Some((table, options, timeout)))
+            }
+            Some(v) => Err(invalid(format!(
+                "parameter \"background\" must be true or false, got {}",
+                json_kind(v)
+            ))),
+        }
     }
 
     /// Test hook (feature `test-hooks`): builds one run's confinement (Landlock ruleset and
@@ -459,9 +517,15 @@ impl ShellTool {
         let argv = self
             .argv(request)
             .map_err(|r| ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, true))?;
-        let timeout = self
-            .timeout_of(request)
-            .map_err(|r| ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, true))?;
+        let background = self
+            .background(request)
+            .map_err(|(kind, r)| ToolResult::failure_of(id, kind, r, false))?;
+        let timeout = match background {
+            Some((_, _, t)) => t,
+            None => self
+                .timeout_of(request)
+                .map_err(|r| ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, true))?,
+        };
         let policy = self.policy.as_ref().map_err(|r| {
             ToolResult::failure_of(
                 id,
@@ -514,6 +578,18 @@ impl ShellTool {
                 )
             })?;
         }
+        // A job's slot is taken before anything of it exists, so racing starts respect the
+        // session's bound.
+        let slot = match background {
+            Some((table, options, _)) => Some(
+                table
+                    .reserve(request.session_id.as_str(), options.max_per_session)
+                    .map_err(|e| {
+                        ToolResult::failure_of(id, ToolErrorKind::NotAllowed, e.to_string(), true)
+                    })?,
+            ),
+            None => None,
+        };
         let tmp = self.run_tmp().map_err(|e| {
             ToolResult::failure(id, format!("creating the run's temp directory: {e}"), true)
         })?;
@@ -564,7 +640,7 @@ impl ShellTool {
         let argv_os: Vec<&OsStr> = std::iter::once(OsStr::new(&arg0))
             .chain(argv[1..].iter().map(OsStr::new))
             .collect();
-        let out = spawn::run(&SpawnSpec {
+        let spec = SpawnSpec {
             program: &program,
             argv: &argv_os,
             env: &env,
@@ -577,7 +653,56 @@ impl ShellTool {
             output_cap: self.output_cap,
             cancel: Some(cancel),
             net: net_end.as_ref().map(|(_, net)| *net),
-        });
+        };
+        if let (Some(slot), Some((_, options, _))) = (slot, background) {
+            let started = spawn::start(&spec).map_err(|e| {
+                ToolResult::failure(
+                    id,
+                    format!("could not start {}: {e}", program.display()),
+                    false,
+                )
+            })?;
+            let Some(started) = started else {
+                let what = format!("did not start within {} ms", timeout.as_millis());
+                return Err(ToolResult::failure_of(
+                    id,
+                    ToolErrorKind::TimedOut,
+                    what,
+                    true,
+                ));
+            };
+            let cleanup = move || {
+                drop(net_end);
+                if let Some(p) = proxy {
+                    p.stop();
+                }
+                drop((cwd, cgroup, tmp));
+            };
+            let command: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
+            let job_id = slot
+                .launch(
+                    started,
+                    crate::tools::jobs::Launch {
+                        invocation_id: id.to_string(),
+                        command,
+                        timeout,
+                        buffer_bytes: options.buffer_bytes,
+                        cleanup: Box::new(cleanup),
+                    },
+                )
+                .map_err(|e| ToolResult::failure(id, e.to_string(), true))?;
+            let data = serde_json::json!({"job_id": job_id, "background": true,
+                                          "timeout_ms": timeout.as_millis() as u64});
+            return Ok(ToolResult::Success {
+                invocation_id: id.clone(),
+                output: format!(
+                    "started background job {job_id}; read its output, wait for it or stop it with the jobs tool"
+                ),
+                metadata: BTreeMap::from([("job_id".to_owned(), job_id)]),
+                data: Some(data),
+            });
+        }
+        let out = spawn::run(&spec);
         drop(net_end);
         // Every process of the run is gone: so is every client of the proxy.
         let network = proxy.map(|p| p.stop().to_json());
@@ -719,7 +844,11 @@ impl Tool for ShellTool {
             .argv(request)
             .map(|_| ())
             .and_then(|()| self.timeout_of(request).map(|_| ()))
-        {
+            // Only a malformed request is invalid; background runs being off is refused by the run.
+            .and_then(|()| match self.background(request) {
+                Err((ToolErrorKind::InvalidRequest, reason)) => Err(reason),
+                _ => Ok(()),
+            }) {
             Ok(()) => ValidationResult::Valid,
             Err(reason) => ValidationResult::Invalid { reason },
         }

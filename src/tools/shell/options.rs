@@ -5,7 +5,7 @@ use super::ShellTool;
 use crate::settings::{self, ConfigError, Section};
 use crate::tools::isolation::{IsolationOptions, RunAs};
 use crate::tools::table::{BuildContext, BuiltinTool};
-use crate::tools::ToolError;
+use crate::tools::{JobsOptions, ToolError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -46,6 +46,8 @@ pub struct ShellOptions {
     pub working_roots: Vec<PathBuf>,
     /// How the child is confined by the kernel; default [`IsolationMode::Required`](crate::tools::IsolationMode::Required).
     pub isolation: IsolationOptions,
+    /// Bounds on background jobs (`"background": true`): per session, timeout, buffers.
+    pub jobs: JobsOptions,
 }
 
 impl Default for ShellOptions {
@@ -58,6 +60,7 @@ impl Default for ShellOptions {
             force_secret_env: false,
             working_roots: Vec::new(),
             isolation: IsolationOptions::default(),
+            jobs: JobsOptions::default(),
         }
     }
 }
@@ -85,6 +88,7 @@ impl Section for ShellOptions {
                 )?;
             }
         }
+        self.jobs.validate().map_err(|e| e.under("jobs"))?;
         self.isolation.validate().map_err(|e| e.under("isolation"))
     }
 }
@@ -104,7 +108,11 @@ pub(crate) fn schema() -> Value {
                 "minItems": 1,
                 "description": "the executable (allowlisted) and its arguments"
             },
-            "cwd": {"type": "string", "description": "the start directory, inside a working root"}
+            "cwd": {"type": "string", "description": "the start directory, inside a working root"},
+            "timeout_ms": {"type": "integer", "minimum": 1,
+                           "description": "the run's wall-clock limit, at most the configured one"},
+            "background": {"type": "boolean",
+                           "description": "start it as a background job and return its id at once; read, wait for and stop it with the jobs tool"}
         },
         "required": ["argv"],
         "additionalProperties": false
@@ -114,8 +122,12 @@ pub(crate) fn schema() -> Value {
 impl BuiltinTool for ShellTool {
     type Config = ShellOptions;
 
-    fn build(config: &ShellOptions, _context: &BuildContext) -> Result<Self, ToolError> {
-        ShellTool::new(config.clone())
+    fn build(config: &ShellOptions, context: &BuildContext) -> Result<Self, ToolError> {
+        let tool = ShellTool::new(config.clone())?;
+        Ok(match &context.jobs {
+            Some(table) => tool.with_jobs(table.clone()),
+            None => tool,
+        })
     }
 
     fn explain(o: &ShellOptions) -> Vec<(&'static str, String)> {

@@ -169,5 +169,9 @@ final class Native {
 
     static native byte[] toolExecute(long rt, byte[] request, long cancel);
 
+    static native byte[] jobs(long rt, byte[] request, long cancel);
+
+    static native void sessionEnd(long rt, byte[] session);
+
     static native void setLogger(LogBridge bridge, int maxLevel);
 }

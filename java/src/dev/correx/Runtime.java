@@ -26,6 +26,7 @@ public final class Runtime implements AutoCloseable {
     private final EventLog events = new EventLog(this);
     private final Models models = new Models(this);
     private final Tools tools = new Tools(this);
+    private final Jobs jobs = new Jobs(this);
     private final Set<Subscription> subscriptions = ConcurrentHashMap.newKeySet();
     private final AtomicReference<Throwable> callbackError = new AtomicReference<>();
 
@@ -79,6 +80,11 @@ public final class Runtime implements AutoCloseable {
     /** The sandboxed tools. */
     public Tools tools() {
         return tools;
+    }
+
+    /** The background jobs the shell started. */
+    public Jobs jobs() {
+        return jobs;
     }
 
     /**

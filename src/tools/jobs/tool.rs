@@ -1,0 +1,292 @@
+//! The `jobs` tool: what a model calls to list its session's background jobs, read their
+//! output since a cursor, wait for one, signal it, or stop it. It reaches only jobs of the
+//! request's own session.
+
+use super::{signal_number, JobCursor, JobTable, STOP_GRACE};
+use crate::cancel::CancelToken;
+use crate::settings::{ConfigError, Section};
+use crate::tools::params::required_str;
+use crate::tools::table::{BuildContext, BuiltinTool};
+use crate::tools::{
+    json_kind, Tier, Tool, ToolCapability, ToolError, ToolErrorKind, ToolRequest, ToolResult,
+    ValidationResult,
+};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The longest one `wait` blocks; a model waits again for longer.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+/// The most bytes of each stream one `read` returns.
+const MAX_READ: u64 = 256 * 1024;
+
+/// The jobs tool's description.
+pub const DESCRIPTION: &str = "lists, reads the output of, waits for, signals or stops the \
+     background jobs this session started (a shell request with \"background\": true)";
+
+/// The jobs tool's parameters.
+pub(crate) fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "operation": {"type": "string", "enum": ["list", "read", "wait", "signal", "stop"]},
+            "job_id": {"type": "string", "description": "the id the shell returned"},
+            "stdout_cursor": {"type": "integer", "minimum": 0,
+                              "description": "read: stdout bytes already read (the last read's next cursor)"},
+            "stderr_cursor": {"type": "integer", "minimum": 0,
+                              "description": "read: as stdout_cursor, for stderr"},
+            "max_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_READ,
+                          "description": "read: most bytes of each stream returned"},
+            "timeout_ms": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT.as_millis() as u64,
+                           "description": "wait: how long to wait for the job to end"},
+            "signal": {"type": "string", "description": "signal: INT, TERM, KILL, HUP, QUIT, USR1, USR2, STOP or CONT"}
+        },
+        "required": ["operation"],
+        "additionalProperties": false
+    })
+}
+
+/// The jobs tool's config section (`tools.jobs`): nothing besides `enabled`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobsToolOptions {}
+
+impl Section for JobsToolOptions {
+    fn validate(&self) -> Result<(), ConfigError> {
+        Ok(())
+    }
+}
+
+/// The `jobs` tool. See the module docs.
+#[derive(Debug)]
+pub struct JobsTool {
+    table: Arc<JobTable>,
+}
+
+impl JobsTool {
+    /// The tool over `table`.
+    pub fn new(table: Arc<JobTable>) -> Self {
+        JobsTool { table }
+    }
+
+    fn run(&self, r: &ToolRequest, cancel: &CancelToken) -> ToolResult {
+        let id = &r.invocation_id;
+        match operate(&self.table, r.session_id.as_str(), &r.parameters, cancel) {
+            Ok(data) => ToolResult::Success {
+                invocation_id: id.clone(),
+                output: data.to_string(),
+                metadata: Default::default(),
+                data: Some(data),
+            },
+            Err((kind, reason)) => ToolResult::failure_of(id, kind, reason, true),
+        }
+    }
+}
+
+/// One request on `session`'s jobs, with the `jobs` tool's parameters; its answer as JSON, or
+/// the kind of failure (`invalid_request` for a bad parameter or an unknown job) and why.
+pub(crate) fn operate(
+    table: &JobTable,
+    session: &str,
+    params: &Map<String, Value>,
+    cancel: &CancelToken,
+) -> Result<Value, (ToolErrorKind, String)> {
+    let invalid = |reason: String| (ToolErrorKind::InvalidRequest, reason);
+    let job_err = |e: super::JobError| {
+        let kind = match e {
+            super::JobError::Unknown { .. } | super::JobError::BadSignal { .. } => {
+                ToolErrorKind::InvalidRequest
+            }
+            _ => ToolErrorKind::Io,
+        };
+        (kind, e.to_string())
+    };
+    let string = |name: &str| -> Result<Option<&str>, (ToolErrorKind, String)> {
+        match params.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(invalid(format!(
+                "parameter {name:?} must be a string, got {}",
+                json_kind(v)
+            ))),
+        }
+    };
+    let job_id =
+        || string("job_id")?.ok_or_else(|| invalid("missing required parameter \"job_id\"".into()));
+    let uint = |name: &str, default: u64, max: u64| -> Result<u64, (ToolErrorKind, String)> {
+        match params.get(name) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => match v.as_u64() {
+                Some(n) if n <= max => Ok(n),
+                _ => Err(invalid(format!(
+                    "parameter {name:?} must be an integer from 0 to {max}, got {}",
+                    if v.is_number() {
+                        v.to_string()
+                    } else {
+                        json_kind(v).to_owned()
+                    }
+                ))),
+            },
+        }
+    };
+    if let Some(k) = params
+        .keys()
+        .find(|k| schema()["properties"].get(k.as_str()).is_none())
+    {
+        return Err(invalid(format!("unknown parameter {k:?}")));
+    }
+    let operation = string("operation")?
+        .ok_or_else(|| invalid("missing required parameter \"operation\"".into()))?;
+    Ok(match operation {
+        "list" => {
+            let jobs: Vec<Value> = table
+                .list(session)
+                .into_iter()
+                .map(|j| {
+                    let mut v = j.status.to_json();
+                    v["job_id"] = json!(j.job_id);
+                    v["command"] = json!(j.command);
+                    v
+                })
+                .collect();
+            json!({"jobs": jobs})
+        }
+        "read" => {
+            let cursor = JobCursor {
+                stdout: uint("stdout_cursor", 0, u64::MAX)?,
+                stderr: uint("stderr_cursor", 0, u64::MAX)?,
+            };
+            let max = uint("max_bytes", 64 * 1024, MAX_READ)?.max(1) as usize;
+            let out = table
+                .read(session, job_id()?, cursor, max)
+                .map_err(job_err)?;
+            json!({
+                "stdout": String::from_utf8_lossy(&out.stdout),
+                "stderr": String::from_utf8_lossy(&out.stderr),
+                "stdout_cursor": out.cursor.stdout,
+                "stderr_cursor": out.cursor.stderr,
+                "stdout_dropped": out.stdout_dropped,
+                "stderr_dropped": out.stderr_dropped,
+                "status": out.status.to_json(),
+            })
+        }
+        "wait" => {
+            let ms = uint("timeout_ms", 0, MAX_WAIT.as_millis() as u64)?;
+            let job = job_id()?;
+            let deadline = std::time::Instant::now() + Duration::from_millis(ms);
+            // In slices, so a cancel by the host ends the wait (not the job).
+            let status = loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let slice = left.min(Duration::from_millis(50));
+                let status = table.wait(session, job, slice).map_err(job_err)?;
+                if left.is_zero()
+                    || cancel.is_cancelled()
+                    || !matches!(status, super::JobStatus::Running { .. })
+                {
+                    break status;
+                }
+            };
+            json!({"status": status.to_json()})
+        }
+        "signal" => {
+            let name = string("signal")?.unwrap_or("TERM");
+            let sig = signal_number(name).map_err(job_err)?;
+            table.signal(session, job_id()?, sig).map_err(job_err)?;
+            json!({"sent": name.to_ascii_uppercase()})
+        }
+        "stop" => {
+            let status = table
+                .stop(session, job_id()?, STOP_GRACE)
+                .map_err(job_err)?;
+            json!({"status": status.to_json()})
+        }
+        other => {
+            return Err(invalid(format!(
+                "unknown operation {other:?}; one of: list, read, wait, signal, stop"
+            )))
+        }
+    })
+}
+
+impl Tool for JobsTool {
+    fn name(&self) -> &str {
+        "jobs"
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::T1
+    }
+
+    fn required_capabilities(&self) -> &[ToolCapability] {
+        &[]
+    }
+
+    fn description(&self) -> &str {
+        DESCRIPTION
+    }
+
+    fn parameters(&self) -> Value {
+        schema()
+    }
+
+    fn validate_request(&self, r: &ToolRequest) -> ValidationResult {
+        match required_str(r, "operation") {
+            Ok("list" | "read" | "wait" | "signal" | "stop") => {}
+            Ok(other) => {
+                return ValidationResult::Invalid {
+                    reason: format!(
+                        "unknown operation {other:?}; one of: list, read, wait, signal, stop"
+                    ),
+                }
+            }
+            Err(_) => {
+                return ValidationResult::Invalid {
+                    reason: "missing required string parameter \"operation\"".into(),
+                }
+            }
+        }
+        if let Some(k) = r
+            .parameters
+            .keys()
+            .find(|k| schema()["properties"].get(k.as_str()).is_none())
+        {
+            return ValidationResult::Invalid {
+                reason: format!("unknown parameter {k:?}"),
+            };
+        }
+        ValidationResult::Valid
+    }
+
+    fn execute(&self, r: &ToolRequest) -> ToolResult {
+        self.execute_cancellable(r, &CancelToken::new())
+    }
+
+    fn execute_cancellable(&self, r: &ToolRequest, cancel: &CancelToken) -> ToolResult {
+        self.run(r, cancel)
+    }
+}
+
+impl BuiltinTool for JobsTool {
+    type Config = JobsToolOptions;
+
+    fn build(_config: &JobsToolOptions, context: &BuildContext) -> Result<Self, ToolError> {
+        context
+            .jobs
+            .clone()
+            .map(JobsTool::new)
+            .ok_or_else(|| ToolError::InvalidSetting {
+                field: "enabled",
+                reason: "the jobs tool needs a runtime's job table (build it with Runtime::new)"
+                    .into(),
+            })
+    }
+
+    fn explain(_config: &JobsToolOptions) -> Vec<(&'static str, String)> {
+        vec![(
+            "",
+            "enabled: a session may list, read, wait for, signal and stop its own background jobs"
+                .into(),
+        )]
+    }
+}
