@@ -520,7 +520,7 @@ public final class LibraryTest {
                 rt.jobs().endSession("s8");
                 check(rt.jobs().list("s8").isEmpty(), "a session's end ends its jobs");
                 check(rt.events().readStream("session-s8", 1, 10).stream().anyMatch(ev -> ev.typeId().equals("job.exited")
-                        && ev.payload().contains("session_ended")), "recorded");
+                        && ev.payloadJson().contains("session_ended")), "recorded");
             });
         }
 
