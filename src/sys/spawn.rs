@@ -279,6 +279,8 @@ pub(crate) struct SpawnSpec<'a> {
     pub cancel: Option<&'a crate::cancel::CancelToken>,
     /// The run's way to its proxy, if it has one.
     pub net: Option<RunNet>,
+    /// Give the program a pipe for stdin ([`Started::take_stdin`]); otherwise `/dev/null`.
+    pub stdin: bool,
 }
 
 /// How a run reaches its proxy and nothing else.
@@ -454,6 +456,7 @@ pub(crate) struct Started {
     parts: Option<Parts>,
     supervisor: libc::pid_t,
     stop_w: Option<OwnedFd>,
+    stdin: Option<OwnedFd>,
     start: Instant,
     deadline: Instant,
 }
@@ -533,6 +536,12 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
     let (fail_r, fail_w) = pipe()?;
     let (stop_r, stop_w) = pipe()?;
     let (status_r, status_w) = pipe()?;
+    let (stdin_r, stdin_w) = if spec.stdin {
+        let (r, w) = pipe()?;
+        (Some(r), Some(w))
+    } else {
+        (None, None)
+    };
     let user_maps = match spec.containment {
         Containment::PidNamespace { user_ns: true } => Some(id_maps()?),
         _ => None,
@@ -547,7 +556,7 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
         envp: with_null(&env_c),
         _strings: argv_c.into_iter().chain(env_c).collect(),
         program,
-        devnull: devnull.as_raw_fd(),
+        devnull: stdin_r.as_ref().unwrap_or(&devnull).as_raw_fd(),
         out_w: out_w.as_raw_fd(),
         err_w: err_w.as_raw_fd(),
         fail_w: fail_w.as_raw_fd(),
@@ -622,7 +631,7 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
         killed: false,
     };
     // The children hold their own copies; ours would keep the pipes from ever closing.
-    drop((devnull, out_w, err_w, fail_w, stop_r, status_w));
+    drop((devnull, stdin_r, out_w, err_w, fail_w, stop_r, status_w));
 
     // Waits until the program has exec'd (the pipe closes) or a child reported a failure; a
     // program process that stalls before exec (stopped, or exec on a hung mount) counts
@@ -658,12 +667,19 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
         }),
         supervisor: pid,
         stop_w: Some(stop_w),
+        stdin: stdin_w,
         start,
         deadline,
     }))
 }
 
 impl Started {
+    /// The pipe to the program's stdin, when the spec asked for one; closing it is the end of
+    /// the program's input.
+    pub fn take_stdin(&mut self) -> Option<OwnedFd> {
+        self.stdin.take()
+    }
+
     /// A pidfd of the program's process while it runs (a signal sent through it can never
     /// reach another process that reused its pid).
     pub fn program_pidfd(&self) -> Option<OwnedFd> {

@@ -24,7 +24,7 @@ mod network;
 mod params;
 pub(crate) mod process;
 mod registry;
-mod shell;
+pub(crate) mod shell;
 mod table;
 
 pub use contract::{

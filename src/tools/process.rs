@@ -52,5 +52,6 @@ pub(crate) fn run(spec: &RunSpec<'_>) -> io::Result<RunOutput> {
         output_cap: spec.output_cap,
         cancel: None,
         net: None,
+        stdin: false,
     })
 }

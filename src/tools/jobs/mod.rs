@@ -699,7 +699,7 @@ pub(crate) struct Launch {
     pub buffer_bytes: usize,
     /// Runs once every process of the job is gone, before its end is recorded (the run's
     /// temp directory, cgroup and proxy go).
-    pub cleanup: Box<dyn FnOnce() + Send>,
+    pub cleanup: crate::tools::shell::Cleanup,
 }
 
 impl Slot<'_> {

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::cancel::CancelToken;
 use crate::private_dir::{check_private, PrivateDir};
-use crate::sys::spawn::{self, Captured, Exit, RunNet, SpawnSpec};
+use crate::sys::spawn::{self, Captured, Exit, RunNet, SpawnSpec, Started};
 use crate::sys::{resolve_both, FIXED_PATH};
 use crate::tools::jobs::{JobTable, JobsOptions};
 use std::collections::BTreeMap;
@@ -60,6 +60,85 @@ pub struct ShellTool {
     /// refused.
     jobs: Option<(Arc<JobTable>, JobsOptions)>,
     jobs_options: JobsOptions,
+}
+
+/// What a started run holds until it ends (its temp directory, cgroup, proxy), given back
+/// when this runs, once every process of it is gone.
+pub(crate) type Cleanup = Box<dyn FnOnce() + Send>;
+
+/// A run about to start: what [`ShellTool::prepare`] made for it. Dropped, everything goes.
+struct Prepared<'a> {
+    id: crate::ids::ToolInvocationId,
+    argv: Vec<String>,
+    policy: &'a Policy,
+    program: PathBuf,
+    arg0: String,
+    tmp: PrivateDir,
+    cwd: OwnedFd,
+    confinement: Option<crate::sys::spawn::Confinement>,
+    cgroup: Option<crate::sys::cgroup::RunCgroup>,
+    env: Vec<(String, String)>,
+    proxy: Option<RunProxy>,
+    net_end: Option<(OwnedFd, RunNet)>,
+}
+
+impl Prepared<'_> {
+    /// Starts the program, to run on after this returns (a background job, a server);
+    /// `None` from the spawn (no exec within the timeout) is a `timed_out` failure. The
+    /// cleanup drops what the run held once it has ended.
+    fn start(self, timeout: Duration, stdin: bool) -> Result<(Started, Cleanup), ToolResult> {
+        let argv_os: Vec<&OsStr> = std::iter::once(OsStr::new(&self.arg0))
+            .chain(self.argv[1..].iter().map(OsStr::new))
+            .collect();
+        let started = spawn::start(&SpawnSpec {
+            program: &self.program,
+            argv: &argv_os,
+            env: &self.env,
+            cwd: Some(self.cwd.as_raw_fd()),
+            confinement: self.confinement.as_ref(),
+            containment: self.policy.containment,
+            cgroup: self.cgroup.as_ref().map(|c| c.procs()),
+            spawner: self.policy.spawner(),
+            timeout,
+            output_cap: 0,
+            cancel: None,
+            net: self.net_end.as_ref().map(|(_, net)| *net),
+            stdin,
+        });
+        let id = self.id.clone();
+        let started = started.map_err(|e| {
+            ToolResult::failure(
+                &id,
+                format!("could not start {}: {e}", self.program.display()),
+                false,
+            )
+        })?;
+        let Some(started) = started else {
+            let what = format!("did not start within {} ms", timeout.as_millis());
+            return Err(ToolResult::failure_of(
+                &id,
+                ToolErrorKind::TimedOut,
+                what,
+                true,
+            ));
+        };
+        let Prepared {
+            tmp,
+            cwd,
+            cgroup,
+            proxy,
+            net_end,
+            ..
+        } = self;
+        let cleanup = move || {
+            drop(net_end);
+            if let Some(p) = proxy {
+                p.stop();
+            }
+            drop((cwd, cgroup, tmp));
+        };
+        Ok((started, Box::new(cleanup)))
+    }
 }
 
 /// A background request's job table, this shell's bounds on it, and the job's timeout.
@@ -512,20 +591,11 @@ impl ShellTool {
         }
     }
 
-    fn run(&self, request: &ToolRequest, cancel: &CancelToken) -> Result<ToolResult, ToolResult> {
+    /// Everything a run needs before its program starts: the checks (confinable, allowed,
+    /// unchanged, its namespace's views intact), its temp directory, start directory,
+    /// confinement, cgroup, environment and, with a network allowlist, its proxy.
+    fn prepare(&self, request: &ToolRequest, argv: &[&str]) -> Result<Prepared<'_>, ToolResult> {
         let id = &request.invocation_id;
-        let argv = self
-            .argv(request)
-            .map_err(|r| ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, true))?;
-        let background = self
-            .background(request)
-            .map_err(|(kind, r)| ToolResult::failure_of(id, kind, r, false))?;
-        let timeout = match background {
-            Some((_, _, t)) => t,
-            None => self
-                .timeout_of(request)
-                .map_err(|r| ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, true))?,
-        };
         let policy = self.policy.as_ref().map_err(|r| {
             ToolResult::failure_of(
                 id,
@@ -578,18 +648,6 @@ impl ShellTool {
                 )
             })?;
         }
-        // A job's slot is taken before anything of it exists, so racing starts respect the
-        // session's bound.
-        let slot = match background {
-            Some((table, options, _)) => Some(
-                table
-                    .reserve(request.session_id.as_str(), options.max_per_session)
-                    .map_err(|e| {
-                        ToolResult::failure_of(id, ToolErrorKind::NotAllowed, e.to_string(), true)
-                    })?,
-            ),
-            None => None,
-        };
         let tmp = self.run_tmp().map_err(|e| {
             ToolResult::failure(id, format!("creating the run's temp directory: {e}"), true)
         })?;
@@ -637,47 +695,65 @@ impl ShellTool {
                 (None, None)
             }
         };
-        let argv_os: Vec<&OsStr> = std::iter::once(OsStr::new(&arg0))
-            .chain(argv[1..].iter().map(OsStr::new))
-            .collect();
-        let spec = SpawnSpec {
-            program: &program,
-            argv: &argv_os,
-            env: &env,
-            cwd: Some(cwd.as_raw_fd()),
-            confinement: confinement.as_ref(),
-            containment: policy.containment,
-            cgroup: cgroup.as_ref().map(|c| c.procs()),
-            spawner: policy.spawner(),
-            timeout,
-            output_cap: self.output_cap,
-            cancel: Some(cancel),
-            net: net_end.as_ref().map(|(_, net)| *net),
+        Ok(Prepared {
+            id: id.clone(),
+            argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+            policy,
+            program,
+            arg0,
+            tmp,
+            cwd,
+            confinement,
+            cgroup,
+            env,
+            proxy,
+            net_end,
+        })
+    }
+
+    /// Starts `command` as a long-lived server (an MCP server): confined and contained as a
+    /// run, with a pipe for its stdin, ended at [`MAX_TIMEOUT`] at the latest. The cleanup
+    /// runs once every process of it is gone.
+    pub(crate) fn start_server(&self, command: &[String]) -> Result<(Started, Cleanup), String> {
+        let request = ToolRequest::json("mcp", "shell", serde_json::json!({ "argv": command }))?;
+        let argv: Vec<&str> = command.iter().map(String::as_str).collect();
+        let reason = |r: ToolResult| match r {
+            ToolResult::Failure { reason, .. } => reason,
+            ToolResult::Success { output, .. } => output,
         };
+        let prepared = self.prepare(&request, &argv).map_err(reason)?;
+        prepared.start(MAX_TIMEOUT, true).map_err(reason)
+    }
+
+    fn run(&self, request: &ToolRequest, cancel: &CancelToken) -> Result<ToolResult, ToolResult> {
+        let id = &request.invocation_id;
+        let argv = self
+            .argv(request)
+            .map_err(|r| ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, true))?;
+        let background = self
+            .background(request)
+            .map_err(|(kind, r)| ToolResult::failure_of(id, kind, r, false))?;
+        let timeout = match background {
+            Some((_, _, t)) => t,
+            None => self
+                .timeout_of(request)
+                .map_err(|r| ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, true))?,
+        };
+        // A job's slot is taken before anything of it exists, so racing starts respect the
+        // session's bound.
+        let slot = match background {
+            Some((table, options, _)) => Some(
+                table
+                    .reserve(request.session_id.as_str(), options.max_per_session)
+                    .map_err(|e| {
+                        ToolResult::failure_of(id, ToolErrorKind::NotAllowed, e.to_string(), true)
+                    })?,
+            ),
+            None => None,
+        };
+        let prepared = self.prepare(request, &argv)?;
         if let (Some(slot), Some((_, options, _))) = (slot, background) {
-            let started = spawn::start(&spec).map_err(|e| {
-                ToolResult::failure(
-                    id,
-                    format!("could not start {}: {e}", program.display()),
-                    false,
-                )
-            })?;
-            let Some(started) = started else {
-                let what = format!("did not start within {} ms", timeout.as_millis());
-                return Err(ToolResult::failure_of(
-                    id,
-                    ToolErrorKind::TimedOut,
-                    what,
-                    true,
-                ));
-            };
-            let cleanup = move || {
-                drop(net_end);
-                if let Some(p) = proxy {
-                    p.stop();
-                }
-                drop((cwd, cgroup, tmp));
-            };
+            let (started, cleanup) = prepared.start(timeout, false)?;
             let command: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
             let job_id = slot
                 .launch(
@@ -687,7 +763,7 @@ impl ShellTool {
                         command,
                         timeout,
                         buffer_bytes: options.buffer_bytes,
-                        cleanup: Box::new(cleanup),
+                        cleanup,
                     },
                 )
                 .map_err(|e| ToolResult::failure(id, e.to_string(), true))?;
@@ -702,7 +778,37 @@ impl ShellTool {
                 data: Some(data),
             });
         }
-        let out = spawn::run(&spec);
+        let Prepared {
+            policy,
+            program,
+            arg0,
+            tmp,
+            cwd,
+            confinement,
+            cgroup,
+            env,
+            proxy,
+            net_end,
+            ..
+        } = prepared;
+        let argv_os: Vec<&OsStr> = std::iter::once(OsStr::new(&arg0))
+            .chain(argv[1..].iter().map(OsStr::new))
+            .collect();
+        let out = spawn::run(&SpawnSpec {
+            program: &program,
+            argv: &argv_os,
+            env: &env,
+            cwd: Some(cwd.as_raw_fd()),
+            confinement: confinement.as_ref(),
+            containment: policy.containment,
+            cgroup: cgroup.as_ref().map(|c| c.procs()),
+            spawner: policy.spawner(),
+            timeout,
+            output_cap: self.output_cap,
+            cancel: Some(cancel),
+            net: net_end.as_ref().map(|(_, net)| *net),
+            stdin: false,
+        });
         drop(net_end);
         // Every process of the run is gone: so is every client of the proxy.
         let network = proxy.map(|p| p.stop().to_json());
