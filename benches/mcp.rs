@@ -1,12 +1,23 @@
 //! `cargo bench --bench mcp`: long-lived confined processes.
 //!
+//! - `mcp_call_overhead_vs_floor`: a `tools/call` of server-everything's `echo` through correx
+//!   (the sandboxed executor: validation against the tool's schema, the run's two durable
+//!   appends, the confined server's stdio) against its floor: the same JSON-RPC round trip to
+//!   the same server, started by hand and unconfined, plus the same two durable appends, in
+//!   paired rounds (the median of the per-pair ratios).
 //! - `job_start_ms_p50`: a background shell request (`"background": true`) for `/bin/true`,
 //!   through the runtime's sandboxed executor, to the returned job id: the program has exec'd
 //!   confined and contained, and `job.started` is durable. Reported beside it, in the same run,
 //!   `foreground_true_ms_p50`: the same request run to its end, its usual floor.
 
-use correx::{EventStore, Runtime, RuntimeConfig, ToolExecutor, ToolRequest, ToolResult};
+use correx::{
+    EventStore, ExpectedVersion, NewEvent, Runtime, RuntimeConfig, SqliteEventStore, ToolExecutor,
+    ToolRequest, ToolResult,
+};
 use serde_json::json;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -84,6 +95,182 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         p50(foreground).as_secs_f64() * 1000.0
     );
     drop(rt);
+    mcp_call_overhead(&dir)?;
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn installed() -> Option<HashMap<String, String>> {
+    let cache = std::env::var_os("CORREX_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/correx"))
+        })?;
+    let text = std::fs::read_to_string(cache.join("mcp/env")).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+    )
+}
+
+/// The floor's client: the server over its stdio, newline-delimited JSON-RPC.
+struct Bare {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: BufReader<std::process::ChildStdout>,
+    next: u64,
+}
+
+impl Bare {
+    fn request(
+        &mut self,
+        method: &str,
+        params: serde_json::Value,
+    ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+        self.next += 1;
+        let id = self.next;
+        let mut line = serde_json::to_vec(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )?;
+        line.push(b'\n');
+        self.stdin.write_all(&line)?;
+        self.stdin.flush()?;
+        let mut buf = String::new();
+        loop {
+            buf.clear();
+            if self.stdout.read_line(&mut buf)? == 0 {
+                return Err("the server closed its stdout".into());
+            }
+            let v: serde_json::Value = serde_json::from_str(&buf)?;
+            if v["id"] == id && v.get("method").is_none() {
+                return Ok(v);
+            }
+            // A request of the server's (roots are not declared, so none is expected) or a
+            // notification: not the answer.
+        }
+    }
+}
+
+fn mcp_call_overhead(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let Some(env) = installed() else {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            return Err("the MCP servers are not installed; run scripts/install-mcp.sh".into());
+        }
+        println!("mcp_call_overhead_vs_floor: skipped (run scripts/install-mcp.sh)");
+        return Ok(());
+    };
+    let pkg = std::path::Path::new(&env["mcp_everything"])
+        .ancestors()
+        .nth(4)
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let mut isolation = json!({"read_paths": [pkg]});
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        isolation["run_as"] = json!("host"); // the install is under root's home
+    }
+    let config = RuntimeConfig::from_json(
+        &json!({
+            "v": 1,
+            "event_log": dir.join("mcp-events.db"),
+            "sandbox_root": dir.join("mcp-sandbox"),
+            "mcp_servers": {"ev": {"command": [env["node"], env["mcp_everything"], "stdio"],
+                                   "isolation": isolation, "tier": 1, "start": "open"}},
+            "approvals": {"engine": "auto", "max_tier": 1}
+        })
+        .to_string(),
+    )?;
+    let rt = Runtime::new(&config, Arc::new(correx::DenyAll))?;
+    let floor_log = SqliteEventStore::open(dir.join("floor-events.db"))?;
+    let mut child = Command::new(&env["node"])
+        .args([&env["mcp_everything"], "stdio"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut bare = Bare {
+        stdin: child.stdin.take().ok_or("stdin")?,
+        stdout: BufReader::new(child.stdout.take().ok_or("stdout")?),
+        child,
+        next: 0,
+    };
+    bare.request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                                      "clientInfo": {"name": "bare", "version": "0"}}),
+    )?;
+    let mut line =
+        serde_json::to_vec(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))?;
+    line.push(b'\n');
+    bare.stdin.write_all(&line)?;
+    let through = || -> Result<Duration, Box<dyn std::error::Error>> {
+        let req = ToolRequest::json("b", "ev.echo", json!({"message": "hello"}))?;
+        let t = Instant::now();
+        let r = rt.executor().execute(&req);
+        let d = t.elapsed();
+        if !r.is_success() {
+            return Err(format!("echo through correx failed: {r:?}").into());
+        }
+        Ok(d)
+    };
+    let floor = |bare: &mut Bare| -> Result<Duration, Box<dyn std::error::Error>> {
+        let t = Instant::now();
+        floor_log.append(
+            "session-b",
+            ExpectedVersion::Any,
+            &[NewEvent::new(
+                "tool.execution_started",
+                1,
+                json!({"tool_name": "ev.echo"}),
+            )],
+        )?;
+        let v = bare.request(
+            "tools/call",
+            json!({"name": "echo", "arguments": {"message": "hello"}}),
+        )?;
+        floor_log.append(
+            "session-b",
+            ExpectedVersion::Any,
+            &[NewEvent::new(
+                "tool.execution_completed",
+                1,
+                json!({"tool_name": "ev.echo"}),
+            )],
+        )?;
+        let d = t.elapsed();
+        if v["result"]["content"][0]["text"] != "Echo: hello" {
+            return Err(format!("echo over bare stdio: {v}").into());
+        }
+        Ok(d)
+    };
+    for _ in 0..20 {
+        through()?;
+        floor(&mut bare)?;
+    }
+    let mut ratios = Vec::new();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for round in 0..300 {
+        let (x, y) = if round % 2 == 0 {
+            let x = through()?;
+            (x, floor(&mut bare)?)
+        } else {
+            let y = floor(&mut bare)?;
+            (through()?, y)
+        };
+        ratios.push(x.as_secs_f64() / y.as_secs_f64());
+        a.push(x);
+        b.push(y);
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!("mcp_call_ms_p50: {:.3}", p50(a).as_secs_f64() * 1000.0);
+    println!("mcp_floor_ms_p50: {:.3}", p50(b).as_secs_f64() * 1000.0);
+    println!(
+        "mcp_call_overhead_vs_floor: {:.3}",
+        ratios[ratios.len() / 2]
+    );
+    drop(bare.stdin);
+    let _ = bare.child.wait();
     Ok(())
 }

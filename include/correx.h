@@ -755,8 +755,13 @@ int32_t correx_models_status(const struct correx_runtime *rt,
  *   "read_timeout_ms", "drain_timeout_ms", "stop_grace_ms", "session_spill_in_flight",
  *   "isolation": "required"|"best_effort"|"none"},
  *   "approvals": {"engine": "callback"|"auto"|"deny",
- *   "max_tier": 2, "rules": [{"tool", "argv_prefix", "action": "allow"|"ask"|"forbid"}]}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
- *   everything. See the README for every field.
+ *   "max_tier": 2, "rules": [{"tool", "argv_prefix", "action": "allow"|"ask"|"forbid"}]},
+ *   "mcp_servers": {"name": {"command": ["/path/server", "arg"], "env", "working_dirs",
+ *   "isolation", "tier", "tools": {"tool": {"tier"}}, "start": "lazy"|"open",
+ *   "startup_timeout_ms", "call_timeout_ms", "max_line_bytes"}}}`. Every tool is disabled
+ *   unless `"enabled": true`; empty allowlists deny everything; an MCP server's tools are
+ *   `name.tool` in `correx_tools_list` and `correx_tool_execute`. See the README for every
+ *   field.
  * - `out`: receives the new runtime.
  * - `err`: optional; receives an error on failure.
  *

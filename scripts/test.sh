@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-llama.sh >/dev/null
+bash scripts/install-mcp.sh >/dev/null
 # Benchmarks run in .ci/run with `cargo bench`, not here.
 cargo test --lib --tests --examples
 cargo test --doc

@@ -65,7 +65,8 @@ pub use tools::{
 };
 pub use tools::{
     signal_number, InterruptedJob, JobCursor, JobEndReason, JobError, JobInfo, JobOutput,
-    JobStatus, JobTable, JobsOptions, JobsTool, JobsToolOptions, SIGNALS,
+    JobStatus, JobTable, JobsOptions, JobsTool, JobsToolOptions, McpHub, McpServerConfig,
+    McpServers, McpStart, McpToolSettings, MCP_STREAM, PROTOCOL_VERSIONS, SIGNALS,
 };
 
 #[cfg(test)]

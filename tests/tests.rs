@@ -14,6 +14,7 @@ mod inference;
 mod install;
 mod jobs;
 mod manager;
+mod mcp;
 mod network;
 mod sandbox;
 mod scheduler;

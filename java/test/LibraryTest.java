@@ -87,6 +87,29 @@ public final class LibraryTest {
         return t;
     }
 
+    /** The MCP servers' install record ($CORREX_CACHE/mcp/env), or null when absent. */
+    static Map<String, String> mcpEnv() throws IOException {
+        String cache = System.getenv("CORREX_CACHE");
+        Path base = cache != null ? Path.of(cache)
+                : System.getenv("XDG_CACHE_HOME") != null ? Path.of(System.getenv("XDG_CACHE_HOME"), "correx")
+                : Path.of(System.getProperty("user.home"), ".cache", "correx");
+        Path env = base.resolve("mcp").resolve("env");
+        if (!Files.exists(env)) return null;
+        Map<String, String> m = new HashMap<>();
+        for (String line : Files.readAllLines(env)) {
+            int eq = line.indexOf('=');
+            if (eq > 0) m.put(line.substring(0, eq), line.substring(eq + 1));
+        }
+        return m;
+    }
+
+    static boolean isRoot() throws IOException {
+        for (String line : Files.readAllLines(Path.of("/proc/self/status"))) {
+            if (line.startsWith("Uid:")) return line.split("\\s+")[2].equals("0");
+        }
+        return false;
+    }
+
     static Map<String, Object> params(Object... kv) {
         Map<String, Object> m = new HashMap<>();
         for (int i = 0; i < kv.length; i += 2) m.put((String) kv[i], kv[i + 1]);
@@ -489,6 +512,28 @@ public final class LibraryTest {
                     c.reset();
                     ToolResult again = rt.tools().execute(ToolRequest.of("s6", "shell", params("argv", List.of("echo", "after"))), c);
                     check(again.success() && again.data().get("stdout").toString().contains("after"), "reused " + again);
+                }
+            });
+
+            test("an MCP server's tool is listed, validated and called like a built-in", () -> {
+                Map<String, String> env = mcpEnv();
+                if (env == null) {
+                    if ("true".equals(System.getenv("CI"))) throw new AssertionError("the MCP servers are not installed; run scripts/install-mcp.sh");
+                    System.out.println("      !!! SKIPPING: MCP servers not installed; run scripts/install-mcp.sh !!!");
+                    return;
+                }
+                Path venv = Path.of(env.get("mcp_time")).getParent().getParent();
+                Map<String, Object> isolation = new HashMap<>();
+                isolation.put("read_paths", List.of(venv.toString(), env.get("mcp_python_home")));
+                if (isRoot()) isolation.put("run_as", "host");
+                Map<String, Object> server = Map.of("command", List.of(env.get("mcp_time")), "tier", 1, "isolation", isolation);
+                try (Runtime mrt = config("mcp").set("mcp_servers", Map.of("time", server)).build()) {
+                    mrt.setApprover(r -> Decision.APPROVE);
+                    check(mrt.tools().list().stream().anyMatch(t -> t.name().equals("time.get_current_time") && t.enabled()), "listed");
+                    ToolResult r = mrt.tools().execute(ToolRequest.of("m", "time.get_current_time", params("timezone", "UTC")));
+                    check(r.success() && r.output().contains("UTC"), "called " + r);
+                    ToolResult bad = mrt.tools().execute(ToolRequest.of("m", "time.get_current_time", params("timezone", 5)));
+                    check(!bad.success() && "invalid_request".equals(bad.kind()), "validated " + bad);
                 }
             });
 

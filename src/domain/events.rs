@@ -281,6 +281,34 @@ pub enum DomainEvent {
         #[serde(default)]
         stderr_bytes: u64,
     },
+    /// An MCP server started: initialized, its tools listed (stream `mcp-servers`).
+    #[serde(rename = "mcp.server_started")]
+    McpServerStarted {
+        /// The server's name in the config.
+        server: String,
+        /// The protocol revision it answered.
+        protocol_version: String,
+        /// Its tools' names (without the server's prefix).
+        tools: Vec<String>,
+        /// How it is confined, as applied.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        isolation: Option<serde_json::Value>,
+    },
+    /// An MCP server ended and every process of it is gone.
+    #[serde(rename = "mcp.server_exited")]
+    McpServerExited {
+        /// The server's name in the config.
+        server: String,
+        /// `stopped` (by correx: the runtime closed, or it failed to start), `exited` (code
+        /// 0, on its own), `crashed`, or `line_too_long` (it wrote a line past its bound).
+        reason: String,
+        /// Its exit code, when it exited.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        /// The signal that ended it, when one did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+    },
     /// An inference finished.
     #[serde(rename = "inference.completed")]
     InferenceCompleted {
@@ -350,6 +378,8 @@ type_ids! {
     InferenceCompleted => "inference.completed",
     JobStarted => "job.started",
     JobExited => "job.exited",
+    McpServerStarted => "mcp.server_started",
+    McpServerExited => "mcp.server_exited",
 }
 
 /// Every domain event is at schema version 1.
@@ -410,6 +440,17 @@ impl DomainEvent {
                 };
                 let after = duration_ms.map(|d| format!(" after {d} ms")).unwrap_or_default();
                 format!("job {job_id} ended ({reason}{how}){after}")
+            }
+            DomainEvent::McpServerStarted { server, protocol_version, tools, .. } => {
+                format!("mcp server {server} started (protocol {protocol_version}, {} tools)", tools.len())
+            }
+            DomainEvent::McpServerExited { server, reason, exit_code, signal } => {
+                let how = match (exit_code, signal) {
+                    (Some(c), _) => format!(", exit code {c}"),
+                    (None, Some(s)) => format!(", signal {s}"),
+                    (None, None) => String::new(),
+                };
+                format!("mcp server {server} ended ({reason}{how})")
             }
             DomainEvent::InferenceCompleted { model_id, usage, latency_ms, finish_reason, endpoint } => format!(
                 "inference on {model_id}{}: {} prompt + {} completion tokens in {latency_ms} ms ({finish_reason})",

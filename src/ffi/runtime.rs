@@ -131,9 +131,10 @@ fn runtime_failure(e: RuntimeError) -> Failure {
     let code = match &e {
         RuntimeError::Config(_) => CORREX_E_CONFIG,
         RuntimeError::Events(_) => CORREX_E_EVENT_STORE,
-        RuntimeError::Tool { .. } | RuntimeError::Sandbox(_) | RuntimeError::Jobs(_) => {
-            CORREX_E_TOOL_SETUP
-        }
+        RuntimeError::Tool { .. }
+        | RuntimeError::Sandbox(_)
+        | RuntimeError::Jobs(_)
+        | RuntimeError::Mcp { .. } => CORREX_E_TOOL_SETUP,
     };
     Failure::new(code, e.to_string())
 }
@@ -210,8 +211,13 @@ pub(super) unsafe fn answer_json(
 ///   "read_timeout_ms", "drain_timeout_ms", "stop_grace_ms", "session_spill_in_flight",
 ///   "isolation": "required"|"best_effort"|"none"},
 ///   "approvals": {"engine": "callback"|"auto"|"deny",
-///   "max_tier": 2, "rules": [{"tool", "argv_prefix", "action": "allow"|"ask"|"forbid"}]}}`. Every tool is disabled unless `"enabled": true`; empty allowlists deny
-///   everything. See the README for every field.
+///   "max_tier": 2, "rules": [{"tool", "argv_prefix", "action": "allow"|"ask"|"forbid"}]},
+///   "mcp_servers": {"name": {"command": ["/path/server", "arg"], "env", "working_dirs",
+///   "isolation", "tier", "tools": {"tool": {"tier"}}, "start": "lazy"|"open",
+///   "startup_timeout_ms", "call_timeout_ms", "max_line_bytes"}}}`. Every tool is disabled
+///   unless `"enabled": true`; empty allowlists deny everything; an MCP server's tools are
+///   `name.tool` in `correx_tools_list` and `correx_tool_execute`. See the README for every
+///   field.
 /// - `out`: receives the new runtime.
 /// - `err`: optional; receives an error on failure.
 ///

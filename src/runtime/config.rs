@@ -7,7 +7,7 @@ use crate::approvals::ApprovalsConfig;
 use crate::events::Durability;
 use crate::inference::ManagerOptions;
 use crate::settings::{self, ConfigError};
-use crate::tools::{ToolConfig, BUILTIN_TOOLS};
+use crate::tools::{McpServers, ToolConfig, BUILTIN_TOOLS};
 use serde::Deserialize;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -30,6 +30,8 @@ pub struct RuntimeConfig {
     pub models: ManagerOptions,
     /// Approvals.
     pub approvals: ApprovalsConfig,
+    /// MCP servers whose tools join the registry (config `mcp_servers`).
+    pub mcp_servers: McpServers,
 }
 
 /// The top level as written, before the sections are checked.
@@ -43,6 +45,7 @@ struct Document {
     tools: Option<Value>,
     models: Option<Value>,
     approvals: Option<Value>,
+    mcp_servers: Option<Value>,
 }
 
 impl RuntimeConfig {
@@ -55,6 +58,7 @@ impl RuntimeConfig {
             tools: ToolConfig::default(),
             models: ManagerOptions::default(),
             approvals: ApprovalsConfig::default(),
+            mcp_servers: McpServers::default(),
         }
     }
 
@@ -99,6 +103,7 @@ impl RuntimeConfig {
             tools: ToolConfig::read(BUILTIN_TOOLS, d.tools).map_err(|e| e.under("tools"))?,
             models: settings::read("models", d.models)?,
             approvals: settings::read("approvals", d.approvals)?,
+            mcp_servers: settings::read("mcp_servers", d.mcp_servers)?,
         })
     }
 }

@@ -11,7 +11,7 @@ use crate::inference::DefaultModelManager;
 use crate::sandbox::{default_work_root, SandboxError, SandboxedToolExecutor};
 use crate::settings::ConfigError;
 use crate::tools::{
-    BuildContext, DispatchingToolExecutor, InterruptedJob, JobError, JobTable, ToolConfig,
+    BuildContext, DispatchingToolExecutor, InterruptedJob, JobError, JobTable, McpHub, ToolConfig,
     ToolError, ToolRegistry,
 };
 use std::fmt;
@@ -37,6 +37,13 @@ pub enum RuntimeError {
     /// The background jobs' table could not be set up (its records under the sandbox root),
     /// or a job a dead host left could not be recorded interrupted.
     Jobs(JobError),
+    /// An MCP server could not be set up, or (`start: "open"`) started.
+    Mcp {
+        /// The server's name.
+        server: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl fmt::Display for RuntimeError {
@@ -47,6 +54,7 @@ impl fmt::Display for RuntimeError {
             RuntimeError::Tool { tool, source } => write!(f, "tools.{tool}: {source}"),
             RuntimeError::Sandbox(e) => e.fmt(f),
             RuntimeError::Jobs(e) => write!(f, "background jobs: {e}"),
+            RuntimeError::Mcp { server, reason } => write!(f, "mcp_servers.{server}: {reason}"),
         }
     }
 }
@@ -59,6 +67,7 @@ impl std::error::Error for RuntimeError {
             RuntimeError::Tool { source, .. } => Some(source),
             RuntimeError::Sandbox(e) => Some(e),
             RuntimeError::Jobs(e) => Some(e),
+            RuntimeError::Mcp { .. } => None,
         }
     }
 }
@@ -81,6 +90,7 @@ pub struct Runtime {
     executor: SandboxedToolExecutor,
     jobs: Arc<JobTable>,
     interrupted_jobs: Vec<InterruptedJob>,
+    mcp: Arc<McpHub>,
 }
 
 impl fmt::Debug for Runtime {
@@ -97,6 +107,7 @@ impl Drop for Runtime {
     /// them go: nothing a runtime started outlives it.
     fn drop(&mut self) {
         self.jobs.close();
+        self.mcp.shutdown();
     }
 }
 
@@ -135,6 +146,15 @@ impl Runtime {
                 ..BuildContext::default()
             })
             .map_err(|(tool, source)| RuntimeError::Tool { tool, source })?;
+        let mcp = Arc::new(McpHub::new(&config.mcp_servers, store.clone()).map_err(
+            |(server, e)| RuntimeError::Mcp {
+                server,
+                reason: e.to_string(),
+            },
+        )?);
+        mcp.start_eager()
+            .map_err(|(server, reason)| RuntimeError::Mcp { server, reason })?;
+        let registry = registry.with_mcp(mcp.clone());
         // The config's engine, or the host's; the config's rules in front of it.
         let engine: Arc<dyn ApprovalEngine> = match config.approvals.engine {
             EngineChoice::Callback => approvals,
@@ -156,6 +176,7 @@ impl Runtime {
             executor,
             jobs,
             interrupted_jobs,
+            mcp,
         })
     }
 
@@ -178,6 +199,11 @@ impl Runtime {
     /// runtime is dropped, at the latest.
     pub fn jobs(&self) -> &Arc<JobTable> {
         &self.jobs
+    }
+
+    /// The MCP servers of the config (`mcp_servers`).
+    pub fn mcp(&self) -> &Arc<McpHub> {
+        &self.mcp
     }
 
     /// Jobs a dead host left running under this sandbox root, recorded `job.exited` with

@@ -181,7 +181,9 @@ fn run_state(
                     | EventType::ModelEndpointFailover
                     | EventType::InferenceCompleted
                     | EventType::JobStarted
-                    | EventType::JobExited,
+                    | EventType::JobExited
+                    | EventType::McpServerStarted
+                    | EventType::McpServerExited,
                 )
                 | None => {}
             }
@@ -447,7 +449,7 @@ impl SandboxedToolExecutor {
         cancel: &CancelToken,
     ) -> ToolResult {
         let id = &request.invocation_id;
-        let Some(tool) = self.registry.resolve(&request.tool_name).cloned() else {
+        let Some(tool) = self.registry.resolve(&request.tool_name) else {
             return ToolResult::failure_of(
                 id,
                 ToolErrorKind::InvalidRequest,

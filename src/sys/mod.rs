@@ -345,6 +345,63 @@ pub(crate) fn wait_readable(fd: std::os::fd::RawFd, timeout_ms: i32) -> bool {
     unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
 }
 
+/// Writes all of `bytes` to `fd` (a pipe set non-blocking by [`set_nonblocking`]), waiting
+/// while the pipe is full for at most `timeout` in all.
+///
+/// # Errors
+/// `TimedOut` when the reader did not drain the pipe in time; the write's own error.
+pub(crate) fn write_all_within(
+    fd: std::os::fd::RawFd,
+    mut bytes: &[u8],
+    timeout: Duration,
+) -> io::Result<()> {
+    let deadline = Instant::now().checked_add(timeout);
+    while !bytes.is_empty() {
+        // SAFETY: writing from a live slice of bytes.len() bytes.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n >= 0 {
+            bytes = &bytes[n as usize..];
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted => {}
+            io::ErrorKind::WouldBlock => {
+                let left = deadline.map_or(Duration::from_secs(3600), |d| {
+                    d.saturating_duration_since(Instant::now())
+                });
+                if left.is_zero() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the reader did not drain the pipe in time",
+                    ));
+                }
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                let ms = left.as_millis().min(i32::MAX as u128) as i32;
+                // SAFETY: one valid pollfd on this frame.
+                unsafe { libc::poll(&mut p, 1, ms) };
+            }
+            _ => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Makes `fd` non-blocking.
+pub(crate) fn set_nonblocking(fd: std::os::fd::RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor the caller owns; no memory is involved.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Fills `buf` from the kernel's random source; `false` when it could not (a kernel before
 /// 3.17, or a seccomp filter refusing it).
 pub(crate) fn getrandom(buf: &mut [u8]) -> bool {

@@ -20,6 +20,7 @@ mod error;
 pub(crate) mod fs;
 mod isolation;
 pub(crate) mod jobs;
+mod mcp;
 mod network;
 mod params;
 pub(crate) mod process;
@@ -41,6 +42,9 @@ pub use isolation::{IsolationMode, IsolationOptions, ResourceLimits, RunAs};
 pub use jobs::{
     signal_number, InterruptedJob, JobCursor, JobEndReason, JobError, JobInfo, JobOutput,
     JobStatus, JobTable, JobsOptions, JobsTool, JobsToolOptions, SIGNALS,
+};
+pub use mcp::{
+    McpHub, McpServerConfig, McpServers, McpStart, McpToolSettings, MCP_STREAM, PROTOCOL_VERSIONS,
 };
 pub use network::{Allowlist, NetworkPolicy};
 pub(crate) use params::json_kind;

@@ -8,6 +8,8 @@ pub struct ToolRegistry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
     /// The table whose disabled rows a listing shows too.
     table: Vec<ToolRow>,
+    /// MCP servers, whose tools (`<server>.<tool>`) are listed by their servers.
+    mcp: Option<Arc<super::McpHub>>,
 }
 
 impl Default for ToolRegistry {
@@ -15,6 +17,7 @@ impl Default for ToolRegistry {
         ToolRegistry {
             tools: BTreeMap::new(),
             table: BUILTIN_TOOLS.to_vec(),
+            mcp: None,
         }
     }
 }
@@ -41,6 +44,7 @@ impl ToolRegistry {
         Ok(ToolRegistry {
             tools: map,
             table: BUILTIN_TOOLS.to_vec(),
+            mcp: None,
         })
     }
 
@@ -51,9 +55,19 @@ impl ToolRegistry {
         self
     }
 
-    /// The tool with this name.
-    pub fn resolve(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.tools.get(name)
+    /// The same tools, and those of `hub`'s MCP servers.
+    pub fn with_mcp(mut self, hub: Arc<super::McpHub>) -> Self {
+        self.mcp = Some(hub);
+        self
+    }
+
+    /// The tool with this name: a built-in (or host) tool, or `<server>.<tool>` of an MCP
+    /// server (started if it is not running).
+    pub fn resolve(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        match self.tools.get(name) {
+            Some(t) => Some(t.clone()),
+            None => self.mcp.as_ref()?.resolve(name),
+        }
     }
 
     /// Every tool, ordered by name.
@@ -91,13 +105,20 @@ impl ToolRegistry {
                 });
             }
         }
+        if let Some(hub) = &self.mcp {
+            out.extend(hub.describe());
+        }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
 
-    /// Every tool name, ordered.
-    pub fn names(&self) -> Vec<&str> {
-        self.tools.keys().map(String::as_str).collect()
+    /// Every tool name, ordered (an MCP server's tools as `<server>.*`).
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.tools.keys().cloned().collect();
+        if let Some(hub) = &self.mcp {
+            names.extend(hub.names().into_iter().map(|s| format!("{s}.*")));
+        }
+        names
     }
 }
 

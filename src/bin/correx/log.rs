@@ -391,6 +391,14 @@ impl History {
                 let alarming = s("reason") == "interrupted";
                 self.instants.push((t, sess, label, alarming));
             }
+            EventType::McpServerStarted | EventType::McpServerExited => {
+                let label = match ty {
+                    EventType::McpServerStarted => format!("mcp {} started", s("server")),
+                    _ => format!("mcp {} ended ({})", s("server"), s("reason")),
+                };
+                let alarming = matches!(s("reason").as_str(), "crashed" | "line_too_long");
+                self.instants.push((t, s("server"), label, alarming));
+            }
             EventType::ModelEndpointFailover => self.instants.push((
                 t,
                 s("model_id"),
@@ -478,7 +486,9 @@ impl History {
                     | EventType::ModelEndpointFailover
                     | EventType::InferenceCompleted
                     | EventType::JobStarted
-                    | EventType::JobExited => {}
+                    | EventType::JobExited
+                    | EventType::McpServerStarted
+                    | EventType::McpServerExited => {}
                 }
             }
         }

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs the MCP servers the tests speak to, from the package registries, into a cache outside
+# the repo: mcp-server-time and mcp-server-git (PyPI, the protocol's reference servers) in a venv,
+# and @modelcontextprotocol/server-everything (npm, which exercises every protocol feature).
+# Versions are pinned. Idempotent: a later run only checks what is there. Prints the three
+# commands as `mcp_time=...`, `mcp_git=...`, `mcp_everything=...` and writes them to
+# $CACHE/mcp/env, where the tests find them.
+set -euo pipefail
+
+TIME_VERSION=2026.10.19
+GIT_VERSION=2026.10.19
+EVERYTHING_VERSION=2026.8.31
+
+CACHE="${CORREX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/correx}"
+DIR="$CACHE/mcp"
+PY="${PYTHON:-python3}"
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+
+log() { echo "install-mcp: $*" >&2; }
+
+mkdir -p "$DIR"
+if ! "$DIR/venv/bin/python" -c "import importlib.metadata as m; assert m.version('mcp-server-time') == '$TIME_VERSION' and m.version('mcp-server-git') == '$GIT_VERSION'" 2>/dev/null; then
+  log "installing mcp-server-time $TIME_VERSION and mcp-server-git $GIT_VERSION"
+  rm -rf "$DIR/venv"
+  "$PY" -m venv "$DIR/venv"
+  "$DIR/venv/bin/pip" install -q "mcp-server-time==$TIME_VERSION" "mcp-server-git==$GIT_VERSION"
+fi
+EVERYTHING="$DIR/npm/node_modules/@modelcontextprotocol/server-everything"
+if [ "$(node -p "require('$EVERYTHING/package.json').version" 2>/dev/null)" != "$EVERYTHING_VERSION" ]; then
+  command -v npm >/dev/null || { log "npm is missing (Debian: apt-get install npm)"; exit 1; }
+  log "installing @modelcontextprotocol/server-everything $EVERYTHING_VERSION"
+  rm -rf "$DIR/npm"
+  npm install --silent --no-audit --no-fund --prefix "$DIR/npm" \
+    "@modelcontextprotocol/server-everything@$EVERYTHING_VERSION" >/dev/null
+fi
+{
+  echo "mcp_time=$DIR/venv/bin/mcp-server-time"
+  echo "mcp_git=$DIR/venv/bin/mcp-server-git"
+  echo "mcp_everything=$EVERYTHING/dist/index.js"
+  echo "mcp_python_home=$("$DIR/venv/bin/python" -c 'import sys; print(sys.base_prefix)')"
+  echo "node=$(command -v node)"
+} | tee "$DIR/env.tmp"
+mv "$DIR/env.tmp" "$DIR/env"

@@ -1,0 +1,144 @@
+//! [`McpServers`]: the config section `mcp_servers`, a server per name.
+
+use crate::settings::{self, ConfigError, Section};
+use crate::tools::{IsolationOptions, Tier};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// When a server starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum McpStart {
+    /// When one of its tools is first listed or called.
+    #[default]
+    Lazy,
+    /// When the runtime opens (a server that cannot start fails the open).
+    Open,
+}
+
+/// One tool's settings (`mcp_servers.<name>.tools.<tool>`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolSettings {
+    /// Its tier, instead of the server's.
+    pub tier: Option<i32>,
+}
+
+/// One MCP server (`mcp_servers.<name>`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// The program (an absolute path, or a name resolved through the fixed PATH) and its
+    /// arguments.
+    pub command: Vec<String>,
+    /// Variables the server gets besides `PATH` and `TMPDIR`; nothing of the host's.
+    pub env: BTreeMap<String, String>,
+    /// Directories it may write in, the first its working directory; also its MCP roots.
+    pub working_dirs: Vec<PathBuf>,
+    /// How it is confined, as a shell run is (`tools.shell.isolation`'s fields); its
+    /// program's directory is readable, add what else it reads to `read_paths`.
+    pub isolation: IsolationOptions,
+    /// Its tools' tier, 0..=3; default 2 (approval asked).
+    pub tier: i32,
+    /// Per tool: `{"tier": n}`.
+    pub tools: BTreeMap<String, McpToolSettings>,
+    /// `lazy` (default) or `open`.
+    pub start: McpStart,
+    /// From its start to the answer of `initialize` and its tool list; default 10 s.
+    #[serde(rename = "startup_timeout_ms", with = "settings::millis")]
+    pub startup_timeout: Duration,
+    /// One call's limit; default 60 s.
+    #[serde(rename = "call_timeout_ms", with = "settings::millis")]
+    pub call_timeout: Duration,
+    /// The longest line it may write; a longer one ends it. Default 4 MiB.
+    pub max_line_bytes: usize,
+}
+
+impl Default for McpServerConfig {
+    fn default() -> Self {
+        McpServerConfig {
+            command: Vec::new(),
+            env: BTreeMap::new(),
+            working_dirs: Vec::new(),
+            isolation: IsolationOptions::default(),
+            tier: 2,
+            tools: BTreeMap::new(),
+            start: McpStart::Lazy,
+            startup_timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(60),
+            max_line_bytes: 4 << 20,
+        }
+    }
+}
+
+impl McpServerConfig {
+    /// The tier of `tool`.
+    pub fn tier_of(&self, tool: &str) -> Tier {
+        Tier::from_i32(
+            self.tools
+                .get(tool)
+                .and_then(|t| t.tier)
+                .unwrap_or(self.tier),
+        )
+    }
+}
+
+impl Section for McpServerConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        settings::check(
+            !self.command.is_empty() && !self.command[0].is_empty(),
+            "command",
+            "must name the server's program: [\"/path/server\", \"arg\", ...]",
+        )?;
+        settings::check(
+            self.command.iter().all(|a| !a.contains('\0')),
+            "command",
+            "holds a NUL byte",
+        )?;
+        settings::absolute("working_dirs", &self.working_dirs)?;
+        settings::check((0..=3).contains(&self.tier), "tier", "must be 0, 1, 2 or 3")?;
+        for (name, t) in &self.tools {
+            if let Some(tier) = t.tier {
+                settings::check(
+                    (0..=3).contains(&tier),
+                    &format!("tools.{name}.tier"),
+                    "must be 0, 1, 2 or 3",
+                )?;
+            }
+        }
+        settings::positive_ms("startup_timeout_ms", self.startup_timeout)?;
+        settings::positive_ms("call_timeout_ms", self.call_timeout)?;
+        settings::check(
+            self.call_timeout <= crate::tools::MAX_TIMEOUT,
+            "call_timeout_ms",
+            "must be at most 7 days",
+        )?;
+        settings::positive("max_line_bytes", self.max_line_bytes as u64)?;
+        self.isolation.validate().map_err(|e| e.under("isolation"))
+    }
+}
+
+/// The `mcp_servers` section: a server per name (letters, digits, `_` and `-`; its tools are
+/// `<name>.<tool>`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct McpServers(pub BTreeMap<String, McpServerConfig>);
+
+impl Section for McpServers {
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (name, server) in &self.0 {
+            settings::check(
+                !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+                name,
+                "a server's name is letters, digits, '_' and '-' (its tools are <name>.<tool>)",
+            )?;
+            server.validate().map_err(|e| e.under(name))?;
+        }
+        Ok(())
+    }
+}

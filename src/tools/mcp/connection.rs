@@ -1,0 +1,401 @@
+//! One running MCP server, spoken to over its stdio: newline-delimited JSON-RPC 2.0.
+//!
+//! The server's stdout is read by the run's own pump (the supervised spawn's), through a
+//! [`Sink`] that splits lines and dispatches them: responses go to the caller waiting for
+//! them, requests from the server are answered (`ping`; `roots/list` with the working dirs;
+//! anything else refused), notifications are kept (progress, per request) or logged. Writes
+//! go to the server's stdin (non-blocking) under a lock, one whole line at a time; a server
+//! that leaves its stdin full for [`WRITE_TIMEOUT`] is ended, so neither a caller nor the pump
+//! blocks on it for longer. A line longer than the bound ends the server (its run is
+//! cancelled) instead of growing memory.
+
+use crate::cancel::CancelToken;
+use crate::sys::spawn::Sink;
+use parking_lot::{Condvar, Mutex};
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Progress notifications kept per call (the last ones).
+const KEPT_PROGRESS: usize = 64;
+/// Bytes of one stderr line kept in the log.
+const STDERR_LINE: usize = 2048;
+/// How long a write may wait for a server to read its stdin.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a request got no answer.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum RpcError {
+    /// The server answered with a JSON-RPC error.
+    Server { code: i64, message: String },
+    /// No answer within the call's timeout.
+    TimedOut,
+    /// The host cancelled it (the server was told).
+    Cancelled,
+    /// The server ended (or was ended) before answering.
+    Gone(String),
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RpcError::Server { code, message } => {
+                write!(f, "the server answered error {code}: {message}")
+            }
+            RpcError::TimedOut => f.write_str("the server did not answer in time"),
+            RpcError::Cancelled => f.write_str("cancelled by the host"),
+            RpcError::Gone(why) => write!(f, "the server ended before answering: {why}"),
+        }
+    }
+}
+
+/// What a call's waiter gets.
+struct Waiter {
+    answer: Option<Result<Value, RpcError>>,
+    progress: Vec<Value>,
+}
+
+/// State shared by callers, the pump's sink and the writer.
+pub(crate) struct Shared {
+    name: String,
+    waiters: Mutex<HashMap<u64, Waiter>>,
+    answered: Condvar,
+    /// Why and when it ended, once it has.
+    ended: Mutex<Option<(String, Instant)>>,
+    next_id: AtomicU64,
+    /// The server said its tool list changed.
+    pub tools_changed: AtomicBool,
+    roots: Vec<String>,
+    /// The server's stdin, until it ended.
+    stdin: Mutex<Option<std::os::fd::OwnedFd>>,
+    /// Cancelling it ends the server's run.
+    pub kill: CancelToken,
+    /// It wrote a line past the bound.
+    pub overflowed: AtomicBool,
+    max_line: usize,
+}
+
+impl Shared {
+    pub fn new(name: &str, roots: Vec<String>, max_line: usize) -> Arc<Shared> {
+        Arc::new(Shared {
+            name: name.to_owned(),
+            waiters: Mutex::new(HashMap::new()),
+            answered: Condvar::new(),
+            ended: Mutex::new(None),
+            next_id: AtomicU64::new(1),
+            tools_changed: AtomicBool::new(false),
+            roots,
+            stdin: Mutex::new(None),
+            kill: CancelToken::new(),
+            overflowed: AtomicBool::new(false),
+            max_line,
+        })
+    }
+
+    /// Speaks to the server through `stdin` from now on.
+    pub fn attach_stdin(&self, stdin: std::os::fd::OwnedFd) -> std::io::Result<()> {
+        crate::sys::set_nonblocking(stdin.as_raw_fd())?;
+        *self.stdin.lock() = Some(stdin);
+        Ok(())
+    }
+
+    fn send(&self, message: &Value) -> Result<(), RpcError> {
+        let mut line = serde_json::to_vec(message).unwrap_or_default();
+        line.push(b'\n');
+        let stdin = self.stdin.lock();
+        let Some(fd) = stdin.as_ref() else {
+            return Err(RpcError::Gone(self.why_ended()));
+        };
+        match crate::sys::write_all_within(fd.as_raw_fd(), &line, WRITE_TIMEOUT) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                drop(stdin);
+                let why = format!("writing to its stdin failed: {e}");
+                self.end(why.clone());
+                self.kill.cancel();
+                Err(RpcError::Gone(why))
+            }
+        }
+    }
+
+    fn why_ended(&self) -> String {
+        self.ended
+            .lock()
+            .as_ref()
+            .map(|(why, _)| why.clone())
+            .unwrap_or_else(|| "its input is closed".into())
+    }
+
+    /// Why and when it ended, once it has.
+    pub fn ended_at(&self) -> Option<(String, Instant)> {
+        self.ended.lock().clone()
+    }
+
+    /// Marks the server ended: every waiter gets `why`, writes stop.
+    pub fn end(&self, why: String) {
+        {
+            let mut ended = self.ended.lock();
+            if ended.is_none() {
+                *ended = Some((why.clone(), Instant::now()));
+            }
+        }
+        // The server's end of input.
+        drop(self.stdin.lock().take());
+        let mut waiters = self.waiters.lock();
+        for w in waiters.values_mut() {
+            if w.answer.is_none() {
+                w.answer = Some(Err(RpcError::Gone(why.clone())));
+            }
+        }
+        drop(waiters);
+        self.answered.notify_all();
+    }
+
+    /// Whether the server has ended.
+    pub fn is_ended(&self) -> bool {
+        self.ended.lock().is_some()
+    }
+
+    /// Sends a notification.
+    pub fn notify(&self, method: &str, params: Value) -> Result<(), RpcError> {
+        self.send(&json!({"jsonrpc": "2.0", "method": method, "params": params}))
+    }
+
+    /// Sends a request and waits for its answer (result, and the progress notifications that
+    /// came with it), up to `timeout`; a cancel tells the server (`notifications/cancelled`)
+    /// and returns at once.
+    pub fn request(
+        &self,
+        method: &str,
+        mut params: Map<String, Value>,
+        timeout: Duration,
+        cancel: Option<&CancelToken>,
+    ) -> (Result<Value, RpcError>, Vec<Value>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // The id doubles as the progress token: notifications name the call they belong to.
+        params
+            .entry("_meta")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .map(|m| m.insert("progressToken".into(), json!(id)));
+        self.waiters.lock().insert(
+            id,
+            Waiter {
+                answer: None,
+                progress: Vec::new(),
+            },
+        );
+        if self.is_ended() {
+            self.waiters.lock().remove(&id);
+            return (Err(RpcError::Gone(self.why_ended())), Vec::new());
+        }
+        let sent =
+            self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        if let Err(e) = sent {
+            self.waiters.lock().remove(&id);
+            return (Err(e), Vec::new());
+        }
+        let deadline = Instant::now().checked_add(timeout);
+        let mut waiters = self.waiters.lock();
+        loop {
+            if let Some(w) = waiters.get_mut(&id) {
+                if w.answer.is_some() {
+                    let w = waiters.remove(&id);
+                    return match w {
+                        Some(Waiter {
+                            answer: Some(a),
+                            progress,
+                        }) => (a, progress),
+                        _ => (Err(RpcError::Gone(self.why_ended())), Vec::new()),
+                    };
+                }
+            }
+            let cancelled = cancel.is_some_and(CancelToken::is_cancelled);
+            let late = deadline.is_some_and(|d| Instant::now() >= d);
+            if cancelled || late {
+                let progress = waiters.remove(&id).map(|w| w.progress).unwrap_or_default();
+                drop(waiters);
+                let reason = if cancelled {
+                    "cancelled by the host"
+                } else {
+                    "timed out"
+                };
+                let _ = self.notify(
+                    "notifications/cancelled",
+                    json!({"requestId": id, "reason": reason}),
+                );
+                let e = if cancelled {
+                    RpcError::Cancelled
+                } else {
+                    RpcError::TimedOut
+                };
+                return (Err(e), progress);
+            }
+            // Woken by an answer or the end; a cancel is seen within the slice.
+            let slice = Instant::now() + Duration::from_millis(20);
+            let until = deadline.map_or(slice, |d| d.min(slice));
+            let _ = self.answered.wait_until(&mut waiters, until);
+        }
+    }
+
+    /// Handles one line the server wrote on stdout.
+    fn line(&self, line: &[u8]) {
+        let text = String::from_utf8_lossy(line);
+        let text = text.trim();
+        if text.is_empty() {
+            return;
+        }
+        let Ok(Value::Object(m)) = serde_json::from_str::<Value>(text) else {
+            let short: String = text.chars().take(200).collect();
+            log::warn!(
+                "mcp server {}: a line that is not a JSON object: {short}",
+                self.name
+            );
+            return;
+        };
+        match (m.get("id"), m.get("method").and_then(Value::as_str)) {
+            // A response to one of ours.
+            (Some(id), None) => {
+                let Some(id) = id.as_u64() else { return };
+                let answer = match (m.get("result"), m.get("error")) {
+                    (Some(r), _) => Ok(r.clone()),
+                    (None, Some(e)) => Err(RpcError::Server {
+                        code: e["code"].as_i64().unwrap_or(0),
+                        message: e["message"].as_str().unwrap_or_default().to_owned(),
+                    }),
+                    (None, None) => Err(RpcError::Server {
+                        code: -32603,
+                        message: "a response with neither result nor error".into(),
+                    }),
+                };
+                if let Some(w) = self.waiters.lock().get_mut(&id) {
+                    w.answer = Some(answer);
+                }
+                self.answered.notify_all();
+            }
+            // A request from the server.
+            (Some(id), Some(method)) => {
+                let reply = match method {
+                    "ping" => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
+                    "roots/list" => {
+                        let roots: Vec<Value> = self
+                            .roots
+                            .iter()
+                            .map(|r| json!({"uri": format!("file://{r}"), "name": r}))
+                            .collect();
+                        json!({"jsonrpc": "2.0", "id": id, "result": {"roots": roots}})
+                    }
+                    other => json!({"jsonrpc": "2.0", "id": id, "error": {
+                        "code": -32601,
+                        "message": format!("{other} is not supported by this client (correx answers ping and roots/list)")
+                    }}),
+                };
+                let _ = self.send(&reply);
+            }
+            // A notification.
+            (None, Some(method)) => match method {
+                "notifications/progress" => {
+                    let params = m.get("params").cloned().unwrap_or(Value::Null);
+                    if let Some(token) = params["progressToken"].as_u64() {
+                        if let Some(w) = self.waiters.lock().get_mut(&token) {
+                            if w.progress.len() == KEPT_PROGRESS {
+                                w.progress.remove(0);
+                            }
+                            w.progress.push(params);
+                        }
+                    }
+                }
+                "notifications/tools/list_changed" => {
+                    self.tools_changed.store(true, Ordering::Release)
+                }
+                "notifications/message" => {
+                    let p = &m["params"];
+                    log::info!(
+                        "mcp server {}: {}",
+                        self.name,
+                        crate::text::bounded(p["data"].to_string())
+                    );
+                }
+                _ => {}
+            },
+            (None, None) => {}
+        }
+    }
+}
+
+/// Splits the server's output into lines: stdout to [`Shared::line`], stderr to the log.
+pub(crate) struct Lines {
+    pub shared: Arc<Shared>,
+    partial: [Vec<u8>; 2],
+    /// Set when a line passed the bound: the rest is not read.
+    overflowed: bool,
+}
+
+impl Lines {
+    pub fn new(shared: Arc<Shared>) -> Lines {
+        Lines {
+            shared,
+            partial: [Vec::new(), Vec::new()],
+            overflowed: false,
+        }
+    }
+}
+
+impl Sink for Lines {
+    fn take(&mut self, stream: usize, bytes: &[u8]) {
+        if self.overflowed {
+            return;
+        }
+        let stream = stream.min(1);
+        let mut rest = bytes;
+        loop {
+            let end = rest.iter().position(|&b| b == b'\n');
+            let piece = &rest[..end.unwrap_or(rest.len())];
+            if self.partial[stream].len() + piece.len() > self.shared.max_line {
+                self.overflow(stream);
+                return;
+            }
+            match end {
+                Some(n) => {
+                    let mut line = std::mem::take(&mut self.partial[stream]);
+                    line.extend_from_slice(piece);
+                    rest = &rest[n + 1..];
+                    self.emit(stream, &line);
+                }
+                None => {
+                    self.partial[stream].extend_from_slice(piece);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Lines {
+    /// A line passed the bound: the server is ended and nothing more of it is read.
+    fn overflow(&mut self, stream: usize) {
+        self.overflowed = true;
+        self.partial = [Vec::new(), Vec::new()];
+        let why = format!(
+            "it wrote a line longer than {} bytes on {}; it was stopped",
+            self.shared.max_line,
+            if stream == 0 { "stdout" } else { "stderr" }
+        );
+        log::error!("mcp server {}: {why}", self.shared.name);
+        self.shared.overflowed.store(true, Ordering::Release);
+        self.shared.end(why);
+        self.shared.kill.cancel();
+    }
+
+    fn emit(&self, stream: usize, line: &[u8]) {
+        if stream == 0 {
+            self.shared.line(line);
+        } else {
+            let text = String::from_utf8_lossy(&line[..line.len().min(STDERR_LINE)]);
+            log::info!("mcp server {}: {}", self.shared.name, text.trim_end());
+        }
+    }
+}

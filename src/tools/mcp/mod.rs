@@ -1,0 +1,254 @@
+//! MCP servers as tools: each configured server (config `mcp_servers`) is a long-lived,
+//! confined run of its command spoken to over stdio (JSON-RPC 2.0, protocol revisions
+//! [`PROTOCOL_VERSIONS`]); its tools join the registry as `<server>.<tool>` and every call is a
+//! sandboxed run like a built-in's: validated against the tool's `inputSchema` before
+//! approval, gated by its tier, recorded, cancellable.
+
+mod config;
+mod connection;
+mod schema;
+mod server;
+
+pub use config::{McpServerConfig, McpServers, McpStart, McpToolSettings};
+pub use server::{MCP_STREAM, PROTOCOL_VERSIONS};
+
+use crate::cancel::CancelToken;
+use crate::events::EventStore;
+use crate::tools::{
+    ShellOptions, ShellTool, Tier, Tool, ToolCapability, ToolDescription, ToolError, ToolErrorKind,
+    ToolRequest, ToolResult, ValidationResult,
+};
+use connection::RpcError;
+use serde_json::{json, Value};
+use server::{McpServer, ToolDef};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The configured MCP servers of a runtime. Dropped (the runtime closes), every server is
+/// stopped.
+pub struct McpHub {
+    servers: BTreeMap<String, Arc<McpServer>>,
+}
+
+impl std::fmt::Debug for McpHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.servers.keys()).finish()
+    }
+}
+
+impl McpHub {
+    /// The servers of `config`, none started yet; each is confined as its `isolation` says
+    /// (built now: a kernel that cannot meet `required` fails here, naming the server).
+    ///
+    /// # Errors
+    /// The server whose confinement or command cannot be set up, and why.
+    pub fn new(
+        config: &McpServers,
+        events: Arc<dyn EventStore>,
+    ) -> Result<McpHub, (String, ToolError)> {
+        let mut servers = BTreeMap::new();
+        for (name, c) in &config.0 {
+            let launcher = ShellTool::new(ShellOptions {
+                allowed_executables: vec![c.command[0].clone()],
+                env: c.env.clone(),
+                working_roots: c.working_dirs.clone(),
+                isolation: c.isolation.clone(),
+                timeout: crate::tools::MAX_TIMEOUT,
+                ..ShellOptions::default()
+            })
+            .map_err(|e| (name.clone(), e))?;
+            // A kernel that cannot confine it as required: its start fails, saying why (its
+            // tools are listed as one disabled entry), as a shell's runs are refused.
+            if let Some(why) = launcher.refusal() {
+                log::warn!("mcp server {name}: it cannot be started: {why}");
+            }
+            servers.insert(
+                name.clone(),
+                Arc::new(McpServer::new(
+                    name.clone(),
+                    c.clone(),
+                    launcher,
+                    events.clone(),
+                )),
+            );
+        }
+        Ok(McpHub { servers })
+    }
+
+    /// Starts the servers configured `start: "open"`.
+    ///
+    /// # Errors
+    /// The first that could not start, and why.
+    pub fn start_eager(&self) -> Result<(), (String, String)> {
+        for (name, s) in &self.servers {
+            if s.config.start == McpStart::Open {
+                s.tools().map_err(|e| (name.clone(), e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tool named `<server>.<tool>`, starting its server if needed.
+    pub fn resolve(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        let (server, tool) = name.split_once('.')?;
+        let s = self.servers.get(server)?;
+        let def = s.tool(tool)?;
+        Some(Arc::new(McpTool::new(s.clone(), def)))
+    }
+
+    /// Every server's tools, starting the servers; a server that cannot start is listed as
+    /// one disabled entry saying why.
+    pub fn describe(&self) -> Vec<ToolDescription> {
+        let mut out = Vec::new();
+        for (name, s) in &self.servers {
+            match s.tools() {
+                Ok(tools) => out.extend(tools.into_iter().map(|def| {
+                    let t = McpTool::new(s.clone(), def);
+                    ToolDescription {
+                        name: t.full_name.clone(),
+                        tier: t.tier,
+                        description: t.def.description.clone(),
+                        operations: Vec::new(),
+                        parameters: t.def.input_schema.clone(),
+                        enabled: true,
+                    }
+                })),
+                Err(e) => out.push(ToolDescription {
+                    name: format!("{name}.*"),
+                    tier: Tier::from_i32(s.config.tier),
+                    description: e,
+                    operations: Vec::new(),
+                    parameters: json!({"type": "object"}),
+                    enabled: false,
+                }),
+            }
+        }
+        out
+    }
+
+    /// The servers' names.
+    pub fn names(&self) -> Vec<&str> {
+        self.servers.keys().map(String::as_str).collect()
+    }
+
+    /// Stops every server.
+    pub fn shutdown(&self) {
+        for s in self.servers.values() {
+            s.shutdown();
+        }
+    }
+}
+
+impl Drop for McpHub {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// One tool of one server, as the registry offers it.
+struct McpTool {
+    server: Arc<McpServer>,
+    def: Arc<ToolDef>,
+    full_name: String,
+    tier: Tier,
+}
+
+impl McpTool {
+    fn new(server: Arc<McpServer>, def: Arc<ToolDef>) -> McpTool {
+        McpTool {
+            full_name: format!("{}.{}", server.name, def.name),
+            tier: server.config.tier_of(&def.name),
+            server,
+            def,
+        }
+    }
+}
+
+impl Tool for McpTool {
+    fn name(&self) -> &str {
+        &self.full_name
+    }
+
+    fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    fn required_capabilities(&self) -> &[ToolCapability] {
+        &[]
+    }
+
+    fn description(&self) -> &str {
+        &self.def.description
+    }
+
+    fn parameters(&self) -> Value {
+        self.def.input_schema.clone()
+    }
+
+    fn validate_request(&self, r: &ToolRequest) -> ValidationResult {
+        match schema::check(&self.def.input_schema, &Value::Object(r.parameters.clone())) {
+            Ok(()) => ValidationResult::Valid,
+            Err(reason) => ValidationResult::Invalid { reason },
+        }
+    }
+
+    fn execute(&self, r: &ToolRequest) -> ToolResult {
+        self.execute_cancellable(r, &CancelToken::new())
+    }
+
+    fn execute_cancellable(&self, r: &ToolRequest, cancel: &CancelToken) -> ToolResult {
+        let id = &r.invocation_id;
+        let (answer, progress) =
+            match self
+                .server
+                .call(&self.def.name, r.parameters.clone(), cancel)
+            {
+                Ok(a) => a,
+                Err(e) => {
+                    let (kind, recoverable) = match e {
+                        RpcError::Cancelled => (ToolErrorKind::Cancelled, false),
+                        RpcError::TimedOut => (ToolErrorKind::TimedOut, true),
+                        RpcError::Server { .. } => (ToolErrorKind::InvalidRequest, false),
+                        RpcError::Gone(_) => (ToolErrorKind::Io, true),
+                    };
+                    return ToolResult::failure_of(
+                        id,
+                        kind,
+                        format!("{}: {e}", self.full_name),
+                        recoverable,
+                    );
+                }
+            };
+        let content = answer.get("content").cloned().unwrap_or_else(|| json!([]));
+        let text: Vec<&str> = content
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["type"] == "text")
+            .filter_map(|c| c["text"].as_str())
+            .collect();
+        let mut data = json!({"server": self.server.name, "tool": self.def.name, "content": content,
+                              "backup": "none"});
+        if let Some(s) = answer.get("structuredContent") {
+            data["structuredContent"] = s.clone();
+        }
+        if !progress.is_empty() {
+            data["progress"] = Value::Array(progress);
+        }
+        let output = text.join("\n");
+        if answer["isError"] == true {
+            let reason = if output.is_empty() {
+                format!("{} reported an error", self.full_name)
+            } else {
+                output
+            };
+            return ToolResult::failure_of(id, ToolErrorKind::Other, reason, false).with_data(data);
+        }
+        ToolResult::Success {
+            invocation_id: id.clone(),
+            output,
+            metadata: BTreeMap::from([("server".to_owned(), self.server.name.clone())]),
+            data: Some(data),
+        }
+    }
+}

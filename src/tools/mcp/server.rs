@@ -1,0 +1,393 @@
+//! One configured MCP server: started (lazily, or when the runtime opens) as a confined,
+//! contained run of its command, initialized, its tools listed; restarted after a crash, no
+//! sooner than its backoff allows; stopped when the runtime closes. Each start and exit is an
+//! event in the `mcp-servers` stream.
+
+use super::config::McpServerConfig;
+use super::connection::{Lines, RpcError, Shared};
+use crate::cancel::CancelToken;
+use crate::domain::DomainEvent;
+use crate::events::{EventStore, ExpectedVersion};
+use crate::tools::ShellTool;
+use parking_lot::Mutex;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The stream MCP servers' lifecycle events go to.
+pub const MCP_STREAM: &str = "mcp-servers";
+
+/// The protocol revisions this client speaks, newest first; it asks for the first.
+pub const PROTOCOL_VERSIONS: &[&str] = &["2025-06-18", "2025-03-26", "2024-11-05"];
+
+/// Most pages of `tools/list` read (a server that pages forever is cut off).
+const MAX_PAGES: usize = 100;
+/// How long a server gets to exit once its stdin is closed, before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// A tool a server offers.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ToolDef {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+}
+
+struct Live {
+    shared: Arc<Shared>,
+    tools: Vec<Arc<ToolDef>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    stopping: Arc<AtomicBool>,
+    started_at: Instant,
+    /// Unexpected ends in a row before this start.
+    failures_before: u32,
+}
+
+/// A server that ran this long before it ended starts its backoff afresh.
+const STEADY: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct Down {
+    /// Unexpected exits in a row.
+    failures: u32,
+    /// No start before this.
+    retry_at: Option<Instant>,
+    /// Why the last one ended.
+    last: Option<String>,
+}
+
+enum State {
+    Down(Down),
+    Up(Live),
+}
+
+/// One server. See the module docs.
+pub(crate) struct McpServer {
+    pub name: String,
+    pub config: McpServerConfig,
+    launcher: ShellTool,
+    events: Arc<dyn EventStore>,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for McpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpServer")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(250u64.saturating_mul(1 << failures.min(7))).min(Duration::from_secs(30))
+}
+
+impl McpServer {
+    pub fn new(
+        name: String,
+        config: McpServerConfig,
+        launcher: ShellTool,
+        events: Arc<dyn EventStore>,
+    ) -> McpServer {
+        McpServer {
+            name,
+            config,
+            launcher,
+            events,
+            state: Mutex::new(State::Down(Down::default())),
+        }
+    }
+
+    fn record(&self, e: DomainEvent) {
+        if let Err(err) = self
+            .events
+            .append(MCP_STREAM, ExpectedVersion::Any, &[e.to_new_event()])
+        {
+            log::error!("mcp server {}: recording {}: {err}", self.name, e.type_id());
+        }
+    }
+
+    /// The server's tools, starting it if it is not running.
+    pub fn tools(self: &Arc<Self>) -> Result<Vec<Arc<ToolDef>>, String> {
+        let mut state = self.state.lock();
+        self.ensure(&mut state)?;
+        match &*state {
+            State::Up(live) => Ok(live.tools.clone()),
+            State::Down(_) => Err(format!("mcp server {} is not running", self.name)),
+        }
+    }
+
+    /// The tool named `name`, starting the server if it is not running.
+    pub fn tool(self: &Arc<Self>, name: &str) -> Option<Arc<ToolDef>> {
+        let mut state = self.state.lock();
+        self.ensure(&mut state).ok()?;
+        match &*state {
+            State::Up(live) => live.tools.iter().find(|t| t.name == name).cloned(),
+            State::Down(_) => None,
+        }
+    }
+
+    /// Starts the server unless it runs; the state is locked throughout, so one start at a time.
+    fn ensure(self: &Arc<Self>, state: &mut State) -> Result<(), String> {
+        if let State::Up(live) = state {
+            if !live.shared.is_ended() {
+                if live.shared.tools_changed.swap(false, Ordering::AcqRel) {
+                    match list_tools(&live.shared, self.config.startup_timeout) {
+                        Ok(tools) => live.tools = tools,
+                        Err(e) => log::warn!("mcp server {}: relisting its tools: {e}", self.name),
+                    }
+                }
+                return Ok(());
+            }
+        }
+        // Ended on its own (its thread recorded why): down, with a backoff from its end.
+        if let State::Up(live) = state {
+            if let Some(t) = live.thread.take() {
+                let _ = t.join();
+            }
+            let (why, at) = live
+                .shared
+                .ended_at()
+                .unwrap_or(("unknown".into(), Instant::now()));
+            let failures = if at.duration_since(live.started_at) > STEADY {
+                1
+            } else {
+                live.failures_before + 1
+            };
+            *state = State::Down(Down {
+                failures,
+                retry_at: Some(at + backoff(failures - 1)),
+                last: Some(why),
+            });
+        }
+        if let State::Down(down) = state {
+            if let Some(at) = down.retry_at {
+                let now = Instant::now();
+                if now < at {
+                    return Err(format!(
+                        "mcp server {} ended ({}); it is restarted in {} ms",
+                        self.name,
+                        down.last.as_deref().unwrap_or("unknown"),
+                        (at - now).as_millis()
+                    ));
+                }
+            }
+        }
+        let failures = match state {
+            State::Down(d) => d.failures,
+            State::Up(_) => 0,
+        };
+        match self.start(failures) {
+            Ok(live) => {
+                *state = State::Up(live);
+                Ok(())
+            }
+            Err(e) => {
+                *state = State::Down(Down {
+                    failures: failures + 1,
+                    retry_at: Some(Instant::now() + backoff(failures)),
+                    last: Some(e.clone()),
+                });
+                Err(format!("mcp server {} could not start: {e}", self.name))
+            }
+        }
+    }
+
+    fn start(self: &Arc<Self>, failures_before: u32) -> Result<Live, String> {
+        let shared = Shared::new(
+            &self.name,
+            self.config
+                .working_dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect(),
+            self.config.max_line_bytes,
+        );
+        let (mut started, cleanup) = self.launcher.start_server(&self.config.command)?;
+        let stdin = started
+            .take_stdin()
+            .ok_or("the server's stdin pipe is missing")?;
+        shared.attach_stdin(stdin).map_err(|e| e.to_string())?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (me, shared, stopping) = (Arc::downgrade(self), shared.clone(), stopping.clone());
+            std::thread::Builder::new()
+                .name(format!("correx-mcp-{}", self.name))
+                .spawn(move || {
+                    let mut lines = Lines::new(shared.clone());
+                    let ended = started.wait(&mut lines, Some(&shared.kill));
+                    cleanup();
+                    let (code, signal) = match &ended {
+                        Ok(e) => match e.exit {
+                            crate::sys::spawn::Exit::Code(c) => (Some(c), None),
+                            crate::sys::spawn::Exit::Signal(s) => (None, Some(s)),
+                        },
+                        Err(_) => (None, None),
+                    };
+                    let reason = if shared.overflowed.load(Ordering::Acquire) {
+                        "line_too_long"
+                    } else if stopping.load(Ordering::Acquire) {
+                        "stopped"
+                    } else if code == Some(0) {
+                        "exited"
+                    } else {
+                        "crashed"
+                    };
+                    shared.end(format!(
+                        "it {reason} (exit code {code:?}, signal {signal:?})"
+                    ));
+                    if let Some(me) = me.upgrade() {
+                        me.record(DomainEvent::McpServerExited {
+                            server: me.name.clone(),
+                            reason: reason.into(),
+                            exit_code: code,
+                            signal,
+                        });
+                    }
+                })
+                .map_err(|e| e.to_string())?
+        };
+        let live = Live {
+            shared: shared.clone(),
+            tools: Vec::new(),
+            thread: Some(thread),
+            stopping,
+            started_at: Instant::now(),
+            failures_before,
+        };
+        match initialize(&shared, self.config.startup_timeout) {
+            Ok((protocol, tools)) => {
+                self.record(DomainEvent::McpServerStarted {
+                    server: self.name.clone(),
+                    protocol_version: protocol,
+                    tools: tools.iter().map(|t| t.name.clone()).collect(),
+                    isolation: Some(self.launcher.applied_policy().clone()),
+                });
+                Ok(Live { tools, ..live })
+            }
+            Err(e) => {
+                stop(live);
+                Err(e)
+            }
+        }
+    }
+
+    /// Calls `tool` with `arguments`; the result, and the progress notifications it sent.
+    pub fn call(
+        self: &Arc<Self>,
+        tool: &str,
+        arguments: Map<String, Value>,
+        cancel: &CancelToken,
+    ) -> Result<(Value, Vec<Value>), RpcError> {
+        let shared = {
+            let mut state = self.state.lock();
+            self.ensure(&mut state).map_err(RpcError::Gone)?;
+            match &*state {
+                State::Up(live) => live.shared.clone(),
+                State::Down(_) => return Err(RpcError::Gone("not running".into())),
+            }
+        };
+        let mut params = Map::new();
+        params.insert("name".into(), json!(tool));
+        params.insert("arguments".into(), Value::Object(arguments));
+        let (answer, progress) =
+            shared.request("tools/call", params, self.config.call_timeout, Some(cancel));
+        answer.map(|a| (a, progress))
+    }
+
+    /// Stops the server if it runs: its stdin closed, [`EXIT_GRACE`] to exit, then every
+    /// process of it killed. Returns once it is gone and its end recorded.
+    pub fn shutdown(&self) {
+        let old = std::mem::replace(&mut *self.state.lock(), State::Down(Down::default()));
+        if let State::Up(live) = old {
+            stop(live);
+        }
+    }
+}
+
+/// Ends a live server and waits for its thread (which records the end).
+fn stop(mut live: Live) {
+    live.stopping.store(true, Ordering::Release);
+    live.shared.end("stopped by correx".into());
+    let deadline = Instant::now() + EXIT_GRACE;
+    if let Some(t) = live.thread.take() {
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        live.shared.kill.cancel();
+        let _ = t.join();
+    }
+}
+
+/// `initialize`, `notifications/initialized`, then the tool list.
+fn initialize(shared: &Shared, timeout: Duration) -> Result<(String, Vec<Arc<ToolDef>>), String> {
+    let deadline = Instant::now() + timeout;
+    let mut params = Map::new();
+    params.insert("protocolVersion".into(), json!(PROTOCOL_VERSIONS[0]));
+    params.insert(
+        "capabilities".into(),
+        json!({"roots": {"listChanged": false}}),
+    );
+    params.insert(
+        "clientInfo".into(),
+        json!({"name": "correx", "version": env!("CARGO_PKG_VERSION")}),
+    );
+    let (answer, _) = shared.request("initialize", params, timeout, None);
+    let answer = answer.map_err(|e| format!("initialize: {e}"))?;
+    let version = answer["protocolVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if !PROTOCOL_VERSIONS.contains(&version.as_str()) {
+        return Err(format!(
+            "it speaks protocol revision {version:?}; this client speaks {}",
+            PROTOCOL_VERSIONS.join(", ")
+        ));
+    }
+    if answer["capabilities"].get("tools").is_none() {
+        log::warn!("an mcp server offers no tools capability; listing anyway");
+    }
+    shared
+        .notify("notifications/initialized", json!({}))
+        .map_err(|e| e.to_string())?;
+    let tools = list_tools(shared, deadline.saturating_duration_since(Instant::now()))?;
+    Ok((version, tools))
+}
+
+/// Every page of `tools/list`.
+fn list_tools(shared: &Shared, timeout: Duration) -> Result<Vec<Arc<ToolDef>>, String> {
+    let mut tools = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let mut params = Map::new();
+        if let Some(c) = &cursor {
+            params.insert("cursor".into(), json!(c));
+        }
+        let (answer, _) = shared.request("tools/list", params, timeout, None);
+        let page = answer.map_err(|e| format!("tools/list: {e}"))?;
+        for t in page["tools"].as_array().into_iter().flatten() {
+            let Some(name) = t["name"].as_str() else {
+                continue;
+            };
+            // A name a registry key cannot carry plainly is skipped, with a warning.
+            if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+                log::warn!("an mcp server listed a tool with an unusable name: {name:?}");
+                continue;
+            }
+            tools.push(Arc::new(ToolDef {
+                name: name.to_owned(),
+                description: t["description"].as_str().unwrap_or_default().to_owned(),
+                input_schema: t
+                    .get("inputSchema")
+                    .cloned()
+                    .unwrap_or_else(|| json!({"type": "object"})),
+            }));
+        }
+        match page["nextCursor"].as_str() {
+            Some(c) if !c.is_empty() => cursor = Some(c.to_owned()),
+            _ => return Ok(tools),
+        }
+    }
+    Err(format!("tools/list: more than {MAX_PAGES} pages"))
+}
