@@ -1001,6 +1001,35 @@ fn a_working_dir_that_cannot_be_idmapped_is_detected() {
         false
     );
     assert!(run(&host, &["true"]).is_success());
+    // Its start directory, a working dir or its temp directory, has a path it can read back
+    // (with nothing idmapped it gets no mount namespace of its own, where a directory opened
+    // by the host would be unreachable).
+    let work = TempDir::new("host-cwd");
+    let canonical = std::fs::canonicalize(work.path()).expect("canonical");
+    for (dirs, want) in [
+        (
+            vec![canonical.clone()],
+            Some(canonical.display().to_string()),
+        ),
+        (vec![], None),
+    ] {
+        let t = ShellTool::new(ShellOptions {
+            allowed_executables: vec!["pwd".into()],
+            working_roots: dirs,
+            isolation: IsolationOptions {
+                run_as: correx::RunAs::Host,
+                ..IsolationOptions::default()
+            },
+            ..ShellOptions::default()
+        })
+        .expect("builds");
+        let r = run(&t, &["pwd", "-P"]);
+        let out = stdout(&r).unwrap_or_else(|| panic!("pwd failed: {}", reason(&r)));
+        match &want {
+            Some(w) => assert_eq!(out.trim(), w),
+            None => assert!(out.trim().starts_with('/'), "{out}"),
+        }
+    }
 }
 
 #[test]

@@ -52,7 +52,9 @@ impl Ids {
 /// Mount, UTS and IPC namespaces for a tool's runs, with its paths idmapped inside.
 #[derive(Debug)]
 pub(crate) struct HeldNamespaces {
-    mnt: OwnedFd,
+    /// `None` when nothing is idmapped: a copy of the host's mount namespace would only make
+    /// a start directory opened from the host unreachable by path (`getcwd` fails).
+    mnt: Option<OwnedFd>,
     uts: OwnedFd,
     ipc: OwnedFd,
     /// Each idmapped path and an `O_PATH` descriptor of it as the run sees it (through the
@@ -140,7 +142,7 @@ impl HeldNamespaces {
     /// The namespace descriptors a run's process joins (`setns`), mount namespace first.
     pub fn fds(&self) -> [RawFd; 3] {
         [
-            self.mnt.as_raw_fd(),
+            self.mnt.as_ref().map_or(-1, |m| m.as_raw_fd()),
             self.uts.as_raw_fd(),
             self.ipc.as_raw_fd(),
         ]
@@ -148,11 +150,13 @@ impl HeldNamespaces {
 
     /// Copies of the namespace descriptors (mount, UTS, IPC), for a thread to join them.
     pub fn clone_fds(&self) -> io::Result<Vec<OwnedFd>> {
-        Ok(vec![
-            self.mnt.try_clone()?,
-            self.uts.try_clone()?,
-            self.ipc.try_clone()?,
-        ])
+        let mut fds = Vec::with_capacity(3);
+        if let Some(m) = &self.mnt {
+            fds.push(m.try_clone()?);
+        }
+        fds.push(self.uts.try_clone()?);
+        fds.push(self.ipc.try_clone()?);
+        Ok(fds)
     }
 
     /// Whether every view is still the directory at its path (a directory removed and made
@@ -177,9 +181,15 @@ impl HeldNamespaces {
     }
 }
 
-type Made = (OwnedFd, OwnedFd, OwnedFd, Vec<(PathBuf, OwnedFd)>);
+type Made = (Option<OwnedFd>, OwnedFd, OwnedFd, Vec<(PathBuf, OwnedFd)>);
 
 fn make_in_this_thread(paths: &[(PathBuf, RawFd)]) -> io::Result<Made> {
+    let ns = |name: &str| open_ns(&format!("/proc/thread-self/ns/{name}"));
+    if paths.is_empty() {
+        syscall!(SYS_unshare, libc::CLONE_NEWUTS | libc::CLONE_NEWIPC)
+            .map_err(|e| io::Error::new(e.kind(), format!("unshare: {e}")))?;
+        return Ok((None, ns("uts")?, ns("ipc")?, Vec::new()));
+    }
     syscall!(
         SYS_unshare,
         libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC
@@ -238,8 +248,7 @@ fn make_in_this_thread(paths: &[(PathBuf, RawFd)]) -> io::Result<Made> {
         let view = open_path(libc::AT_FDCWD, p).map_err(|e| what("opening", e))?;
         views.push((p.clone(), view));
     }
-    let ns = |name: &str| open_ns(&format!("/proc/thread-self/ns/{name}"));
-    Ok((ns("mnt")?, ns("uts")?, ns("ipc")?, views))
+    Ok((Some(ns("mnt")?), ns("uts")?, ns("ipc")?, views))
 }
 
 /// An `O_PATH` descriptor of `p` (relative to `dir`), following symlinks.
