@@ -59,7 +59,9 @@ fn server(command: Vec<String>, read: Vec<String>, extra: Value) -> Value {
     if root() {
         isolation["run_as"] = json!("host");
     }
-    let mut s = json!({"command": command, "isolation": isolation, "tier": 1});
+    // A loaded CI machine can take seconds to start node or Python.
+    let mut s = json!({"command": command, "isolation": isolation, "tier": 1,
+                       "startup_timeout_ms": 60000});
     if let (Some(s), Some(extra)) = (s.as_object_mut(), extra.as_object()) {
         s.extend(extra.clone());
     }
@@ -230,6 +232,49 @@ fn a_reference_server_s_tools_are_listed_validated_called_and_recorded() -> Test
         ev.last().map(|(t, p)| (t.as_str(), p["reason"].as_str())),
         Some(("mcp.server_exited", Some("stopped")))
     );
+    Ok(())
+}
+
+/// mcp-server-git (PyPI) on a repository in its working dir: it runs git, which reads the
+/// repository and writes its index there, and nothing outside.
+#[test]
+fn the_git_reference_server_reads_a_repository_in_its_working_dir() -> TestResult {
+    let Some(env) = installed() else {
+        return Ok(());
+    };
+    let dir = TempDir::new("mcp-git");
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(&repo)?;
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(&repo)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .output()
+    };
+    git(&["init", "-q", "-b", "main"])?;
+    std::fs::write(repo.join("a.txt"), "hello\n")?;
+    let venv = std::path::Path::new(&env["mcp_git"])
+        .parent()
+        .and_then(|b| b.parent())
+        .map(|v| v.display().to_string())
+        .unwrap_or_default();
+    let rt = runtime(
+        &dir,
+        json!({"git": server(
+            vec![env["mcp_git"].clone(), "--repository".into(), repo.display().to_string()],
+            vec![venv, env["mcp_python_home"].clone()],
+            json!({"working_dirs": [repo]}),
+        )}),
+    )?;
+    let r = call(&rt, "git.git_status", json!({"repo_path": repo}));
+    let ToolResult::Success { output, .. } = &r else {
+        return Err(format!("{r:?}").into());
+    };
+    assert!(output.contains("a.txt"), "{output}");
+    // Outside its --repository: the server itself refuses.
+    let other = call(&rt, "git.git_status", json!({"repo_path": dir.path()}));
+    assert!(!other.is_success(), "{other:?}");
     Ok(())
 }
 

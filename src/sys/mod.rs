@@ -352,6 +352,38 @@ pub(crate) fn wait_readable(fd: std::os::fd::RawFd, timeout_ms: i32) -> bool {
 /// `TimedOut` when the reader did not drain the pipe in time; the write's own error.
 pub(crate) fn write_all_within(
     fd: std::os::fd::RawFd,
+    bytes: &[u8],
+    timeout: Duration,
+) -> io::Result<()> {
+    // A reader that is gone makes the write raise SIGPIPE, which kills a host that keeps the
+    // default action (a C program): blocked on this thread for the write, and a pending one
+    // taken back before the mask is restored.
+    // SAFETY: sigset_t is plain data, filled by sigemptyset/sigaddset before use.
+    let mut pipe_set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid sigset pointers on this frame; pthread_sigmask changes this thread only.
+    unsafe {
+        libc::sigemptyset(&mut pipe_set);
+        libc::sigaddset(&mut pipe_set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe_set, &mut old);
+    }
+    let written = write_all_blocked(fd, bytes, timeout);
+    if matches!(&written, Err(e) if e.raw_os_error() == Some(libc::EPIPE)) {
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: takes this thread's pending SIGPIPE, if any, without waiting.
+        unsafe { libc::sigtimedwait(&pipe_set, std::ptr::null_mut(), &zero) };
+    }
+    // SAFETY: restores this thread's mask as it was.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    written
+}
+
+fn write_all_blocked(
+    fd: std::os::fd::RawFd,
     mut bytes: &[u8],
     timeout: Duration,
 ) -> io::Result<()> {
@@ -436,5 +468,49 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(child.wait().is_ok());
+    }
+
+    /// In a child with SIGPIPE at its default action (as a C host has it), a write to a pipe
+    /// whose reader is gone kills the process, unless it goes through `write_all_within`,
+    /// which returns EPIPE instead.
+    #[test]
+    fn a_write_to_a_gone_reader_is_an_error_not_a_sigpipe() {
+        let outcome = |protected: bool| -> i32 {
+            // SAFETY: the child only makes syscalls (pipe, close, write, signal masks) and
+            // exits with _exit; the parent waits for it.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: in the child: plain syscalls on its own descriptors, then _exit.
+                unsafe {
+                    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                    let mut fds = [0; 2];
+                    if libc::pipe(fds.as_mut_ptr()) != 0 {
+                        libc::_exit(3);
+                    }
+                    libc::close(fds[0]);
+                    let written = if protected {
+                        write_all_within(fds[1], b"x", Duration::from_secs(1))
+                    } else {
+                        write_all_blocked(fds[1], b"x", Duration::from_secs(1))
+                    };
+                    let epipe = matches!(written, Err(e) if e.raw_os_error() == Some(libc::EPIPE));
+                    libc::_exit(if epipe { 0 } else { 1 });
+                }
+            }
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            status
+        };
+        let killed = outcome(false);
+        assert!(
+            libc::WIFSIGNALED(killed) && libc::WTERMSIG(killed) == libc::SIGPIPE,
+            "without the mask the write must kill the child: {killed}"
+        );
+        let kept = outcome(true);
+        assert!(
+            libc::WIFEXITED(kept) && libc::WEXITSTATUS(kept) == 0,
+            "status {kept}"
+        );
     }
 }

@@ -109,6 +109,9 @@ impl Shared {
         let Some(fd) = stdin.as_ref() else {
             return Err(RpcError::Gone(self.why_ended()));
         };
+        if self.is_ended() {
+            return Err(RpcError::Gone(self.why_ended()));
+        }
         match crate::sys::write_all_within(fd.as_raw_fd(), &line, WRITE_TIMEOUT) {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -142,8 +145,11 @@ impl Shared {
                 *ended = Some((why.clone(), Instant::now()));
             }
         }
-        // The server's end of input.
-        drop(self.stdin.lock().take());
+        // The server's end of input; a writer holding it now fails soon (the server is being
+        // stopped) and drops it then.
+        if let Some(mut stdin) = self.stdin.try_lock() {
+            drop(stdin.take());
+        }
         let mut waiters = self.waiters.lock();
         for w in waiters.values_mut() {
             if w.answer.is_none() {
@@ -223,10 +229,12 @@ impl Shared {
                 } else {
                     "timed out"
                 };
-                let _ = self.notify(
-                    "notifications/cancelled",
-                    json!({"requestId": id, "reason": reason}),
-                );
+                if method != "initialize" {
+                    let _ = self.notify(
+                        "notifications/cancelled",
+                        json!({"requestId": id, "reason": reason}),
+                    );
+                }
                 let e = if cancelled {
                     RpcError::Cancelled
                 } else {
@@ -248,7 +256,17 @@ impl Shared {
         if text.is_empty() {
             return;
         }
-        let Ok(Value::Object(m)) = serde_json::from_str::<Value>(text) else {
+        let parsed = serde_json::from_str::<Value>(text);
+        // A batch (the 2025-03-26 revision allows them): each message in turn.
+        if let Ok(Value::Array(batch)) = parsed {
+            for m in batch {
+                if let Value::Object(m) = m {
+                    self.message(&m);
+                }
+            }
+            return;
+        }
+        let Ok(Value::Object(m)) = parsed else {
             let short: String = text.chars().take(200).collect();
             log::warn!(
                 "mcp server {}: a line that is not a JSON object: {short}",
@@ -256,10 +274,27 @@ impl Shared {
             );
             return;
         };
+        self.message(&m);
+    }
+
+    /// Handles one JSON-RPC message: a response (it has `result` or `error`), a request from
+    /// the server (`method` and `id`), or a notification (`method` alone).
+    fn message(&self, m: &Map<String, Value>) {
+        let response = m.contains_key("result") || m.contains_key("error");
         match (m.get("id"), m.get("method").and_then(Value::as_str)) {
             // A response to one of ours.
-            (Some(id), None) => {
-                let Some(id) = id.as_u64() else { return };
+            (Some(id), _) if response => {
+                let Some(id) = id.as_u64() else {
+                    // `id: null`: an error about a message it could not read.
+                    log::warn!(
+                        "mcp server {}: an error not tied to a request: {}",
+                        self.name,
+                        crate::text::bounded(
+                            m.get("error").map(Value::to_string).unwrap_or_default()
+                        )
+                    );
+                    return;
+                };
                 let answer = match (m.get("result"), m.get("error")) {
                     (Some(r), _) => Ok(r.clone()),
                     (None, Some(e)) => Err(RpcError::Server {
@@ -284,7 +319,7 @@ impl Shared {
                         let roots: Vec<Value> = self
                             .roots
                             .iter()
-                            .map(|r| json!({"uri": format!("file://{r}"), "name": r}))
+                            .map(|r| json!({"uri": file_uri(r), "name": r}))
                             .collect();
                         json!({"jsonrpc": "2.0", "id": id, "result": {"roots": roots}})
                     }
@@ -298,7 +333,20 @@ impl Shared {
             // A notification.
             (None, Some(method)) => match method {
                 "notifications/progress" => {
-                    let params = m.get("params").cloned().unwrap_or(Value::Null);
+                    let mut params = m.get("params").cloned().unwrap_or(Value::Null);
+                    // Kept small: the counts, and the message cut to 1 KiB.
+                    if let Some(msg) = params.get("message").and_then(Value::as_str) {
+                        let cut: String = msg.chars().take(1024).collect();
+                        params["message"] = json!(cut);
+                    }
+                    if let Value::Object(p) = &mut params {
+                        p.retain(|k, _| {
+                            matches!(
+                                k.as_str(),
+                                "progressToken" | "progress" | "total" | "message"
+                            )
+                        });
+                    }
                     if let Some(token) = params["progressToken"].as_u64() {
                         if let Some(w) = self.waiters.lock().get_mut(&token) {
                             if w.progress.len() == KEPT_PROGRESS {
@@ -321,7 +369,7 @@ impl Shared {
                 }
                 _ => {}
             },
-            (None, None) => {}
+            (_, None) => {}
         }
     }
 }
@@ -353,8 +401,12 @@ impl Sink for Lines {
         let mut rest = bytes;
         loop {
             let end = rest.iter().position(|&b| b == b'\n');
-            let piece = &rest[..end.unwrap_or(rest.len())];
-            if self.partial[stream].len() + piece.len() > self.shared.max_line {
+            let mut piece = &rest[..end.unwrap_or(rest.len())];
+            if stream == 1 {
+                // Stderr is only logged: a long line is cut, not fatal.
+                let room = STDERR_LINE.saturating_sub(self.partial[1].len());
+                piece = &piece[..piece.len().min(room)];
+            } else if self.partial[stream].len() + piece.len() > self.shared.max_line {
                 self.overflow(stream);
                 return;
             }
@@ -398,4 +450,18 @@ impl Lines {
             log::info!("mcp server {}: {}", self.shared.name, text.trim_end());
         }
     }
+}
+
+/// A `file://` URI of an absolute path, percent-encoding what a URI cannot carry as is.
+fn file_uri(path: &str) -> String {
+    let mut out = String::from("file://");
+    for b in path.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
 }

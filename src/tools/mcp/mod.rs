@@ -92,8 +92,15 @@ impl McpHub {
     pub fn resolve(&self, name: &str) -> Option<Arc<dyn Tool>> {
         let (server, tool) = name.split_once('.')?;
         let s = self.servers.get(server)?;
-        let def = s.tool(tool)?;
-        Some(Arc::new(McpTool::new(s.clone(), def)))
+        match s.tool(tool) {
+            Ok(def) => Some(Arc::new(McpTool::new(s.clone(), def?))),
+            // Its server is not running: a request for it is refused with why.
+            Err(why) => Some(Arc::new(Unavailable {
+                name: name.to_owned(),
+                tier: s.config.tier_of(tool),
+                why,
+            })),
+        }
     }
 
     /// Every server's tools, starting the servers; a server that cannot start is listed as
@@ -131,17 +138,57 @@ impl McpHub {
         self.servers.keys().map(String::as_str).collect()
     }
 
-    /// Stops every server.
+    /// Stops every server, together: each one's stdin closed, 2 s for all of them to exit,
+    /// then every process left killed. None starts again.
     pub fn shutdown(&self) {
-        for s in self.servers.values() {
-            s.shutdown();
-        }
+        let live: Vec<_> = self
+            .servers
+            .values()
+            .filter_map(|s| s.begin_shutdown())
+            .collect();
+        server::finish_stop(live, std::time::Instant::now() + server::STOP_GRACE);
     }
 }
 
 impl Drop for McpHub {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// A tool of a server that is not running: every request for it is invalid, saying why.
+struct Unavailable {
+    name: String,
+    tier: Tier,
+    why: String,
+}
+
+impl Tool for Unavailable {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    fn required_capabilities(&self) -> &[ToolCapability] {
+        &[]
+    }
+
+    fn validate_request(&self, _: &ToolRequest) -> ValidationResult {
+        ValidationResult::Invalid {
+            reason: self.why.clone(),
+        }
+    }
+
+    fn execute(&self, r: &ToolRequest) -> ToolResult {
+        ToolResult::failure_of(
+            &r.invocation_id,
+            ToolErrorKind::InvalidRequest,
+            self.why.clone(),
+            true,
+        )
     }
 }
 

@@ -1,8 +1,8 @@
 //! The part of JSON Schema an MCP tool's `inputSchema` uses in practice, checked before a call
 //! is put to the approver: `type` (one or a list), `properties`, `required`,
 //! `additionalProperties: false`, `enum`, `const`, `items`, `minItems`/`maxItems`,
-//! `minLength`/`maxLength`, `minimum`/`maximum`, and `anyOf`/`oneOf` (one alternative must
-//! hold). Keywords it does not know are ignored (the server checks again); a schema that is not
+//! `minLength`/`maxLength`, `minimum`/`maximum`, and `anyOf`/`oneOf` (at least one alternative
+//! must hold; `oneOf` is not held to exactly one). Keywords it does not know are ignored (the server checks again); a schema that is not
 //! an object accepts everything.
 
 use serde_json::{Map, Value};
@@ -67,7 +67,7 @@ fn check_at(schema: &Value, value: &Value, path: &str, depth: usize) -> Result<(
         _ => {}
     }
     if let Some(Value::Array(options)) = s.get("enum") {
-        if !options.contains(value) {
+        if !options.iter().any(|o| same(o, value)) {
             return Err(format!(
                 "{path} must be one of {}",
                 Value::Array(options.clone())
@@ -75,7 +75,7 @@ fn check_at(schema: &Value, value: &Value, path: &str, depth: usize) -> Result<(
         }
     }
     if let Some(c) = s.get("const") {
-        if c != value {
+        if !same(c, value) {
             return Err(format!("{path} must be {c}"));
         }
     }
@@ -144,6 +144,11 @@ fn object(
     for (k, v) in o {
         match props.and_then(|p| p.get(k)) {
             Some(p) => check_at(p, v, &format!("{path}.{k}"), depth + 1)?,
+            // Properties other keywords may allow are not judged here.
+            None if s.contains_key("patternProperties")
+                || s.contains_key("allOf")
+                || s.contains_key("anyOf")
+                || s.contains_key("oneOf") => {}
             None => match s.get("additionalProperties") {
                 Some(Value::Bool(false)) => {
                     return Err(format!("{path} has no property {k:?}"));
@@ -177,6 +182,14 @@ fn bounds(
         }
     }
     Ok(())
+}
+
+/// JSON equality, numbers by value (`1.0` is `1`).
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        _ => a == b,
+    }
 }
 
 fn article(t: &str) -> String {

@@ -69,6 +69,8 @@ pub(crate) struct McpServer {
     launcher: ShellTool,
     events: Arc<dyn EventStore>,
     state: Mutex<State>,
+    /// The runtime closed: it never starts again.
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for McpServer {
@@ -76,6 +78,13 @@ impl std::fmt::Debug for McpServer {
         f.debug_struct("McpServer")
             .field("name", &self.name)
             .finish_non_exhaustive()
+    }
+}
+
+/// Appends one lifecycle event to [`MCP_STREAM`]; a refusal is logged (a server's life goes on).
+fn record(events: &dyn EventStore, name: &str, e: DomainEvent) {
+    if let Err(err) = events.append(MCP_STREAM, ExpectedVersion::Any, &[e.to_new_event()]) {
+        log::error!("mcp server {name}: recording {}: {err}", e.type_id());
     }
 }
 
@@ -96,16 +105,12 @@ impl McpServer {
             launcher,
             events,
             state: Mutex::new(State::Down(Down::default())),
+            closed: AtomicBool::new(false),
         }
     }
 
     fn record(&self, e: DomainEvent) {
-        if let Err(err) = self
-            .events
-            .append(MCP_STREAM, ExpectedVersion::Any, &[e.to_new_event()])
-        {
-            log::error!("mcp server {}: recording {}: {err}", self.name, e.type_id());
-        }
+        record(self.events.as_ref(), &self.name, e);
     }
 
     /// The server's tools, starting it if it is not running.
@@ -119,23 +124,33 @@ impl McpServer {
     }
 
     /// The tool named `name`, starting the server if it is not running.
-    pub fn tool(self: &Arc<Self>, name: &str) -> Option<Arc<ToolDef>> {
+    ///
+    /// # Errors
+    /// Why the server is not running (it could not start, or waits out its backoff).
+    pub fn tool(self: &Arc<Self>, name: &str) -> Result<Option<Arc<ToolDef>>, String> {
         let mut state = self.state.lock();
-        self.ensure(&mut state).ok()?;
-        match &*state {
+        self.ensure(&mut state)?;
+        Ok(match &*state {
             State::Up(live) => live.tools.iter().find(|t| t.name == name).cloned(),
             State::Down(_) => None,
-        }
+        })
     }
 
     /// Starts the server unless it runs; the state is locked throughout, so one start at a time.
     fn ensure(self: &Arc<Self>, state: &mut State) -> Result<(), String> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(format!("mcp server {}: the runtime is closed", self.name));
+        }
         if let State::Up(live) = state {
             if !live.shared.is_ended() {
                 if live.shared.tools_changed.swap(false, Ordering::AcqRel) {
                     match list_tools(&live.shared, self.config.startup_timeout) {
                         Ok(tools) => live.tools = tools,
-                        Err(e) => log::warn!("mcp server {}: relisting its tools: {e}", self.name),
+                        Err(e) => {
+                            // Tried again on the next use.
+                            live.shared.tools_changed.store(true, Ordering::Release);
+                            log::warn!("mcp server {}: relisting its tools: {e}", self.name)
+                        }
                     }
                 }
                 return Ok(());
@@ -205,13 +220,27 @@ impl McpServer {
             self.config.max_line_bytes,
         );
         let (mut started, cleanup) = self.launcher.start_server(&self.config.command)?;
-        let stdin = started
-            .take_stdin()
-            .ok_or("the server's stdin pipe is missing")?;
-        shared.attach_stdin(stdin).map_err(|e| e.to_string())?;
+        // Until its thread owns it, a server that fails to start is killed before what it
+        // held is cleaned up.
+        let attached = match started.take_stdin() {
+            Some(stdin) => shared.attach_stdin(stdin).map_err(|e| e.to_string()),
+            None => Err("the server's stdin pipe is missing".to_owned()),
+        };
+        if let Err(e) = attached {
+            drop(started);
+            cleanup();
+            return Err(e);
+        }
         let stopping = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (me, shared, stopping) = (Arc::downgrade(self), shared.clone(), stopping.clone());
+            // The thread records the end itself: it may come after the server's owner is gone
+            // (the runtime dropping it).
+            let (events, name, shared, stopping) = (
+                self.events.clone(),
+                self.name.clone(),
+                shared.clone(),
+                stopping.clone(),
+            );
             std::thread::Builder::new()
                 .name(format!("correx-mcp-{}", self.name))
                 .spawn(move || {
@@ -237,14 +266,16 @@ impl McpServer {
                     shared.end(format!(
                         "it {reason} (exit code {code:?}, signal {signal:?})"
                     ));
-                    if let Some(me) = me.upgrade() {
-                        me.record(DomainEvent::McpServerExited {
-                            server: me.name.clone(),
+                    record(
+                        events.as_ref(),
+                        &name,
+                        DomainEvent::McpServerExited {
+                            server: name.clone(),
                             reason: reason.into(),
                             exit_code: code,
                             signal,
-                        });
-                    }
+                        },
+                    );
                 })
                 .map_err(|e| e.to_string())?
         };
@@ -299,30 +330,67 @@ impl McpServer {
     /// Stops the server if it runs: its stdin closed, [`EXIT_GRACE`] to exit, then every
     /// process of it killed. Returns once it is gone and its end recorded.
     pub fn shutdown(&self) {
+        if let Some(live) = self.begin_shutdown() {
+            finish_stop(vec![live], Instant::now() + EXIT_GRACE);
+        }
+    }
+
+    /// Closes the server for good and tells a running one to end (its stdin closed); the
+    /// live server, to [`finish_stop`] (several servers stop together).
+    pub fn begin_shutdown(&self) -> Option<LiveServer> {
+        self.closed.store(true, Ordering::Release);
         let old = std::mem::replace(&mut *self.state.lock(), State::Down(Down::default()));
-        if let State::Up(live) = old {
-            stop(live);
+        match old {
+            State::Up(live) => {
+                live.stopping.store(true, Ordering::Release);
+                live.shared.end("stopped by correx".into());
+                Some(LiveServer(live))
+            }
+            State::Down(_) => None,
         }
     }
 }
 
-/// Ends a live server and waits for its thread (which records the end).
-fn stop(mut live: Live) {
-    live.stopping.store(true, Ordering::Release);
-    live.shared.end("stopped by correx".into());
-    let deadline = Instant::now() + EXIT_GRACE;
-    if let Some(t) = live.thread.take() {
+impl Drop for McpServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A server told to end, not yet gone.
+pub(crate) struct LiveServer(Live);
+
+/// Waits (until `deadline`) for servers told to end, kills what is left, and waits for each
+/// end to be recorded.
+pub(crate) fn finish_stop(servers: Vec<LiveServer>, deadline: Instant) {
+    let mut threads = Vec::new();
+    for LiveServer(mut live) in servers {
+        if let Some(t) = live.thread.take() {
+            threads.push((live.shared.clone(), t));
+        }
+    }
+    for (shared, t) in threads {
         while !t.is_finished() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        live.shared.kill.cancel();
+        shared.kill.cancel();
         let _ = t.join();
     }
 }
 
+/// Ends a live server and waits for its thread (which records the end).
+fn stop(live: Live) {
+    live.stopping.store(true, Ordering::Release);
+    live.shared.end("stopped by correx".into());
+    finish_stop(vec![LiveServer(live)], Instant::now() + EXIT_GRACE);
+}
+
+/// How long servers get to exit once their stdin is closed, before they are killed.
+pub(crate) const STOP_GRACE: Duration = EXIT_GRACE;
+
 /// `initialize`, `notifications/initialized`, then the tool list.
 fn initialize(shared: &Shared, timeout: Duration) -> Result<(String, Vec<Arc<ToolDef>>), String> {
-    let deadline = Instant::now() + timeout;
+    let deadline = Instant::now().checked_add(timeout);
     let mut params = Map::new();
     params.insert("protocolVersion".into(), json!(PROTOCOL_VERSIONS[0]));
     params.insert(
@@ -351,12 +419,14 @@ fn initialize(shared: &Shared, timeout: Duration) -> Result<(String, Vec<Arc<Too
     shared
         .notify("notifications/initialized", json!({}))
         .map_err(|e| e.to_string())?;
-    let tools = list_tools(shared, deadline.saturating_duration_since(Instant::now()))?;
+    let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+    let tools = list_tools(shared, left)?;
     Ok((version, tools))
 }
 
 /// Every page of `tools/list`.
 fn list_tools(shared: &Shared, timeout: Duration) -> Result<Vec<Arc<ToolDef>>, String> {
+    let deadline = Instant::now().checked_add(timeout);
     let mut tools = Vec::new();
     let mut cursor: Option<String> = None;
     for _ in 0..MAX_PAGES {
@@ -364,7 +434,11 @@ fn list_tools(shared: &Shared, timeout: Duration) -> Result<Vec<Arc<ToolDef>>, S
         if let Some(c) = &cursor {
             params.insert("cursor".into(), json!(c));
         }
-        let (answer, _) = shared.request("tools/list", params, timeout, None);
+        let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+        if left.is_zero() {
+            return Err("tools/list: its pages took longer than the startup timeout".into());
+        }
+        let (answer, _) = shared.request("tools/list", params, left, None);
         let page = answer.map_err(|e| format!("tools/list: {e}"))?;
         for t in page["tools"].as_array().into_iter().flatten() {
             let Some(name) = t["name"].as_str() else {

@@ -739,8 +739,9 @@ impl ShellTool {
                 .timeout_of(request)
                 .map_err(|r| ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, true))?,
         };
-        // A job's slot is taken before anything of it exists, so racing starts respect the
-        // session's bound.
+        let prepared = self.prepare(request, &argv)?;
+        // A job's slot is taken before its program starts, so racing starts respect the
+        // session's bound; a request refused by the checks never holds one.
         let slot = match background {
             Some((table, options, _)) => Some(
                 table
@@ -751,7 +752,6 @@ impl ShellTool {
             ),
             None => None,
         };
-        let prepared = self.prepare(request, &argv)?;
         if let (Some(slot), Some((_, options, _))) = (slot, background) {
             let (started, cleanup) = prepared.start(timeout, false)?;
             let command: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
