@@ -35,7 +35,9 @@ impl Drop for TempDir {
 /// A command that re-runs this test binary with only the ignored helper test `name`, which
 /// reads its instructions from `CORREX_CHILD_*` environment variables.
 pub fn child_test(name: &str) -> Command {
-    let exe = std::env::current_exe().expect("current exe");
+    // This very binary, through /proc: a process that dropped to nobody may not search the
+    // directories on its path (a clean clone under a 0700 temp dir).
+    let exe = std::path::PathBuf::from("/proc/self/exe");
     let mut cmd = Command::new(exe);
     cmd.args([
         "--ignored",
