@@ -240,6 +240,55 @@ fn t0_and_t1_tools_run_without_asking() -> TestResult {
 }
 
 #[test]
+fn a_request_cancelled_before_it_starts_never_reaches_the_approver() -> TestResult {
+    let rig = Rig::new()?;
+    let write = Arc::new(FileWriteTool::new(&[rig.tmp.path().to_path_buf()])?);
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = asked.clone();
+    let approvals = CallbackApprover::new(move |_, _| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    });
+    let ex = rig.executor(vec![write], Arc::new(approvals))?;
+    let cancel = correx::CancelToken::new();
+    cancel.cancel();
+    let r = ex.execute_cancellable(
+        &req(
+            "file_write",
+            json!({"operation": "write", "path": "a.txt", "content": "x"}),
+        ),
+        &cancel,
+    );
+    match &r {
+        ToolResult::Failure { kind, .. } => assert_eq!(kind.as_str(), "cancelled"),
+        other => return Err(format!("{other:?}").into()),
+    }
+    assert_eq!(asked.load(Ordering::SeqCst), 0, "the approver was asked");
+    assert!(!rig.tmp.join("a.txt").exists());
+    let events = rig.events()?;
+    assert_eq!(types(&events), ["tool.execution_rejected"]);
+    assert_eq!(events[0].payload["kind"], "cancelled");
+    Ok(())
+}
+
+/// A host killed while it removed its journal directory leaves it without its lock file: the
+/// next executor on the root removes it (recovery used to skip it forever).
+#[test]
+fn a_run_directory_left_without_its_lock_is_removed() -> TestResult {
+    let rig = Rig::new()?;
+    // The root as an executor makes it (private), with the directory a dead one left.
+    drop(rig.executor(vec![], Arc::new(DenyAll))?);
+    let left = rig
+        .work_root
+        .join("run-01a23500-0000-7000-8000-000000000000");
+    std::fs::create_dir(&left)?;
+    let ex = rig.executor(vec![], Arc::new(DenyAll))?;
+    assert!(!left.exists(), "a lockless run directory survived recovery");
+    drop(ex);
+    Ok(())
+}
+
+#[test]
 fn an_invalid_request_fails_at_once_and_never_reaches_the_approver() -> TestResult {
     let rig = Rig::new()?;
     let write = Arc::new(FileWriteTool::new(&[rig.tmp.path().to_path_buf()])?);

@@ -239,9 +239,17 @@ pub(crate) fn dead(work_root: &Path) -> io::Result<Vec<Dead>> {
             continue;
         }
         let dir = d.path();
-        // A live executor (this process or another) holds its lock: not ours to touch.
-        let Ok(Some(held)) = lock(&dir, false) else {
-            continue;
+        // A live executor (this process or another) holds its lock: not ours to touch. A
+        // directory without its lock file is one a host was killed removing (the lock goes
+        // first): no executor can hold it, and the lock made now keeps other recoveries out.
+        let held = match lock(&dir, false) {
+            Ok(Some(held)) => held,
+            Ok(None) => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match lock(&dir, true) {
+                Ok(Some(held)) => held,
+                _ => continue,
+            },
+            Err(_) => continue,
         };
         let mut found = Vec::new();
         let journals = match std::fs::read_dir(&dir) {

@@ -516,6 +516,17 @@ impl SandboxedToolExecutor {
             }
             None => Vec::new(),
         };
+        // A run cancelled already never reaches the approver (a person would be asked about a
+        // run that cannot start).
+        if cancel.is_cancelled() {
+            let reason = "cancelled by the host before it ran".to_owned();
+            return reject(
+                None,
+                ToolErrorKind::Cancelled,
+                reason.clone(),
+                format!("{reason}; nothing was changed"),
+            );
+        }
         let ask = ApprovalRequest::new(request, tool.tier(), paths.clone());
         let decided = self.policy.decide(&ask, context);
         let decided_event = decided.as_ref().map(|d| DomainEvent::ToolApprovalDecided {

@@ -119,9 +119,18 @@ pub(crate) fn dead(work_root: &Path) -> io::Result<Vec<Dead>> {
             continue;
         }
         let dir = d.path();
-        // A live table (this process or another) holds its lock: not ours to touch.
-        let Ok(Some(held)) = crate::private_dir::lock_dir(&dir, LOCK, false) else {
-            continue;
+        // A live table (this process or another) holds its lock: not ours to touch. One
+        // without its lock file is one a host was killed removing (the lock goes first).
+        let held = match crate::private_dir::lock_dir(&dir, LOCK, false) {
+            Ok(Some(held)) => held,
+            Ok(None) => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                match crate::private_dir::lock_dir(&dir, LOCK, true) {
+                    Ok(Some(held)) => held,
+                    _ => continue,
+                }
+            }
+            Err(_) => continue,
         };
         let mut records = Vec::new();
         for f in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
