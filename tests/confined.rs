@@ -6,7 +6,7 @@
 //! unprivileged path (Landlock without privileges, a user namespace or the subreaper) is
 //! proven too.
 
-use crate::tools_util::count_processes;
+use crate::tools_util::{count_processes, marker};
 use crate::util::{child_test, is_child, TempDir};
 use correx::{
     IsolationMode, IsolationOptions, ResourceLimits, SessionId, ShellOptions, ShellTool, Tool,
@@ -14,7 +14,6 @@ use correx::{
 };
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -45,16 +44,6 @@ fn reason(r: &ToolResult) -> String {
         ToolResult::Success { output, .. } => format!("(success) {output}"),
         ToolResult::Failure { reason, .. } => reason.clone(),
     }
-}
-
-/// A marker unique to this process and call, to find a test's processes in /proc.
-fn marker() -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{}{:03}",
-        std::process::id() % 100_000,
-        N.fetch_add(1, Ordering::SeqCst)
-    )
 }
 
 /// Live processes whose command line holds `m`, after giving the kernel a moment to deliver

@@ -4,26 +4,15 @@
 //! a host killed by SIGKILL (the next runtime records them `interrupted`). Nothing a job
 //! started outlives it, however it detached. Each scenario runs as root and again as nobody.
 
-use crate::tools_util::count_processes;
+use crate::tools_util::{count_processes, marker};
 use crate::util::{child_test, is_child, TempDir};
 use correx::{EventStore, Runtime, RuntimeConfig, ToolExecutor, ToolRequest, ToolResult};
 use serde_json::{json, Value};
 use std::io::BufRead;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-/// A marker unique to this process and call, to find a test's processes in /proc.
-fn marker() -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{}{:03}",
-        std::process::id() % 100_000,
-        N.fetch_add(1, Ordering::SeqCst)
-    )
-}
 
 /// Live processes whose command line holds `m`, once the kernel has had a moment.
 fn survivors(m: &str) -> usize {

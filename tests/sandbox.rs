@@ -73,6 +73,17 @@ fn scripted(
     })
 }
 
+/// An approver that answers `answer` and counts how often it was asked.
+fn counting_approver(answer: bool) -> (Arc<AtomicUsize>, CallbackApprover) {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = asked.clone();
+    let approvals = CallbackApprover::new(move |_, _| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Ok(answer)
+    });
+    (asked, approvals)
+}
+
 struct Rig {
     tmp: TempDir,
     store: Arc<SqliteEventStore>,
@@ -243,12 +254,7 @@ fn t0_and_t1_tools_run_without_asking() -> TestResult {
 fn a_request_cancelled_before_it_starts_never_reaches_the_approver() -> TestResult {
     let rig = Rig::new()?;
     let write = Arc::new(FileWriteTool::new(&[rig.tmp.path().to_path_buf()])?);
-    let asked = Arc::new(AtomicUsize::new(0));
-    let counter = asked.clone();
-    let approvals = CallbackApprover::new(move |_, _| {
-        counter.fetch_add(1, Ordering::SeqCst);
-        Ok(true)
-    });
+    let (asked, approvals) = counting_approver(true);
     let ex = rig.executor(vec![write], Arc::new(approvals))?;
     let cancel = correx::CancelToken::new();
     cancel.cancel();
@@ -292,12 +298,7 @@ fn a_run_directory_left_without_its_lock_is_removed() -> TestResult {
 fn an_invalid_request_fails_at_once_and_never_reaches_the_approver() -> TestResult {
     let rig = Rig::new()?;
     let write = Arc::new(FileWriteTool::new(&[rig.tmp.path().to_path_buf()])?);
-    let asked = Arc::new(AtomicUsize::new(0));
-    let counter = asked.clone();
-    let approvals = CallbackApprover::new(move |_, _| {
-        counter.fetch_add(1, Ordering::SeqCst);
-        Ok(true)
-    });
+    let (asked, approvals) = counting_approver(true);
     let ex = rig.executor(vec![write], Arc::new(approvals))?;
     // No "content": the tool's own validation says so, and no person is asked about it.
     let r = ex.execute(&req(

@@ -17,3 +17,15 @@ pub fn count_processes(f: impl Fn(&str) -> bool) -> usize {
         })
         .count()
 }
+
+/// A marker unique to this process and call, made of digits (it can stand as a `sleep`
+/// argument), to find a test's processes in /proc.
+pub fn marker() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{}{:03}",
+        std::process::id() % 100_000,
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
