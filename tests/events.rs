@@ -294,6 +294,30 @@ fn appending_an_event_id_twice_stores_it_once() -> TestResult {
         .append("other", ExpectedVersion::Any, &batch)
         .unwrap_err();
     assert!(matches!(err, EventStoreError::IdempotencyConflict { .. }));
+    // The same id with other content is not a retry: refused, and the first content stays.
+    let mut changed = batch.clone();
+    changed[1].payload = json!(3);
+    let err = store
+        .append("s", ExpectedVersion::Any, &changed)
+        .unwrap_err();
+    assert!(
+        matches!(&err, EventStoreError::IdempotencyConflict { detail, .. } if detail.contains("payload")),
+        "{err}"
+    );
+    let mut retyped = batch.clone();
+    retyped[0].type_id = "b".into();
+    let err = store
+        .append("s", ExpectedVersion::Any, &retyped)
+        .unwrap_err();
+    assert!(err.to_string().contains("type_id"), "{err}");
+    let stored = store.read_stream("s", 1, 10)?;
+    assert_eq!((stored.len(), &stored[1].payload), (2, &json!(2)));
+    // Content equal as JSON is the same content (key order is not content).
+    let keyed = [NewEvent::new("k", 1, json!({"a": 1, "b": [1, 2]}))];
+    let first = store.append("k", ExpectedVersion::Any, &keyed)?;
+    let mut reordered = keyed.clone();
+    reordered[0].payload = serde_json::from_str(r#"{"b": [1, 2], "a": 1}"#)?;
+    assert_eq!(store.append("k", ExpectedVersion::Any, &reordered)?, first);
     Ok(())
 }
 

@@ -41,8 +41,9 @@ pub type Result<T, E = EventStoreError> = std::result::Result<T, E>;
 /// An event to append.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NewEvent {
-    /// Unique in the store: appending the same id again stores nothing and returns the
-    /// positions of the first append.
+    /// Unique in the store: appending the same id again with the same content stores
+    /// nothing and returns the positions of the first append; with other content it is an
+    /// [`EventStoreError::IdempotencyConflict`].
     pub event_id: EventId,
     /// What kind of event this is, e.g. `tool.execution_started`.
     pub type_id: String,

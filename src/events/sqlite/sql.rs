@@ -247,22 +247,62 @@ pub(super) fn find_existing(conn: &Connection, p: &Pending) -> Result<Option<App
     };
     let mut stmt = conn
         .prepare_cached(
-            "SELECT position, stream_id, stream_version FROM events WHERE event_id = ?1",
+            "SELECT position, stream_id, stream_version, type_id, schema_version, \
+             correlation_id, causation_id, payload FROM events WHERE event_id = ?1",
         )
         .map_err(sqlite)?;
     let mut found = Vec::with_capacity(p.events.len());
+    let mut changed: Option<(String, &'static str)> = None;
     for e in &p.events {
         let row = stmt
             .query_row([e.event_id.as_str()], |r| {
                 Ok((
-                    r.get::<_, i64>(0)? as u64,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, i64>(2)? as u64,
+                    (
+                        r.get::<_, i64>(0)? as u64,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)? as u64,
+                    ),
+                    (
+                        r.get::<_, String>(3)?,
+                        r.get::<_, u32>(4)?,
+                        r.get::<_, Option<String>>(5)?,
+                        r.get::<_, Option<String>>(6)?,
+                        r.get::<_, String>(7)?,
+                    ),
                 ))
             })
             .optional()
             .map_err(sqlite)?;
-        found.push(row);
+        // The same id is the same event only with the same content: a retry, not a new event
+        // that happens to reuse an id (its content would be dropped without a word).
+        if let Some((_, (type_id, schema, correlation, causation, payload))) = &row {
+            let differs = if *type_id != e.type_id {
+                Some("type_id")
+            } else if *schema != e.schema_version {
+                Some("schema_version")
+            } else if *correlation != e.correlation_id {
+                Some("correlation_id")
+            } else if *causation != e.causation_id {
+                Some("causation_id")
+            } else if *payload != e.payload
+                && serde_json::from_str::<serde_json::Value>(payload).ok()
+                    != serde_json::from_str::<serde_json::Value>(&e.payload).ok()
+            {
+                Some("payload")
+            } else {
+                None
+            };
+            if let (None, Some(field)) = (&changed, differs) {
+                changed = Some((e.event_id.to_string(), field));
+            }
+        }
+        found.push(row.map(|(place, _)| place));
+    }
+    if let Some((event_id, field)) = changed {
+        return Err(EventStoreError::IdempotencyConflict {
+            event_id,
+            detail: format!("it was stored before with another {field}"),
+        });
     }
     if found.iter().all(Option::is_none) {
         return Ok(None);
