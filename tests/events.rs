@@ -927,3 +927,39 @@ fn checkpoints_keep_the_wal_bounded_in_both_modes() -> TestResult {
     }
     Ok(())
 }
+
+/// Subscriptions freed give back what they held: the log's descriptors return to what they
+/// were (SQLite used to keep each freed subscription's file open until the store closed).
+#[test]
+fn freed_subscriptions_give_back_their_descriptors() -> TestResult {
+    let dir = TempDir::new("sub-fds");
+    let path = dir.join("events.db");
+    let store = Arc::new(SqliteEventStore::open(&path)?);
+    store.append(
+        "s",
+        ExpectedVersion::Any,
+        &[NewEvent::new("a", 1, json!(1))],
+    )?;
+    let open_on = |p: &std::path::Path| -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == p))
+            .count()
+    };
+    let before = open_on(&path);
+    let mut subs = Vec::new();
+    for _ in 0..100 {
+        let mut s = store.subscribe(0)?;
+        assert!(s.next_timeout(Duration::ZERO)?.is_some());
+        subs.push(s);
+    }
+    drop(subs);
+    let after = open_on(&path);
+    assert!(
+        after <= before + 2,
+        "{before} descriptors before, {after} after 100 freed subscriptions"
+    );
+    Ok(())
+}

@@ -1,9 +1,8 @@
 //! Catch-up subscriptions: history in pages, then live events (from this process and from
 //! others), in position order, exactly once.
 
-use super::sqlite::{open_reader, read_all_on, SqliteEventStore};
-use super::{EventStoreError, RecordedEvent, Result};
-use rusqlite::Connection;
+use super::sqlite::SqliteEventStore;
+use super::{EventStore, RecordedEvent, Result};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,15 +18,15 @@ const CROSS_PROCESS_POLL: Duration = Duration::from_millis(2);
 ///
 /// Save [`Subscription::position`] after handling an event; a new subscription from that
 /// position resumes right after it.
+///
+/// It holds no connection of its own: each read borrows one of the store's pooled readers.
+/// (A connection of its own, closed when the subscription is dropped, kept its descriptor
+/// open until the store closed: SQLite defers a close while another connection of the process
+/// holds a lock on the same file, and the store's writer always does in WAL mode.)
 pub struct Subscription {
     store: Arc<SqliteEventStore>,
-    conn: Connection,
     position: u64,
     buffer: VecDeque<RecordedEvent>,
-    data_version: i64,
-    seen_commits: u64,
-    /// False while the last read returned a full page: more history may follow.
-    caught_up: bool,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -42,17 +41,13 @@ impl SqliteEventStore {
     /// Subscribes to every event with a position greater than `after` (0: from the start).
     ///
     /// # Errors
-    /// When the subscription's own read connection cannot be opened.
+    /// None today (reads open their connections as they need them); kept for stores that
+    /// must connect first.
     pub fn subscribe(self: &Arc<Self>, after: u64) -> Result<Subscription> {
-        let conn = open_reader(self)?;
         Ok(Subscription {
             store: Arc::clone(self),
-            conn,
             position: after,
             buffer: VecDeque::new(),
-            data_version: -1,
-            seen_commits: 0,
-            caught_up: false,
         })
     }
 }
@@ -63,18 +58,8 @@ impl Subscription {
         self.position
     }
 
-    fn data_version(&self) -> Result<i64> {
-        self.conn
-            .query_row("PRAGMA data_version", [], |r| r.get(0))
-            .map_err(|source| EventStoreError::Sqlite {
-                operation: "read data_version",
-                source,
-            })
-    }
-
     fn fill(&mut self) -> Result<()> {
-        let page = read_all_on(&self.conn, self.position.saturating_add(1), PAGE)?;
-        self.caught_up = page.len() < PAGE;
+        let page = self.store.read_all(self.position.saturating_add(1), PAGE)?;
         self.buffer.extend(page);
         Ok(())
     }
@@ -93,16 +78,12 @@ impl Subscription {
                 return Ok(Some(e));
             }
             // Note the commit counter before reading, so a commit that lands after the read
-            // still wakes the wait below.
+            // still wakes the wait below. Each wake reads: at once after a commit of this
+            // process, every CROSS_PROCESS_POLL for another's.
             let commits = self.store.commit_count();
-            let version = self.data_version()?;
-            if !self.caught_up || commits != self.seen_commits || version != self.data_version {
-                self.seen_commits = commits;
-                self.data_version = version;
-                self.fill()?;
-                if !self.buffer.is_empty() {
-                    continue;
-                }
+            self.fill()?;
+            if !self.buffer.is_empty() {
+                continue;
             }
             let now = Instant::now();
             if now >= deadline {

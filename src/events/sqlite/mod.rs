@@ -312,19 +312,6 @@ impl SqliteEventStore {
     }
 }
 
-/// A new read-only connection on the store's file, set up like the pooled ones.
-pub(super) fn open_reader(store: &SqliteEventStore) -> Result<Connection> {
-    open_connection(&store.path, &store.options, Role::Reader)
-}
-
-/// Up to `max` events from `from` on `conn`, in position order.
-pub(super) fn read_all_on(conn: &Connection, from: u64, max: usize) -> Result<Vec<RecordedEvent>> {
-    let sql =
-        format!("SELECT {COLUMNS} FROM events WHERE position >= ?1 ORDER BY position LIMIT ?2");
-    let from = from.min(i64::MAX as u64) as i64;
-    query_events(conn, &sql, &[&from, &page(max)])
-}
-
 impl EventStore for SqliteEventStore {
     fn append(
         &self,
