@@ -68,8 +68,8 @@ impl Subscription {
     /// came in time.
     ///
     /// # Errors
-    /// Read errors, or [`EventStoreError::CorruptEvent`] for a row that cannot be decoded (the
-    /// subscription does not move past it).
+    /// Read errors, or [`EventStoreError::CorruptEvent`](super::EventStoreError::CorruptEvent)
+    /// for a row that cannot be decoded (the subscription does not move past it).
     pub fn next_timeout(&mut self, timeout: Duration) -> Result<Option<RecordedEvent>> {
         let deadline = Instant::now() + timeout;
         loop {
