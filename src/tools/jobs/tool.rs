@@ -5,7 +5,6 @@
 use super::{signal_number, JobCursor, JobTable, STOP_GRACE};
 use crate::cancel::CancelToken;
 use crate::settings::{ConfigError, Section};
-use crate::tools::params::required_str;
 use crate::tools::table::{BuildContext, BuiltinTool};
 use crate::tools::{
     json_kind, Tier, Tool, ToolCapability, ToolError, ToolErrorKind, ToolRequest, ToolResult,
@@ -130,14 +129,7 @@ pub(crate) fn operate(
             },
         }
     };
-    if let Some(k) = params
-        .keys()
-        .find(|k| schema()["properties"].get(k.as_str()).is_none())
-    {
-        return Err(invalid(format!("unknown parameter {k:?}")));
-    }
-    let operation = string("operation")?
-        .ok_or_else(|| invalid("missing required parameter \"operation\"".into()))?;
+    let operation = shape(params).map_err(invalid)?;
     Ok(match operation {
         "list" => {
             let jobs: Vec<Value> = table
@@ -201,12 +193,43 @@ pub(crate) fn operate(
                 .map_err(job_err)?;
             json!({"status": status.to_json()})
         }
-        other => {
-            return Err(invalid(format!(
-                "unknown operation {other:?}; one of: list, read, wait, signal, stop"
-            )))
-        }
+        // `shape` let only the five through.
+        other => return Err(invalid(format!("unknown operation {other:?}"))),
     })
+}
+
+/// The parameters the schema names.
+const PARAMETERS: &[&str] = &[
+    "operation",
+    "job_id",
+    "stdout_cursor",
+    "stderr_cursor",
+    "max_bytes",
+    "timeout_ms",
+    "signal",
+];
+
+/// A request's operation, when it names one of the five and no parameter the schema lacks;
+/// else why not. What approval and the call both check.
+fn shape(params: &Map<String, Value>) -> Result<&str, String> {
+    if let Some(k) = params.keys().find(|k| !PARAMETERS.contains(&k.as_str())) {
+        return Err(format!("unknown parameter {k:?}"));
+    }
+    match params.get("operation") {
+        Some(Value::String(op))
+            if matches!(op.as_str(), "list" | "read" | "wait" | "signal" | "stop") =>
+        {
+            Ok(op)
+        }
+        Some(Value::String(other)) => Err(format!(
+            "unknown operation {other:?}; one of: list, read, wait, signal, stop"
+        )),
+        Some(v) => Err(format!(
+            "parameter \"operation\" must be a string, got {}",
+            json_kind(v)
+        )),
+        None => Err("missing required parameter \"operation\"".into()),
+    }
 }
 
 impl Tool for JobsTool {
@@ -231,31 +254,10 @@ impl Tool for JobsTool {
     }
 
     fn validate_request(&self, r: &ToolRequest) -> ValidationResult {
-        match required_str(r, "operation") {
-            Ok("list" | "read" | "wait" | "signal" | "stop") => {}
-            Ok(other) => {
-                return ValidationResult::Invalid {
-                    reason: format!(
-                        "unknown operation {other:?}; one of: list, read, wait, signal, stop"
-                    ),
-                }
-            }
-            Err(_) => {
-                return ValidationResult::Invalid {
-                    reason: "missing required string parameter \"operation\"".into(),
-                }
-            }
+        match shape(&r.parameters) {
+            Ok(_) => ValidationResult::Valid,
+            Err(reason) => ValidationResult::Invalid { reason },
         }
-        if let Some(k) = r
-            .parameters
-            .keys()
-            .find(|k| schema()["properties"].get(k.as_str()).is_none())
-        {
-            return ValidationResult::Invalid {
-                reason: format!("unknown parameter {k:?}"),
-            };
-        }
-        ValidationResult::Valid
     }
 
     fn execute(&self, r: &ToolRequest) -> ToolResult {
@@ -288,5 +290,22 @@ impl BuiltinTool for JobsTool {
             "enabled: a session may list, read, wait for, signal and stop its own background jobs"
                 .into(),
         )]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The check's list of parameters is the schema's.
+    #[test]
+    fn the_parameters_checked_are_the_schema_s() {
+        let schema = super::schema();
+        let mut named: Vec<&str> = schema["properties"]
+            .as_object()
+            .map(|p| p.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        let mut listed = super::PARAMETERS.to_vec();
+        named.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(named, listed);
     }
 }
