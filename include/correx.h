@@ -48,7 +48,8 @@
 #define CORREX_E_EVENT_STORE 4
 
 /**
- * An append's expected version did not hold; re-read the stream and retry.
+ * An append's expected version did not hold (re-read the stream and retry), or a session
+ * step key was recorded for another request (use a new key).
  */
 #define CORREX_E_CONFLICT 5
 
@@ -166,6 +167,11 @@
  * Its size in bytes.
  */
 #define LlamaInstall_MODEL_BYTES 253113024
+
+/**
+ * The longest step key, in bytes.
+ */
+#define MAX_STEP_KEY 256
 
 /**
  * A cancellation flag for blocking calls (`correx_model_load`, `correx_infer`,
@@ -464,7 +470,9 @@ int32_t correx_jobs(const struct correx_runtime *rt,
 /**
  * Ends a session's background jobs: each gets SIGTERM, then after about 2 s every process of
  * it is killed, and its end is recorded (`job.exited`, reason `session_ended`). Returns once
- * they are all gone. A session with no jobs is a no-op.
+ * they are all gone. A session with no jobs is a no-op. The runtime also lets go of what it
+ * kept of the session's steps in memory (the log keeps them all: a later
+ * `correx_session_infer` reads them again).
  *
  * # Returns
  * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT` (not UTF-8), `CORREX_E_UNUSABLE`.
@@ -621,7 +629,7 @@ int32_t correx_model_health(const struct correx_runtime *rt,
  *   "completion_tokens", "total_tokens"}, "finish_reason": "stop"|"length"|"tool_calls"|...,
  *   "latency_ms": 120, "model": "gemma", "tool_calls": [{"id", "name", "arguments": {...}}],
  *   "timings": {llama-server's timings} or null, "reasoning": "..." (only when the model
- *   reasoned)}`.
+ *   reasoned), "endpoint": "http://..." (only for a remote model)}`.
  *
  * # Returns
  * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_UNKNOWN_MODEL`,
@@ -825,6 +833,121 @@ int32_t correx_runtime_set_approver(const struct correx_runtime *rt,
                                     struct correx_error **err);
 
 /**
+ * Performs inference step `step` of session `session_id` once: the first call asks the
+ * model (as `correx_infer_stream`) and records the answer in the stream
+ * `session-{session_id}`; a later call with the same step and request, from this process or
+ * another, returns the recorded answer without asking the model. A step another caller is
+ * performing is waited for.
+ *
+ * # Parameters
+ * - `session_id`, `step`: 1 to 256 bytes of UTF-8 without control characters; the host
+ *   chooses the step key, unique within the session.
+ * - `model_id`, `request_json`, `cancel`, `on_chunk`, `user_data`: as
+ *   `correx_infer_stream` (a replayed answer comes to `on_chunk` whole: its reasoning, then
+ *   its text). `on_chunk` may be NULL.
+ * - `out_json`: receives `correx_infer`'s answer plus `"replayed": bool` (true when the log
+ *   answered) and `"attempt"` (the try that produced it).
+ *
+ * # Returns
+ * `CORREX_OK`; `CORREX_E_CONFLICT` when the step was recorded for another request (use a new
+ * step key); `CORREX_E_INFERENCE` / `CORREX_E_CANCELLED` as `correx_infer` (nothing recorded
+ * as the step's result: the next call tries again); `CORREX_E_BUSY` when a process in another
+ * pid namespace holds the step; `CORREX_E_UNKNOWN_MODEL`, `CORREX_E_EVENT_STORE`,
+ * `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Blocks for the generation, or while another caller performs the step (until its result,
+ * or `cancel`). Any thread; steps may run concurrently. No lock is held during the model
+ * call.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented; `on_chunk` is safe to call with `user_data` on
+ * this thread; `cancel` is NULL or live for the whole call.
+ */
+int32_t correx_session_infer(const struct correx_runtime *rt,
+                             const char *session_id,
+                             const char *step,
+                             const char *model_id,
+                             const char *request_json,
+                             const struct correx_cancel *cancel,
+                             correx_chunk_fn on_chunk,
+                             void *user_data,
+                             char **out_json,
+                             struct correx_error **err);
+
+/**
+ * Performs tool step `step` of session `session_id` once, through the sandbox as
+ * `correx_tool_execute_with_cancel` runs a tool (approval, backup, events): the first call
+ * runs it and records its result; a later call with the same step and request returns the
+ * recorded result without running it. When the host died while the run was under way, the
+ * step answers with the run's recorded outcome (kind `interrupted`, with `data.state`:
+ * `restored`, `unchanged` or `completed`) and never runs it again: the host decides whether
+ * to try again under a new step key.
+ *
+ * # Parameters
+ * - `session_id`, `step`: as `correx_session_infer`.
+ * - `request_json`: `{"v": 1, "tool_name": "file_write", "parameters": {...},
+ *   "call_id": "the model's tool call this answers (optional; the result joins the
+ *   transcript under it)", "invocation_id": "optional, generated when absent"}`. The
+ *   step's digest covers the tool name, the parameters and the call id.
+ * - `cancel`: NULL, or a token that stops the run (as `correx_tool_execute_with_cancel`) or
+ *   ends a wait for another caller's run.
+ * - `out_json`: receives `correx_tool_execute`'s result plus `"replayed"` and `"attempt"`.
+ *
+ * # Returns
+ * `CORREX_OK` (a tool that failed is still OK: the result says so); `CORREX_E_CONFLICT`
+ * when the step was recorded for another request; `CORREX_E_BUSY` when its owner died
+ * mid-run and no recovery has closed the run yet (open a runtime on the sandbox root again),
+ * or a process in another pid namespace holds it; `CORREX_E_CANCELLED` (a wait cancelled),
+ * `CORREX_E_EVENT_STORE`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * As `correx_tool_execute`, or while another caller performs the step. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented; `cancel` is NULL or live for the whole call.
+ */
+int32_t correx_session_execute(const struct correx_runtime *rt,
+                               const char *session_id,
+                               const char *step,
+                               const char *request_json,
+                               const struct correx_cancel *cancel,
+                               char **out_json,
+                               struct correx_error **err);
+
+/**
+ * The conversation of session `session_id` as the log tells it, for a new process to
+ * continue: `{"v": 1, "system", "task", "entries": [{"source": "user"|"model"|"tool",
+ * "content", "tool_calls"?, "tool_call_id"?}]}`, the shape of `correx_infer`'s
+ * `request_json.context` (each inference's context, each answer as a `model` entry with its
+ * tool calls, each tool step with a call id as a `tool` entry).
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_EVENT_STORE`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_NULL`,
+ * `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Reads the log: the first call on a session reads its whole stream, later ones what was
+ * appended since. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_session_transcript(const struct correx_runtime *rt,
+                                  const char *session_id,
+                                  char **out_json,
+                                  struct correx_error **err);
+
+/**
  * Subscribes to every event after position `after` (0: from the first event).
  *
  * # Returns
@@ -907,7 +1030,7 @@ void correx_subscription_free(struct correx_subscription *sub);
  *   "data"}` or `{"v": 1, "status": "failure", "invocation_id", "reason", "recoverable",
  *   "kind", "data"}`. `kind` is stable for programs: `invalid_request`, `not_allowed`,
  *   `escape`, `not_found`, `too_large`, `symlink_loop`, `wrong_kind`, `timed_out`,
- *   `cancelled`, `non_zero_exit`, `signalled`, `io`, `other`. `data` (absent when the tool
+ *   `cancelled`, `non_zero_exit`, `signalled`, `io`, `interrupted`, `other`. `data` (absent when the tool
  *   gave none): the shell's `{"exit_code", "signal", "stdout", "stderr", "stdout_truncated",
  *   "stderr_truncated", "stdout_dropped_bytes", "stderr_dropped_bytes", "timed_out",
  *   "cancelled", "duration_ms"}` for every run, with `stdout_base64`/`stderr_base64` holding

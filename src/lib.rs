@@ -20,6 +20,7 @@ mod platform;
 mod private_dir;
 mod runtime;
 mod sandbox;
+mod sessions;
 mod settings;
 mod strict_json;
 mod sys;
@@ -54,6 +55,7 @@ pub use runtime::{build_registry, Runtime, RuntimeConfig, RuntimeError, CONFIG_V
 pub use sandbox::{
     default_work_root, session_stream, Recovered, SandboxError, SandboxedToolExecutor,
 };
+pub use sessions::{Session, SessionError, Step, MAX_STEP_KEY};
 pub use settings::{ConfigError, Section};
 pub use tools::{
     looks_secret, Allowlist, BuildContext, BuiltinTool, ConfineError, DispatchingToolExecutor,

@@ -20,4 +20,5 @@ mod sandbox;
 mod scheduler;
 mod server_confined;
 mod serving_truth;
+mod sessions;
 mod tools;

@@ -189,6 +189,30 @@ int main(void) {
     correx_error_free(err);
     err = NULL;
 
+    /* A durable session step: the first call asks the model and records the answer; the
+     * same step again (after a crash, from another process) is answered from the log. */
+    printf("\nA durable session step, called twice:\n");
+    {
+        const char *ask = "{\"v\": 1, \"context\": {\"entries\": ["
+                          "{\"source\": \"user\", \"content\": \"What is the capital of Italy?\"},"
+                          "{\"source\": \"model\", \"content\": \"Rome.\"},"
+                          "{\"source\": \"user\", \"content\": \"What is the capital of Spain?\"}]},"
+                          " \"config\": {\"temperature\": 0, \"max_tokens\": 2, \"seed\": 7}}";
+        char *first = NULL, *again = NULL, t1[128] = "", t2[128] = "";
+        MUST("session step", correx_session_infer(rt, "demo", "turn-1", "gemma-3-270m", ask, NULL,
+                                                  NULL, NULL, &first, &err));
+        MUST("session step again", correx_session_infer(rt, "demo", "turn-1", "gemma-3-270m", ask,
+                                                        NULL, NULL, NULL, &again, &err));
+        mj_str(mj_get(first, "text"), t1, sizeof t1);
+        mj_str(mj_get(again, "text"), t2, sizeof t2);
+        int replayed = strstr(again, "\"replayed\":true") != NULL;
+        printf("  first: %s (asked the model)\n  again: %s (%s)\n", t1, t2,
+               replayed ? "answered from the log" : "ASKED AGAIN");
+        correx_string_free(first);
+        correx_string_free(again);
+        if (!replayed || strcmp(t1, t2) != 0) return 1;
+    }
+
     json_escape(text, escaped, sizeof escaped);
     printf("\nfile_write %s/answer.txt (T2):\n", dir);
     snprintf(request, sizeof request,

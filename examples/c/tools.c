@@ -183,6 +183,54 @@ int main(void) {
         correx_string_free(out);
         printf("  background job %s\n", unconfinable ? "refused (unconfinable here)" : "started and stopped");
     }
+    /* A durable session's tool step: run once, answered from the log after; another request
+     * under its key is a conflict; bad input is a typed error; the transcript holds the result
+     * under its call id. */
+    {
+        char *out = NULL;
+        correx_error *e = NULL;
+        const char *step = "{\"v\":1,\"tool_name\":\"file_write\",\"call_id\":\"c1\",\"parameters\":"
+                           "{\"operation\":\"write\",\"path\":\"step.txt\",\"content\":\"once\"}}";
+        MUST("session step", correx_session_execute(rt, "d", "w1", step, NULL, &out, &err));
+        ok &= strstr(out, "\"status\":\"success\"") && strstr(out, "\"replayed\":false");
+        correx_string_free(out);
+        MUST("session step again", correx_session_execute(rt, "d", "w1", step, NULL, &out, &err));
+        ok &= strstr(out, "\"replayed\":true") != NULL;
+        correx_string_free(out);
+        ok &= correx_session_execute(rt, "d", "w1",
+                                     "{\"v\":1,\"tool_name\":\"file_write\",\"call_id\":\"c1\","
+                                     "\"parameters\":{\"operation\":\"write\",\"path\":\"step.txt\","
+                                     "\"content\":\"twice\"}}",
+                                     NULL, &out, &e) == CORREX_E_CONFLICT;
+        correx_error_free(e);
+        e = NULL;
+        ok &= correx_session_execute(rt, "d", "w2", "[1]", NULL, &out, &e) == CORREX_E_INVALID_ARGUMENT;
+        correx_error_free(e);
+        e = NULL;
+        ok &= correx_session_execute(rt, "d", "", step, NULL, &out, &e) == CORREX_E_INVALID_ARGUMENT;
+        correx_error_free(e);
+        e = NULL;
+        ok &= correx_session_execute(rt, NULL, "w3", step, NULL, &out, &e) == CORREX_E_NULL;
+        correx_error_free(e);
+        e = NULL;
+        MUST("transcript", correx_session_transcript(rt, "d", &out, &err));
+        ok &= strstr(out, "\"tool_call_id\":\"c1\"") != NULL;
+        correx_string_free(out);
+        MUST("events", correx_events_read_stream(rt, "session-d", 1, 100, &out, &err));
+        int runs = 0;
+        for (const char *p = out; (p = strstr(p, "\"tool.execution_started\"")); p++) runs++;
+        ok &= runs == 1;
+        correx_string_free(out);
+        snprintf(req, sizeof req, "%s/step.txt", dir);
+        f = fopen(req, "r");
+        char got[16] = "";
+        if (f) {
+            if (!fgets(got, sizeof got, f)) got[0] = 0;
+            fclose(f);
+        }
+        ok &= strcmp(got, "once") == 0;
+        printf("  session step: ran %d time(s), file holds \"%s\"\n", runs, got);
+    }
     correx_runtime_free(rt);
 
     /* An MCP server's tool (mcp-server-time, from PyPI): listed and called like a built-in. */

@@ -535,6 +535,52 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_jobs(JNIEnv *env, jclass cls
     return answer(env, rc, err, out);
 }
 
+JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_sessionInfer(JNIEnv *env, jclass cls, jlong rt,
+                                                                jbyteArray session, jbyteArray step,
+                                                                jbyteArray model, jbyteArray request,
+                                                                jlong cancel) {
+    (void)cls;
+    IN(s, session, NULL);
+    IN(k, step, (free(s), NULL));
+    IN(m, model, (free(s), free(k), NULL));
+    IN(r, request, (free(s), free(k), free(m), NULL));
+    char *out = NULL;
+    correx_error *err = NULL;
+    int32_t rc = correx_session_infer(RT(rt), s, k, m, r, CANCEL(cancel), NULL, NULL, &out, &err);
+    free(s);
+    free(k);
+    free(m);
+    free(r);
+    return answer(env, rc, err, out);
+}
+
+JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_sessionExecute(JNIEnv *env, jclass cls, jlong rt,
+                                                                  jbyteArray session, jbyteArray step,
+                                                                  jbyteArray request, jlong cancel) {
+    (void)cls;
+    IN(s, session, NULL);
+    IN(k, step, (free(s), NULL));
+    IN(r, request, (free(s), free(k), NULL));
+    char *out = NULL;
+    correx_error *err = NULL;
+    int32_t rc = correx_session_execute(RT(rt), s, k, r, CANCEL(cancel), &out, &err);
+    free(s);
+    free(k);
+    free(r);
+    return answer(env, rc, err, out);
+}
+
+JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_sessionTranscript(JNIEnv *env, jclass cls,
+                                                                     jlong rt, jbyteArray session) {
+    (void)cls;
+    IN(s, session, NULL);
+    char *out = NULL;
+    correx_error *err = NULL;
+    int32_t rc = correx_session_transcript(RT(rt), s, &out, &err);
+    free(s);
+    return answer(env, rc, err, out);
+}
+
 JNIEXPORT void JNICALL Java_dev_correx_Native_sessionEnd(JNIEnv *env, jclass cls, jlong rt,
                                                         jbyteArray session) {
     (void)cls;

@@ -616,6 +616,23 @@ public final class LibraryTest {
                 check(models.tokenize("Paris").length >= 1, "tokens");
             });
 
+            test("a session step asks the model once and is answered from the log after", () -> {
+                Session s = rt.session("java-steps");
+                SessionStep<InferenceResult> first = s.infer("t1", "gemma", capital);
+                SessionStep<InferenceResult> again = rt.session("java-steps").infer("t1", "gemma", capital);
+                check(!first.replayed() && again.replayed(), "replayed " + first + " / " + again);
+                check(first.value().text().equals(again.value().text()), "the same answer");
+                InferenceRequest other = InferenceRequest.builder().task("Something else.").maxTokens(2).build();
+                expect(ConflictException.class, () -> s.infer("t1", "gemma", other));
+                expect(InvalidArgumentException.class, () -> s.infer("", "gemma", capital));
+                expect(InvalidArgumentException.class, () -> s.infer(null, "gemma", capital));
+                String transcript = s.transcriptJson();
+                check(transcript.contains("\"source\":\"model\"") && transcript.contains("capital of France"), "transcript " + transcript);
+                long claims = rt.events().readStream("session-java-steps", 1, 100).stream()
+                        .filter(e -> e.typeId().equals("session.step_started")).count();
+                check(claims == 1, "one try recorded, not " + claims);
+            });
+
             test("infer answers and streams the same text piece by piece", () -> {
                 InferenceResult whole = models.infer("gemma", capital);
                 check(whole.text() != null && !whole.text().isBlank() && whole.completionTokens() >= 1, "answer " + whole);

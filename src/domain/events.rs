@@ -309,6 +309,78 @@ pub enum DomainEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         signal: Option<i32>,
     },
+    /// A session step was claimed: its owner performs it now. Appended at the stream version
+    /// its owner read, so two claimers of one step cannot both win.
+    #[serde(rename = "session.step_started")]
+    SessionStepStarted {
+        /// The session.
+        session_id: String,
+        /// The host's key of the step, unique within the session.
+        step: String,
+        /// `infer` or `tool`.
+        kind: String,
+        /// The request's SHA-256, hex (an inference's whole request; a tool's name,
+        /// parameters and call id).
+        digest: String,
+        /// 1 for the first try; one more for each try after the last owner died or failed
+        /// before a result.
+        attempt: u32,
+        /// Who performs it: `{"pid", "start", "boot", "ns", "claim"}` (its process, that
+        /// process's start time and boot, its pid namespace, and a claim id).
+        owner: serde_json::Value,
+        /// A tool step's invocation.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        invocation_id: Option<String>,
+    },
+    /// A session step's result, recorded once; a later call with the same key is answered
+    /// from it.
+    #[serde(rename = "session.step_completed")]
+    SessionStepCompleted {
+        /// The session.
+        session_id: String,
+        /// The step's key.
+        step: String,
+        /// `infer` or `tool`.
+        kind: String,
+        /// As in `session.step_started`.
+        digest: String,
+        /// The try that produced it.
+        attempt: u32,
+        /// An inference's answer: `text`, `usage`, `finish_reason`, `latency_ms`, `model`,
+        /// `tool_calls`, `reasoning`, `timings`, `endpoint`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        answer: Option<serde_json::Value>,
+        /// What an inference's request added to the transcript: `{"replace": false,
+        /// "entries": [...]}` when it extends the transcript, `{"replace": true, "system",
+        /// "task", "entries"}` when the host rewrote it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        context: Option<serde_json::Value>,
+        /// A tool step's result, as the tool answered it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<serde_json::Value>,
+        /// The model's call id a tool step answers (its transcript entry carries it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+        /// Set when the owner died before recording the result and it was rebuilt from the
+        /// run's recorded outcome: that outcome's type (the tool's output itself was lost).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        recovered: Option<String>,
+    },
+    /// A session step's try ended without a result (an inference error or a cancel): no side
+    /// effect happened, and the next call with the key tries again.
+    #[serde(rename = "session.step_failed")]
+    SessionStepFailed {
+        /// The session.
+        session_id: String,
+        /// The step's key.
+        step: String,
+        /// `infer` or `tool`.
+        kind: String,
+        /// The try that failed.
+        attempt: u32,
+        /// Why.
+        error: String,
+    },
     /// An inference finished.
     #[serde(rename = "inference.completed")]
     InferenceCompleted {
@@ -380,6 +452,9 @@ type_ids! {
     JobExited => "job.exited",
     McpServerStarted => "mcp.server_started",
     McpServerExited => "mcp.server_exited",
+    SessionStepStarted => "session.step_started",
+    SessionStepCompleted => "session.step_completed",
+    SessionStepFailed => "session.step_failed",
 }
 
 /// Every domain event is at schema version 1.
@@ -451,6 +526,17 @@ impl DomainEvent {
                     (None, None) => String::new(),
                 };
                 format!("mcp server {server} ended ({reason}{how})")
+            }
+            DomainEvent::SessionStepStarted { session_id, step, kind, attempt, .. } => {
+                format!("session {session_id}: step {step:?} ({kind}) started, try {attempt}")
+            }
+            DomainEvent::SessionStepCompleted { session_id, step, kind, recovered, .. } => match recovered {
+                Some(from) => format!("session {session_id}: step {step:?} ({kind}) closed from {from}"),
+                None => format!("session {session_id}: step {step:?} ({kind}) recorded"),
+            },
+            DomainEvent::SessionStepFailed { session_id, step, kind, attempt, error } => {
+                let short: String = error.chars().take(120).collect();
+                format!("session {session_id}: step {step:?} ({kind}) try {attempt} failed: {short}")
             }
             DomainEvent::InferenceCompleted { model_id, usage, latency_ms, finish_reason, endpoint } => format!(
                 "inference on {model_id}{}: {} prompt + {} completion tokens in {latency_ms} ms ({finish_reason})",

@@ -77,7 +77,9 @@ pub unsafe extern "C" fn correx_jobs(
 
 /// Ends a session's background jobs: each gets SIGTERM, then after about 2 s every process of
 /// it is killed, and its end is recorded (`job.exited`, reason `session_ended`). Returns once
-/// they are all gone. A session with no jobs is a no-op.
+/// they are all gone. A session with no jobs is a no-op. The runtime also lets go of what it
+/// kept of the session's steps in memory (the log keeps them all: a later
+/// `correx_session_infer` reads them again).
 ///
 /// # Returns
 /// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT` (not UTF-8), `CORREX_E_UNUSABLE`.
@@ -97,6 +99,7 @@ pub unsafe extern "C" fn correx_session_end(
         // SAFETY: forwarded.
         let session = unsafe { str_arg(session_id, "session_id") }?;
         r.runtime.jobs().end_session(session);
+        r.runtime.forget_session(session);
         Ok(())
     };
     // SAFETY: rt and err are NULL or valid, per this function's contract.

@@ -25,6 +25,7 @@ mod jobs;
 mod log_bridge;
 mod models;
 mod runtime;
+mod sessions;
 mod subscription;
 mod tools;
 
@@ -50,7 +51,8 @@ pub const CORREX_E_INVALID_ARGUMENT: i32 = 2;
 pub const CORREX_E_CONFIG: i32 = 3;
 /// The event log failed (I/O, corruption, locked too long).
 pub const CORREX_E_EVENT_STORE: i32 = 4;
-/// An append's expected version did not hold; re-read the stream and retry.
+/// An append's expected version did not hold (re-read the stream and retry), or a session
+/// step key was recorded for another request (use a new key).
 pub const CORREX_E_CONFLICT: i32 = 5;
 /// A model could not be loaded or unloaded.
 pub const CORREX_E_MODEL: i32 = 6;

@@ -37,7 +37,7 @@ fn model_failure(e: ModelLoadError) -> Failure {
     Failure::new(code, e.to_string())
 }
 
-fn inference_failure(e: InferenceError) -> Failure {
+pub(super) fn inference_failure(e: InferenceError) -> Failure {
     let code = match &e {
         InferenceError::Cancelled => CORREX_E_CANCELLED,
         InferenceError::ConnectionRefused { .. }
@@ -209,7 +209,7 @@ pub unsafe extern "C" fn correx_model_health(
     unsafe { answer_json(rt, out_json, err, body) }
 }
 
-fn known_model(r: &correx_runtime, id: &str) -> FfiResult<ModelDescriptor> {
+pub(super) fn known_model(r: &correx_runtime, id: &str) -> FfiResult<ModelDescriptor> {
     r.models.lock().get(id).cloned().ok_or_else(|| {
         Failure::new(
             CORREX_E_UNKNOWN_MODEL,
@@ -220,8 +220,48 @@ fn known_model(r: &correx_runtime, id: &str) -> FfiResult<ModelDescriptor> {
     })
 }
 
+/// The stream callback that hands each chunk to the host's `on_chunk` (none: every chunk is
+/// taken). Also used by `correx_session_infer`.
+///
+/// # Safety
+/// `on_chunk` must be callable with `user_data` on the calling thread for as long as the
+/// returned closure lives.
+pub(super) unsafe fn forwarder(
+    on_chunk: correx_chunk_fn,
+    user_data: *mut c_void,
+) -> impl FnMut(StreamChunk<'_>) -> StreamControl {
+    let mut piece = Vec::new();
+    move |chunk: StreamChunk<'_>| -> StreamControl {
+        let Some(callback) = on_chunk else {
+            return StreamControl::Continue;
+        };
+        piece.clear();
+        piece.extend_from_slice(chunk.text.as_bytes());
+        piece.push(0);
+        let kind = match chunk.kind {
+            ChunkKind::Text => CORREX_CHUNK_TEXT,
+            ChunkKind::Reasoning => CORREX_CHUNK_REASONING,
+        };
+        // SAFETY: the host promised on_chunk is callable with user_data on this thread; the
+        // text is NUL-terminated and outlives the call.
+        let answer = unsafe {
+            callback(
+                user_data,
+                kind,
+                piece.as_ptr().cast::<c_char>(),
+                chunk.text.len(),
+            )
+        };
+        if answer == CORREX_CONTINUE {
+            StreamControl::Continue
+        } else {
+            StreamControl::Stop
+        }
+    }
+}
+
 /// The response JSON of `correx_infer` and `correx_infer_stream`.
-fn response_json(resp: &InferenceResponse) -> Value {
+pub(super) fn response_json(resp: &InferenceResponse) -> Value {
     let mut v = json!({
         "text": resp.text,
         "usage": resp.usage,
@@ -231,8 +271,13 @@ fn response_json(resp: &InferenceResponse) -> Value {
         "tool_calls": resp.tool_calls,
         "timings": resp.timings,
     });
-    if let (Some(r), Some(o)) = (&resp.reasoning, v.as_object_mut()) {
-        o.insert("reasoning".into(), json!(r));
+    if let Some(o) = v.as_object_mut() {
+        if let Some(r) = &resp.reasoning {
+            o.insert("reasoning".into(), json!(r));
+        }
+        if let Some(e) = &resp.endpoint {
+            o.insert("endpoint".into(), json!(e));
+        }
     }
     v
 }
@@ -273,7 +318,7 @@ pub type correx_chunk_fn = Option<
 ///   "completion_tokens", "total_tokens"}, "finish_reason": "stop"|"length"|"tool_calls"|...,
 ///   "latency_ms": 120, "model": "gemma", "tool_calls": [{"id", "name", "arguments": {...}}],
 ///   "timings": {llama-server's timings} or null, "reasoning": "..." (only when the model
-///   reasoned)}`.
+///   reasoned), "endpoint": "http://..." (only for a remote model)}`.
 ///
 /// # Returns
 /// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_UNKNOWN_MODEL`,
@@ -355,34 +400,8 @@ pub unsafe extern "C" fn correx_infer_stream(
         let text = unsafe { str_arg(request_json, "request_json") }?;
         let request: InferenceRequest = parse_v1(text, "request_json")?;
         let d = known_model(r, id)?;
-        let mut piece = Vec::new();
-        let mut forward = |chunk: StreamChunk<'_>| -> StreamControl {
-            let Some(callback) = on_chunk else {
-                return StreamControl::Continue;
-            };
-            piece.clear();
-            piece.extend_from_slice(chunk.text.as_bytes());
-            piece.push(0);
-            let kind = match chunk.kind {
-                ChunkKind::Text => CORREX_CHUNK_TEXT,
-                ChunkKind::Reasoning => CORREX_CHUNK_REASONING,
-            };
-            // SAFETY: the host promised on_chunk is callable with user_data on this thread; the
-            // text is NUL-terminated and outlives the call.
-            let answer = unsafe {
-                callback(
-                    user_data,
-                    kind,
-                    piece.as_ptr().cast::<c_char>(),
-                    chunk.text.len(),
-                )
-            };
-            if answer == CORREX_CONTINUE {
-                StreamControl::Continue
-            } else {
-                StreamControl::Stop
-            }
-        };
+        // SAFETY: the host's promise on on_chunk and user_data is this function's contract.
+        let mut forward = unsafe { forwarder(on_chunk, user_data) };
         let resp = r
             .runtime
             .models()

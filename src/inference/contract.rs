@@ -346,6 +346,9 @@ pub struct InferenceResponse {
     /// The model's reasoning, when the server separated it from the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<String>,
+    /// The endpoint that answered, for a remote model; `None` for a local one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 /// Whether a provider can serve requests now.

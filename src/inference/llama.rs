@@ -328,6 +328,7 @@ pub fn parse_chat_response(
             .filter(|r| !r.is_empty())
             .map(str::to_owned),
         tool_calls,
+        endpoint: None,
     })
 }
 

@@ -214,6 +214,7 @@ impl Assembly {
                 .map(|c| tool_call(c.id, c.name, &c.arguments))
                 .collect(),
             reasoning: (!self.reasoning.is_empty()).then_some(self.reasoning),
+            endpoint: None,
         })
     }
 }

@@ -9,11 +9,14 @@ use crate::approvals::{ApprovalEngine, ApprovalPolicy, AutoApprove, DenyAll, Eng
 use crate::events::{EventStore, EventStoreError, SqliteEventStore, StoreOptions};
 use crate::inference::DefaultModelManager;
 use crate::sandbox::{default_work_root, SandboxError, SandboxedToolExecutor};
+use crate::sessions::{Session, SessionError};
 use crate::settings::ConfigError;
 use crate::tools::{
     BuildContext, DispatchingToolExecutor, InterruptedJob, JobError, JobTable, McpHub, ToolConfig,
     ToolError, ToolRegistry,
 };
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -91,6 +94,7 @@ pub struct Runtime {
     jobs: Arc<JobTable>,
     interrupted_jobs: Vec<InterruptedJob>,
     mcp: Arc<McpHub>,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
 }
 
 impl fmt::Debug for Runtime {
@@ -177,6 +181,7 @@ impl Runtime {
             jobs,
             interrupted_jobs,
             mcp,
+            sessions: Mutex::new(HashMap::new()),
         })
     }
 
@@ -204,6 +209,32 @@ impl Runtime {
     /// The MCP servers of the config (`mcp_servers`).
     pub fn mcp(&self) -> &Arc<McpHub> {
         &self.mcp
+    }
+
+    /// Durable session `id` (see [`Session`]): its steps are performed once and answered
+    /// from the log after. The first call reads the session's stream; the session is kept,
+    /// so later calls read only what was appended since, until [`Runtime::forget_session`].
+    ///
+    /// # Errors
+    /// As [`Session::open`].
+    pub fn session(&self, id: &str) -> Result<Arc<Session>, SessionError> {
+        if let Some(s) = self.sessions.lock().get(id) {
+            return Ok(s.clone());
+        }
+        let store: Arc<dyn EventStore> = self.events.clone();
+        let opened = Arc::new(Session::open(store, id)?);
+        Ok(self
+            .sessions
+            .lock()
+            .entry(id.to_owned())
+            .or_insert(opened)
+            .clone())
+    }
+
+    /// Drops this runtime's copy of session `id` (its memory; nothing in the log). A later
+    /// [`Runtime::session`] reads it again.
+    pub fn forget_session(&self, id: &str) {
+        self.sessions.lock().remove(id);
     }
 
     /// Jobs a dead host left running under this sandbox root, recorded `job.exited` with

@@ -183,7 +183,12 @@ fn run_state(
                     | EventType::JobStarted
                     | EventType::JobExited
                     | EventType::McpServerStarted
-                    | EventType::McpServerExited,
+                    | EventType::McpServerExited
+                    // A session step names the invocation it runs; its claim and its result
+                    // neither start nor close the run.
+                    | EventType::SessionStepStarted
+                    | EventType::SessionStepCompleted
+                    | EventType::SessionStepFailed,
                 )
                 | None => {}
             }

@@ -203,6 +203,31 @@ fn zombie(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// When process `pid` started, in clock ticks after boot (`/proc/PID/stat`, field 22): with
+/// the pid, it names one process for the life of a boot, where a pid alone may be reused.
+/// `None` when there is no such process.
+pub(crate) fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces and parentheses): state is field 3,
+    // so the start time (field 22) is the 20th after it.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`).
+pub(crate) fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+/// The pid namespace process `pid` lives in, as the kernel names it (`pid:[4026531836]`).
+pub(crate) fn pid_namespace(pid: u32) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
 /// How a child we stopped ended, and which of our signals reached it alive.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ended {

@@ -157,6 +157,9 @@ pub enum ToolErrorKind {
     Signalled,
     /// A system error (I/O, a resource limit, the sandbox's own setup).
     Io,
+    /// The host died while it ran, and recovery closed the run (a session step answers with
+    /// it): its files were restored, unless the reason says it had completed.
+    Interrupted,
     /// Anything else.
     #[default]
     Other,
@@ -178,6 +181,7 @@ impl ToolErrorKind {
             ToolErrorKind::NonZeroExit => "non_zero_exit",
             ToolErrorKind::Signalled => "signalled",
             ToolErrorKind::Io => "io",
+            ToolErrorKind::Interrupted => "interrupted",
             ToolErrorKind::Other => "other",
         }
     }

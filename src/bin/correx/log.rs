@@ -289,6 +289,20 @@ pub struct Run {
     pub wait_ms: Option<i64>,
 }
 
+/// One step of a session as the log tells it.
+#[derive(Default)]
+pub struct Step {
+    pub session: String,
+    pub step: String,
+    pub kind: String,
+    pub started_ms: Option<i64>,
+    pub tries: u64,
+    pub failures: Vec<String>,
+    /// `recorded` or `closed from <outcome>` once it has a result.
+    pub result: Option<String>,
+    pub invocation: Option<String>,
+}
+
 /// One residency of a model: from `model.loaded` to `model.unloaded`.
 pub struct Residency {
     pub model: String,
@@ -308,6 +322,8 @@ pub struct History {
     pub runs: Vec<(String, Run)>,
     /// Inferences: model, end time, latency in ms.
     pub inferences: Vec<(String, i64, i64)>,
+    /// Session steps by (session, key), in the order they first appear.
+    pub steps: Vec<Step>,
     /// Instants: time, model or session, what.
     pub instants: Vec<(i64, String, String, bool)>,
     pub last_ms: i64,
@@ -412,6 +428,51 @@ impl History {
                 self.inferences
                     .push((s("model_id"), t, p["latency_ms"].as_i64().unwrap_or(0)));
             }
+            EventType::SessionStepStarted
+            | EventType::SessionStepCompleted
+            | EventType::SessionStepFailed => {
+                let sess = s("session_id");
+                if session.is_some_and(|want| want != sess) {
+                    return;
+                }
+                let key = s("step");
+                let i = match self
+                    .steps
+                    .iter()
+                    .position(|x| x.session == sess && x.step == key)
+                {
+                    Some(i) => i,
+                    None => {
+                        self.steps.push(Step {
+                            session: sess,
+                            step: key,
+                            kind: s("kind"),
+                            ..Step::default()
+                        });
+                        self.steps.len() - 1
+                    }
+                };
+                let step = &mut self.steps[i];
+                match ty {
+                    EventType::SessionStepStarted => {
+                        step.started_ms.get_or_insert(t);
+                        step.tries += 1;
+                        if let Some(id) = p["invocation_id"].as_str() {
+                            step.invocation = Some(id.to_owned());
+                        }
+                    }
+                    EventType::SessionStepFailed => {
+                        let error: String = s("error").chars().take(100).collect();
+                        step.failures.push(error);
+                    }
+                    _ => {
+                        step.result = Some(match p["recovered"].as_str() {
+                            Some(from) => format!("closed from {from}"),
+                            None => "recorded".into(),
+                        });
+                    }
+                }
+            }
             EventType::ToolApprovalDecided
             | EventType::ToolExecutionStarted
             | EventType::ToolExecutionCompleted
@@ -488,7 +549,10 @@ impl History {
                     | EventType::JobStarted
                     | EventType::JobExited
                     | EventType::McpServerStarted
-                    | EventType::McpServerExited => {}
+                    | EventType::McpServerExited
+                    | EventType::SessionStepStarted
+                    | EventType::SessionStepCompleted
+                    | EventType::SessionStepFailed => {}
                 }
             }
         }
@@ -550,6 +614,29 @@ pub fn audit(args: Args) -> Result<(), Failure> {
     }
     if open_runs > 0 {
         line(&format!("{open_runs} run(s) started without an outcome"));
+    }
+    if !h.steps.is_empty() {
+        line("session steps:");
+    }
+    for st in &h.steps {
+        let when = st.started_ms.map(format_rfc3339_ms).unwrap_or_default();
+        let result = st.result.as_deref().unwrap_or("NO RESULT YET");
+        let run = st
+            .invocation
+            .as_ref()
+            .map(|i| format!(", invocation {i}"))
+            .unwrap_or_default();
+        line(&format!(
+            "  {when}  session {}  step {:?} ({}): {result}; {} tr{}{run}",
+            st.session,
+            st.step,
+            st.kind,
+            st.tries,
+            if st.tries == 1 { "y" } else { "ies" },
+        ));
+        for f in &st.failures {
+            line(&format!("      failed try: {f}"));
+        }
     }
     Ok(())
 }

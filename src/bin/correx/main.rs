@@ -1,4 +1,5 @@
-//! `correx`: read, follow and verify the event log, check the machine, try a tool.
+//! `correx`: read, follow and verify the event log, show a session, check the machine, try a
+//! tool.
 //!
 //! Every failure is one line on stderr naming the problem, and a non-zero exit: 2 for a usage
 //! error, 1 for anything else (a missing file, a log that is not sound, a tool that failed).
@@ -6,6 +7,7 @@
 mod args;
 mod doctor;
 mod log;
+mod session;
 mod style;
 mod tool;
 mod trace;
@@ -20,6 +22,7 @@ usage:
   correx log verify DB
   correx log audit DB [--session S]
   correx log trace DB [--session S] > trace.json
+  correx session show DB S [--json]
   correx doctor [--config FILE] [--no-serve]
   correx tool run --config FILE [--session S] TOOL JSON
 
@@ -92,6 +95,10 @@ fn run(argv: &[String]) -> Result<(), Failure> {
         ["log", "verify", rest @ ..] => log::verify(Args::parse(rest, &[], &[])?),
         ["log", "audit", rest @ ..] => log::audit(Args::parse(rest, &["--session"], &[])?),
         ["log", "trace", rest @ ..] => trace::trace(Args::parse(rest, &["--session"], &[])?),
+        ["session", "show", rest @ ..] => session::show(Args::parse(rest, &[], &["--json"])?),
+        ["session", ..] => Err(Failure::Usage(
+            "`correx session` has one command: show".into(),
+        )),
         ["doctor", rest @ ..] => doctor::doctor(Args::parse(rest, &["--config"], &["--no-serve"])?),
         ["tool", "run", rest @ ..] => {
             tool::run(Args::parse(rest, &["--config", "--session"], &[])?)

@@ -142,6 +142,7 @@ impl ManagedInferenceProvider {
         };
         let result = result.map(|mut r| {
             r.model = self.descriptor.model_id.clone();
+            r.endpoint = endpoint.clone();
             r
         });
         // Recorded before the caller sees the answer.

@@ -87,6 +87,11 @@ public final class Runtime implements AutoCloseable {
         return jobs;
     }
 
+    /** Durable session {@code id}: steps performed once, answered from the log after. */
+    public Session session(String id) {
+        return new Session(this, id);
+    }
+
     /**
      * Sets the approver asked for every T2 and T3 tool run (rules in the config's
      * {@code approvals.rules} are checked first), or with null denies them all (the state of a

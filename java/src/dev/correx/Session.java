@@ -1,0 +1,114 @@
+package dev.correx;
+
+import java.util.LinkedHashMap;
+import java.util.Map;
+
+/**
+ * A durable session: each step (an inference or a tool run, under a key the host chooses,
+ * unique within the session) is performed once and recorded in the stream
+ * {@code session-<id>}; a later call with the same key and request, from this process or
+ * another, returns the recorded result without calling the model or running the tool. A
+ * host that crashed mid-turn runs its loop again and continues where it stopped.
+ *
+ * <p>The same key with another request throws {@link ConflictException}. A tool step whose
+ * host died mid-run answers with the run's recorded outcome (kind {@code interrupted},
+ * {@code data.state} {@code restored}, {@code unchanged} or {@code completed}) and is never
+ * run again on its own: try again under a new key. Get one with {@link Runtime#session}.
+ */
+public final class Session {
+    private final Runtime runtime;
+    private final String id;
+
+    Session(Runtime runtime, String id) {
+        if (id == null) {
+            throw new InvalidArgumentException(CorrexException.E_NULL, "session id is null");
+        }
+        this.runtime = runtime;
+        this.id = id;
+    }
+
+    /** The session's id. */
+    public String id() {
+        return id;
+    }
+
+    /** As {@link #infer(String, String, InferenceRequest, Cancellation)} without a cancellation. */
+    public SessionStep<InferenceResult> infer(String step, String modelId, InferenceRequest request) {
+        return infer(step, modelId, request, null);
+    }
+
+    /**
+     * Inference step {@code step}: asks the model the first time, answers from the log after.
+     *
+     * @throws ConflictException when the key was recorded for another request
+     * @throws InferenceException when the model failed (nothing recorded: the next call tries again)
+     * @throws UnknownModelException when the model was never loaded through this runtime
+     * @throws CancelledException when cancelled
+     */
+    public SessionStep<InferenceResult> infer(String step, String modelId, InferenceRequest request, Cancellation cancel) {
+        byte[] s = Native.utf8(id, "session");
+        byte[] k = Native.utf8(step, "step");
+        byte[] m = Native.utf8(modelId, "modelId");
+        byte[] r = Native.utf8(request == null ? null : request.toJson(), "request");
+        byte[] out;
+        try (Handle.Use u = runtime.handle.use(); Handle.Use c = Models.use(cancel)) {
+            out = Native.sessionInfer(u.ptr, s, k, m, r, c == null ? 0 : c.ptr);
+        }
+        String json = Native.text(out);
+        Map<String, Object> o = Json.parseObject(json);
+        return new SessionStep<>(InferenceResult.from(json), Json.bool(o, "replayed"),
+                (int) Json.num(o, "attempt", 1));
+    }
+
+    /** As {@link #execute(String, String, Map, String, Cancellation)} without a cancellation. */
+    public SessionStep<ToolResult> execute(String step, String toolName, Map<String, Object> parameters, String callId) {
+        return execute(step, toolName, parameters, callId, null);
+    }
+
+    /**
+     * Tool step {@code step}: runs the tool through the sandbox the first time (approval,
+     * backup, events as {@link Tools#execute}), answers from the log after. {@code callId}
+     * (may be null) is the model's tool call this answers: the result joins the transcript
+     * under it.
+     *
+     * @throws ConflictException when the key was recorded for another request
+     * @throws BusyException when the step's host died mid-run and no recovery has closed the
+     *     run yet (open a runtime on the sandbox root again)
+     */
+    public SessionStep<ToolResult> execute(String step, String toolName, Map<String, Object> parameters,
+                                           String callId, Cancellation cancel) {
+        if (toolName == null) {
+            throw new InvalidArgumentException(CorrexException.E_NULL, "toolName is null");
+        }
+        Map<String, Object> m = new LinkedHashMap<>();
+        m.put("v", 1);
+        m.put("tool_name", toolName);
+        m.put("parameters", parameters == null ? Map.of() : parameters);
+        if (callId != null) m.put("call_id", callId);
+        byte[] s = Native.utf8(id, "session");
+        byte[] k = Native.utf8(step, "step");
+        byte[] r = Native.utf8(Json.write(m), "request");
+        byte[] out;
+        try (Handle.Use u = runtime.handle.use(); Handle.Use c = Models.use(cancel)) {
+            out = Native.sessionExecute(u.ptr, s, k, r, c == null ? 0 : c.ptr);
+        }
+        String json = Native.text(out);
+        Map<String, Object> o = Json.parseObject(json);
+        return new SessionStep<>(ToolResult.from(json), Json.bool(o, "replayed"),
+                (int) Json.num(o, "attempt", 1));
+    }
+
+    /**
+     * The conversation as the log tells it, as JSON in the shape of an inference request's
+     * {@code context}: {@code {"v": 1, "system", "task", "entries": [{"source", "content",
+     * "tool_calls"?, "tool_call_id"?}]}}. A new process continues the conversation from it.
+     */
+    public String transcriptJson() {
+        byte[] s = Native.utf8(id, "session");
+        byte[] out;
+        try (Handle.Use u = runtime.handle.use()) {
+            out = Native.sessionTranscript(u.ptr, s);
+        }
+        return Native.text(out);
+    }
+}

@@ -1,0 +1,678 @@
+//! Durable sessions: each step of an agent turn (an inference or a tool run, under a key the
+//! host chooses) performed once and recorded in the session's stream, so a host that crashed
+//! mid-turn resumes without repeating a model call or a side effect.
+//!
+//! A step call reads the stream (incrementally), and then:
+//! - the key has a result: it is returned (`replayed`), unless the request's digest differs
+//!   ([`SessionError::Conflict`]);
+//! - the key is unclaimed, or its last try failed, or its owner died before a side effect
+//!   could have happened (an inference; a tool run whose approval or start was never
+//!   recorded): it appends `session.step_started` at the version it read (optimistic
+//!   concurrency: of two claimers one wins, the other reads again), performs the step with no
+//!   lock held, and appends `session.step_completed`;
+//! - another live caller holds the claim: it waits for that result;
+//! - the owner died after its tool run started: the step is closed with the run's recorded
+//!   outcome (recovery records one when a runtime opens), returned as the step's result
+//!   (`interrupted`, with the files as recovery left them). The host decides whether to try
+//!   again under a new key; correx never runs a side effect twice on its own.
+//!
+//! Everything a step records is one event (one row): an inference's whole answer, a tool's
+//! whole result. Both are bounded upstream (`max_tokens`; the tools' output caps), so no side
+//! table is needed, and `correx log verify` checks step events as it checks every other.
+
+mod digest;
+mod fold;
+mod owner;
+
+use crate::cancel::CancelToken;
+use crate::domain::{session_stream, DomainEvent};
+use crate::events::{EventStore, EventStoreError, ExpectedVersion};
+use crate::inference::{
+    ContextPack, InferenceError, InferenceProvider, InferenceRequest, InferenceResponse,
+    StreamChunk, StreamControl,
+};
+use crate::tools::{ToolErrorKind, ToolExecutor, ToolRequest, ToolResult};
+use fold::{Index, StepState};
+use owner::{Claim, Liveness};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The longest step key, in bytes.
+pub const MAX_STEP_KEY: usize = 256;
+
+/// Why a step call did not answer.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// The session id or the step key is malformed, or a tool request names another session.
+    InvalidRequest(String),
+    /// The key already belongs to another request (its digest differs): a step is never
+    /// answered with another request's result. Use a new key for a new request.
+    Conflict {
+        /// The key.
+        step: String,
+        /// The digest recorded for it.
+        recorded: String,
+        /// The digest of this call's request.
+        requested: String,
+    },
+    /// Another process holds the step and whether it still lives cannot be told (it runs in
+    /// another pid namespace): try again later.
+    InProgress {
+        /// The key.
+        step: String,
+    },
+    /// The step's owner died while its tool ran, and the run has no outcome yet: open a
+    /// runtime on the sandbox root again (recovery closes the run), then call again.
+    InDoubt {
+        /// The key.
+        step: String,
+        /// The run.
+        invocation_id: String,
+    },
+    /// The inference failed; nothing was recorded as the step's result, and the next call
+    /// with the key tries again.
+    Inference(InferenceError),
+    /// The cancel token was triggered while waiting for another caller's result.
+    Cancelled,
+    /// The event log failed.
+    Events(EventStoreError),
+    /// A step event in the log cannot be read.
+    Corrupt {
+        /// Its position in the log.
+        position: u64,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+impl fmt::Display for SessionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SessionError::InvalidRequest(m) => f.write_str(m),
+            SessionError::Conflict {
+                step,
+                recorded,
+                requested,
+            } => write!(
+                f,
+                "step {step:?} was recorded for another request (digest {recorded}, this one \
+                 {requested}); a new request needs a new step key"
+            ),
+            SessionError::InProgress { step } => write!(
+                f,
+                "step {step:?} is being performed by a process this one cannot see (another pid \
+                 namespace); try again later"
+            ),
+            SessionError::InDoubt {
+                step,
+                invocation_id,
+            } => write!(
+                f,
+                "step {step:?}: its owner died while tool run {invocation_id} ran, and the run \
+                 has no outcome yet; open a runtime on the sandbox root again to recover it"
+            ),
+            SessionError::Inference(e) => write!(f, "inference failed: {e}"),
+            SessionError::Cancelled => f.write_str("cancelled while waiting for the step"),
+            SessionError::Events(e) => e.fmt(f),
+            SessionError::Corrupt { position, detail } => {
+                write!(f, "the session's event at position {position}: {detail}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SessionError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SessionError::Inference(e) => Some(e),
+            SessionError::Events(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A step's result, and whether it came from the log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step<T> {
+    /// The result.
+    pub value: T,
+    /// True when the log answered (the step was performed before, maybe by another process).
+    pub replayed: bool,
+    /// The try that produced it (above 1 after a try failed or its owner died first).
+    pub attempt: u32,
+}
+
+/// What a step call does next.
+enum Begun {
+    /// The step has a result: the `session.step_completed` payload.
+    Recorded(Value),
+    /// This caller performs it, under `claim`.
+    Perform { claim: Claim, attempt: u32 },
+}
+
+/// One durable session. Cheap to share; every method takes `&self` and may be called from
+/// many threads and processes at once.
+pub struct Session {
+    id: String,
+    stream: String,
+    events: Arc<dyn EventStore>,
+    index: Mutex<Index>,
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_key(what: &str, key: &str) -> Result<(), SessionError> {
+    if key.is_empty() || key.len() > MAX_STEP_KEY || key.chars().any(char::is_control) {
+        return Err(SessionError::InvalidRequest(format!(
+            "a {what} is 1 to {MAX_STEP_KEY} bytes without control characters, not {:?}",
+            key.chars().take(80).collect::<String>()
+        )));
+    }
+    Ok(())
+}
+
+/// How long a waiter sleeps between reads of another caller's step: short at first, for a
+/// step about to end, then up to 50 ms.
+fn backoff(round: u32) -> Duration {
+    Duration::from_millis(u64::from(round.min(25)) * 2 + 1)
+}
+
+impl Session {
+    /// Opens session `id` of `events`: reads its stream (`session-<id>`, where its tool runs
+    /// are recorded too) once; later calls read only what was appended since.
+    ///
+    /// # Errors
+    /// [`SessionError::InvalidRequest`] for an empty, over-long or control-character id;
+    /// [`SessionError::Events`] / [`SessionError::Corrupt`] when the stream cannot be read.
+    pub fn open(events: Arc<dyn EventStore>, id: &str) -> Result<Session, SessionError> {
+        check_key("session id", id)?;
+        let session = Session {
+            id: id.to_owned(),
+            stream: session_stream(id),
+            events,
+            index: Mutex::new(Index::default()),
+        };
+        session.refresh(&mut session.index.lock())?;
+        Ok(session)
+    }
+
+    /// The session's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn refresh(&self, ix: &mut Index) -> Result<(), SessionError> {
+        loop {
+            let page = self
+                .events
+                .read_stream(&self.stream, ix.version + 1, 1000)
+                .map_err(SessionError::Events)?;
+            for e in &page {
+                ix.apply(e)?;
+            }
+            if page.len() < 1000 {
+                return Ok(());
+            }
+        }
+    }
+
+    fn expected(version: u64) -> ExpectedVersion {
+        if version == 0 {
+            ExpectedVersion::NoStream
+        } else {
+            ExpectedVersion::Exact(version)
+        }
+    }
+
+    /// Appends the event `build` makes from the current fold, at the version it saw; reads
+    /// again and rebuilds when another append came first.
+    fn append_at(
+        &self,
+        mut build: impl FnMut(&Index) -> Option<DomainEvent>,
+    ) -> Result<Option<Value>, SessionError> {
+        loop {
+            let mut ix = self.index.lock();
+            self.refresh(&mut ix)?;
+            let Some(event) = build(&ix) else {
+                return Ok(None);
+            };
+            let new = event.to_new_event();
+            let payload = new.payload.clone();
+            match self
+                .events
+                .append(&self.stream, Self::expected(ix.version), &[new])
+            {
+                Ok(_) => return Ok(Some(payload)),
+                Err(EventStoreError::WrongExpectedVersion { .. }) => continue,
+                Err(e) => return Err(SessionError::Events(e)),
+            }
+        }
+    }
+
+    /// Finds the step's result, or claims it for this caller.
+    fn begin(
+        &self,
+        step: &str,
+        kind: &str,
+        digest: &str,
+        invocation_id: Option<&str>,
+        cancel: &CancelToken,
+    ) -> Result<Begun, SessionError> {
+        check_key("step key", step)?;
+        let mut round = 0;
+        loop {
+            let mut ix = self.index.lock();
+            self.refresh(&mut ix)?;
+            let state = ix.steps.get(step).cloned();
+            if let Some(s) = &state {
+                if s.digest() != digest {
+                    return Err(SessionError::Conflict {
+                        step: step.to_owned(),
+                        recorded: s.digest().to_owned(),
+                        requested: digest.to_owned(),
+                    });
+                }
+            }
+            let attempt = match state {
+                None => 1,
+                Some(StepState::Done { payload, .. }) => return Ok(Begun::Recorded(payload)),
+                Some(StepState::Failed { attempt, .. }) => attempt + 1,
+                Some(StepState::Claimed {
+                    attempt,
+                    owner,
+                    invocation_id: run,
+                    ..
+                }) => match owner::judge(&owner) {
+                    Liveness::Alive => {
+                        drop(ix);
+                        if cancel.is_cancelled() {
+                            return Err(SessionError::Cancelled);
+                        }
+                        std::thread::sleep(backoff(round));
+                        round += 1;
+                        continue;
+                    }
+                    Liveness::Unknown => {
+                        return Err(SessionError::InProgress {
+                            step: step.to_owned(),
+                        })
+                    }
+                    Liveness::Dead => {
+                        let seen = run.as_ref().and_then(|id| ix.runs.get(id)).cloned();
+                        match (run, seen) {
+                            (Some(run), Some(seen)) if seen.started => {
+                                drop(ix);
+                                return self.close_from_outcome(step, kind, digest, attempt, run);
+                            }
+                            // An inference, or a run that never started: no side effect.
+                            _ => attempt + 1,
+                        }
+                    }
+                },
+            };
+            if cancel.is_cancelled() {
+                return Err(SessionError::Cancelled);
+            }
+            let claim = Claim::new();
+            let event = DomainEvent::SessionStepStarted {
+                session_id: self.id.clone(),
+                step: step.to_owned(),
+                kind: kind.to_owned(),
+                digest: digest.to_owned(),
+                attempt,
+                owner: claim.owner(),
+                invocation_id: invocation_id.map(str::to_owned),
+            };
+            match self.events.append(
+                &self.stream,
+                Self::expected(ix.version),
+                &[event.to_new_event()],
+            ) {
+                Ok(_) => return Ok(Begun::Perform { claim, attempt }),
+                Err(EventStoreError::WrongExpectedVersion { .. }) => continue,
+                Err(e) => return Err(SessionError::Events(e)),
+            }
+        }
+    }
+
+    /// Closes a tool step whose owner died after its run started, with the run's outcome.
+    fn close_from_outcome(
+        &self,
+        step: &str,
+        kind: &str,
+        digest: &str,
+        attempt: u32,
+        run: String,
+    ) -> Result<Begun, SessionError> {
+        let mut in_doubt = false;
+        let payload = self.append_at(|ix| {
+            if let Some(StepState::Done { .. }) = ix.steps.get(step) {
+                return None;
+            }
+            let Some((ty, outcome)) = ix.runs.get(&run).and_then(|r| r.outcome.clone()) else {
+                in_doubt = true;
+                return None;
+            };
+            in_doubt = false;
+            let result = result_from_outcome(&run, &ty, &outcome);
+            Some(DomainEvent::SessionStepCompleted {
+                session_id: self.id.clone(),
+                step: step.to_owned(),
+                kind: kind.to_owned(),
+                digest: digest.to_owned(),
+                attempt,
+                answer: None,
+                context: None,
+                result: Some(serde_json::to_value(&result).unwrap_or(Value::Null)),
+                call_id: None,
+                recovered: Some(ty),
+            })
+        })?;
+        if in_doubt {
+            return Err(SessionError::InDoubt {
+                step: step.to_owned(),
+                invocation_id: run,
+            });
+        }
+        match payload {
+            Some(p) => Ok(Begun::Recorded(p)),
+            // Closed meanwhile by another caller: its record answers.
+            None => match self.index.lock().steps.get(step) {
+                Some(StepState::Done { payload, .. }) => Ok(Begun::Recorded(payload.clone())),
+                _ => Err(SessionError::InDoubt {
+                    step: step.to_owned(),
+                    invocation_id: run,
+                }),
+            },
+        }
+    }
+
+    /// Performs inference step `step` once: the first call asks `model` and records the
+    /// answer; a later call with the same key and request returns the recorded answer
+    /// without asking (`replayed`).
+    ///
+    /// # Errors
+    /// [`SessionError::Conflict`] when the key was used for another request;
+    /// [`SessionError::Inference`] when the model failed (nothing recorded as the result:
+    /// the next call tries again); others as [`SessionError`] says.
+    pub fn infer(
+        &self,
+        step: &str,
+        model: &dyn InferenceProvider,
+        request: &InferenceRequest,
+        cancel: &CancelToken,
+    ) -> Result<Step<InferenceResponse>, SessionError> {
+        self.infer_stream(step, model, request, cancel, &mut |_| {
+            StreamControl::Continue
+        })
+    }
+
+    /// As [`Session::infer`], handing each piece of a new answer to `on_chunk` as it
+    /// arrives; a replayed answer comes to `on_chunk` whole, its reasoning first.
+    ///
+    /// # Errors
+    /// As [`Session::infer`].
+    pub fn infer_stream(
+        &self,
+        step: &str,
+        model: &dyn InferenceProvider,
+        request: &InferenceRequest,
+        cancel: &CancelToken,
+        on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
+    ) -> Result<Step<InferenceResponse>, SessionError> {
+        let digest = digest::of_inference(request);
+        let (claim, attempt) = match self.begin(step, digest::INFER, &digest, None, cancel)? {
+            Begun::Recorded(payload) => {
+                let value = recorded_answer(&payload)?;
+                replay_chunks(&value, on_chunk);
+                return Ok(Step {
+                    value,
+                    replayed: true,
+                    attempt: attempt_of(&payload),
+                });
+            }
+            Begun::Perform { claim, attempt } => (claim, attempt),
+        };
+        let answer = match model.infer_stream(request, cancel, on_chunk) {
+            Ok(a) => a,
+            Err(e) => {
+                // Best effort: without it the claim is over anyway once `claim` drops.
+                let _ = self.events.append(
+                    &self.stream,
+                    ExpectedVersion::Any,
+                    &[DomainEvent::SessionStepFailed {
+                        session_id: self.id.clone(),
+                        step: step.to_owned(),
+                        kind: digest::INFER.into(),
+                        attempt,
+                        error: e.to_string(),
+                    }
+                    .to_new_event()],
+                );
+                return Err(SessionError::Inference(e));
+            }
+        };
+        let recorded = serde_json::to_value(&answer).unwrap_or(Value::Null);
+        self.append_at(|ix| {
+            Some(DomainEvent::SessionStepCompleted {
+                session_id: self.id.clone(),
+                step: step.to_owned(),
+                kind: digest::INFER.into(),
+                digest: digest.clone(),
+                attempt,
+                answer: Some(recorded.clone()),
+                context: Some(fold::context_delta(&ix.context, &request.context)),
+                result: None,
+                call_id: None,
+                recovered: None,
+            })
+        })?;
+        drop(claim);
+        Ok(Step {
+            value: answer,
+            replayed: false,
+            attempt,
+        })
+    }
+
+    /// Performs tool step `step` once through `tools` (approval, sandbox, backup, events as
+    /// any run): the first call runs `request` and records its result; a later call with the
+    /// same key and request returns the recorded result without running it (`replayed`).
+    /// `call_id` is the model's tool call this answers: the result joins the transcript
+    /// under it. The request's `session_id` must be this session's.
+    ///
+    /// When the host died while the run was under way, the step answers with the run's
+    /// recorded outcome (kind `interrupted` when recovery closed it), never running it again.
+    ///
+    /// # Errors
+    /// [`SessionError::Conflict`] when the key was used for another request;
+    /// [`SessionError::InvalidRequest`] for a request of another session;
+    /// [`SessionError::InDoubt`] when the run's owner died and no recovery has closed it yet.
+    pub fn execute(
+        &self,
+        step: &str,
+        tools: &dyn ToolExecutor,
+        request: &ToolRequest,
+        call_id: Option<&str>,
+        cancel: &CancelToken,
+    ) -> Result<Step<ToolResult>, SessionError> {
+        if request.session_id.as_str() != self.id {
+            return Err(SessionError::InvalidRequest(format!(
+                "the tool request is for session {:?}, not {:?}",
+                request.session_id.as_str(),
+                self.id
+            )));
+        }
+        let digest = digest::of_tool(request, call_id);
+        let invocation = request.invocation_id.as_str();
+        let (claim, attempt) =
+            match self.begin(step, digest::TOOL, &digest, Some(invocation), cancel)? {
+                Begun::Recorded(payload) => {
+                    return Ok(Step {
+                        value: recorded_result(&payload)?,
+                        replayed: true,
+                        attempt: attempt_of(&payload),
+                    })
+                }
+                Begun::Perform { claim, attempt } => (claim, attempt),
+            };
+        let result = tools.execute_cancellable(request, cancel);
+        let recorded = serde_json::to_value(&result).unwrap_or(Value::Null);
+        self.append_at(|_| {
+            Some(DomainEvent::SessionStepCompleted {
+                session_id: self.id.clone(),
+                step: step.to_owned(),
+                kind: digest::TOOL.into(),
+                digest: digest.clone(),
+                attempt,
+                answer: None,
+                context: None,
+                result: Some(recorded.clone()),
+                call_id: call_id.map(str::to_owned),
+                recovered: None,
+            })
+        })?;
+        drop(claim);
+        Ok(Step {
+            value: result,
+            replayed: false,
+            attempt,
+        })
+    }
+
+    /// The conversation as the log tells it: the last inference's context (its system prompt,
+    /// task and entries, as the host sent them), its answer as a `model` entry with its tool
+    /// calls, and each tool step since that answers a call id as a `tool` entry (a retry
+    /// under a new key with the same call id replaces it). A new process continues the
+    /// conversation from it.
+    ///
+    /// # Errors
+    /// As [`Session::open`].
+    pub fn transcript(&self) -> Result<ContextPack, SessionError> {
+        let mut ix = self.index.lock();
+        self.refresh(&mut ix)?;
+        Ok(ix.transcript())
+    }
+}
+
+fn attempt_of(payload: &Value) -> u32 {
+    payload["attempt"]
+        .as_u64()
+        .and_then(|a| u32::try_from(a).ok())
+        .unwrap_or(1)
+}
+
+fn corrupt(detail: String) -> SessionError {
+    SessionError::Corrupt {
+        position: 0,
+        detail,
+    }
+}
+
+fn recorded_answer(payload: &Value) -> Result<InferenceResponse, SessionError> {
+    serde_json::from_value(payload["answer"].clone())
+        .map_err(|e| corrupt(format!("step {}: its answer: {e}", payload["step"])))
+}
+
+fn recorded_result(payload: &Value) -> Result<ToolResult, SessionError> {
+    serde_json::from_value(payload["result"].clone())
+        .map_err(|e| corrupt(format!("step {}: its result: {e}", payload["step"])))
+}
+
+fn replay_chunks(
+    answer: &InferenceResponse,
+    on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
+) {
+    use crate::inference::ChunkKind;
+    if let Some(r) = answer.reasoning.as_deref().filter(|r| !r.is_empty()) {
+        if on_chunk(StreamChunk {
+            kind: ChunkKind::Reasoning,
+            text: r,
+        }) == StreamControl::Stop
+        {
+            return;
+        }
+    }
+    if !answer.text.is_empty() {
+        on_chunk(StreamChunk {
+            kind: ChunkKind::Text,
+            text: &answer.text,
+        });
+    }
+}
+
+/// The result a tool step answers with when its owner died and only the run's outcome event
+/// is left: what that event says (the tool's output died with the host).
+fn result_from_outcome(run: &str, ty: &str, outcome: &Value) -> ToolResult {
+    let id = crate::ids::ToolInvocationId::from_string(run);
+    let text = |k: &str| outcome[k].as_str().unwrap_or_default().to_owned();
+    let lost = "the host died before the tool's output was recorded";
+    // `state` says where the files are: `completed` (the change is in place), `restored`
+    // (put back as they were), `unchanged` (never touched), `unknown`.
+    let data = |state: &str| json!({"recovered_from": ty, "state": state});
+    let failure = |kind, reason: String, recoverable, state: &str| {
+        ToolResult::failure_of(&id, kind, reason, recoverable).with_data(data(state))
+    };
+    match ty {
+        "tool.execution_completed" => ToolResult::Success {
+            invocation_id: id.clone(),
+            output: String::new(),
+            metadata: BTreeMap::from([("recovered".to_owned(), lost.to_owned())]),
+            data: Some(data("completed")),
+        },
+        "tool.execution_interrupted" if text("state") == "completed" => failure(
+            ToolErrorKind::Interrupted,
+            format!(
+                "interrupted by a crash after it completed: its change is in place, but {lost}"
+            ),
+            true,
+            "completed",
+        ),
+        "tool.execution_interrupted" => failure(
+            ToolErrorKind::Interrupted,
+            "interrupted by a crash before it changed anything".into(),
+            true,
+            "unchanged",
+        ),
+        "tool.execution_cancelled" => failure(
+            ToolErrorKind::Cancelled,
+            "cancelled; its files were restored".into(),
+            true,
+            "restored",
+        ),
+        "tool.execution_rejected" => failure(
+            ToolErrorKind::NotAllowed,
+            text("reason"),
+            false,
+            "unchanged",
+        ),
+        _ => {
+            let reason = text("reason");
+            if reason == "interrupted" && outcome["kind"].is_null() {
+                return failure(
+                    ToolErrorKind::Interrupted,
+                    "interrupted by a crash; its files were restored".into(),
+                    true,
+                    "restored",
+                );
+            }
+            let kind = outcome["kind"]
+                .as_str()
+                .and_then(|k| serde_json::from_value(json!(k)).ok())
+                .unwrap_or_default();
+            let recoverable = outcome["recoverable"].as_bool().unwrap_or(true);
+            failure(kind, reason, recoverable, "restored")
+        }
+    }
+}
