@@ -356,6 +356,96 @@ fn two_callers_of_one_step_share_one_model_call_and_a_failed_try_runs_again() ->
     Ok(())
 }
 
+/// One of two processes calling the same step at once: its model (a test double that takes
+/// 300 ms and notes each call in a shared file) answers at most once between them.
+#[test]
+#[ignore = "a child of the two-process test; run by it"]
+fn session_race_child() -> TestResult {
+    if !is_child() {
+        return Ok(());
+    }
+    let dir = std::path::PathBuf::from(std::env::var("CORREX_CHILD_DIR")?);
+    let rt = runtime(&dir)?;
+    let s = rt.session("shared")?;
+    let calls = dir.join("calls.txt");
+    struct Noted<'a>(DoubleModel, &'a std::path::Path);
+    impl InferenceProvider for Noted<'_> {
+        fn id(&self) -> &ProviderId {
+            self.0.id()
+        }
+        fn infer(&self, r: &InferenceRequest) -> Result<InferenceResponse, InferenceError> {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(self.1)
+                .map_err(|e| InferenceError::ModelUnavailable {
+                    detail: e.to_string(),
+                })?;
+            let _ = writeln!(f, "call from {}", std::process::id());
+            std::thread::sleep(Duration::from_millis(300));
+            self.0.infer(r)
+        }
+        fn health_check(&self) -> ProviderHealth {
+            ProviderHealth::Healthy
+        }
+        fn capabilities(&self) -> Vec<CapabilityScore> {
+            Vec::new()
+        }
+        fn tokenizer(&self) -> &dyn Tokenizer {
+            &NoTokens
+        }
+    }
+    let model = Noted(double(), &calls);
+    // Both processes start the step together.
+    let go = dir.join("go");
+    while !go.exists() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let a = s.infer("t1", &model, &ask("race"), &CancelToken::new())?;
+    println!("ANSWER {} replayed={}", a.value.text, a.replayed);
+    Ok(())
+}
+
+#[test]
+fn two_processes_calling_one_step_at_once_share_one_model_call() -> TestResult {
+    let dir = TempDir::new("session-procs");
+    drop(runtime(dir.path())?);
+    let spawn = || {
+        child_test("sessions::session_race_child")
+            .env("CORREX_CHILD_DIR", dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+    };
+    let (one, two) = (spawn()?, spawn()?);
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(dir.join("go"), "")?;
+    let outs = [one.wait_with_output()?, two.wait_with_output()?];
+    let mut answers = Vec::new();
+    for out in &outs {
+        let text = crate::util::both_streams(out);
+        assert!(out.status.success(), "{text}");
+        let line = text
+            .lines()
+            .find_map(|l| l.split_once("ANSWER ").map(|(_, a)| a.to_owned()))
+            .ok_or_else(|| format!("no answer:\n{text}"))?;
+        answers.push(line);
+    }
+    answers.sort();
+    assert_eq!(
+        answers,
+        ["echo: race replayed=false", "echo: race replayed=true"],
+        "one process asked, the other was answered from the log"
+    );
+    let calls = std::fs::read_to_string(dir.join("calls.txt"))?;
+    assert_eq!(
+        calls.lines().count(),
+        1,
+        "one model call between them: {calls}"
+    );
+    Ok(())
+}
+
 // ---- The kill battery: an agent loop over the real model, killed at random points. ----
 
 const TURNS: usize = 10;
