@@ -353,6 +353,37 @@ fn two_callers_of_one_step_share_one_model_call_and_a_failed_try_runs_again() ->
     let retried = s.infer("t2", model.as_ref(), &ask("b"), &none)?;
     assert!(!retried.replayed && retried.attempt == 2, "{retried:?}");
     assert_eq!(model.calls.load(Ordering::SeqCst), 3);
+
+    // A try that panics (here, the stream callback) ends: the next caller does not wait on
+    // it, and runs the step again.
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        s.infer_stream("t3", model.as_ref(), &ask("c"), &none, &mut |_| {
+            panic!("the host's callback panicked")
+        })
+    }));
+    assert!(panicked.is_err());
+    let after = s.infer("t3", model.as_ref(), &ask("c"), &none)?;
+    assert!(!after.replayed && after.attempt == 2, "{after:?}");
+    let failed_tries = rt
+        .events()
+        .read_stream(&correx::session_stream("s1"), 1, 1000)?
+        .iter()
+        .filter(|e| e.type_id == "session.step_failed")
+        .count();
+    assert_eq!(
+        failed_tries, 2,
+        "the error and the panic each ended a try on the record"
+    );
+
+    // An invocation id that already ran cannot be another step's run.
+    let marker = dir.join("work/marker.txt");
+    let first = append("s1", &marker, "x\n");
+    s.execute("e1", rt.executor(), &first, None, &none)?;
+    let mut reused = append("s1", &marker, "y\n");
+    reused.invocation_id = first.invocation_id.clone();
+    let r = s.execute("e2", rt.executor(), &reused, None, &none);
+    assert!(matches!(r, Err(SessionError::InvalidRequest(_))), "{r:?}");
+    assert_eq!(std::fs::read_to_string(&marker)?, "x\n");
     Ok(())
 }
 

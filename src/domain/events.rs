@@ -331,6 +331,9 @@ pub enum DomainEvent {
         /// A tool step's invocation.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         invocation_id: Option<String>,
+        /// The model's call id a tool step answers.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
     },
     /// A session step's result, recorded once; a later call with the same key is answered
     /// from it.
@@ -350,9 +353,9 @@ pub enum DomainEvent {
         /// `tool_calls`, `reasoning`, `timings`, `endpoint`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         answer: Option<serde_json::Value>,
-        /// What an inference's request added to the transcript: `{"replace": false,
-        /// "entries": [...]}` when it extends the transcript, `{"replace": true, "system",
-        /// "task", "entries"}` when the host rewrote it.
+        /// What an inference's request changed of the previous inference's context: `{"keep":
+        /// N, "entries": [...]}` (the first N entries stay, these follow), with `"header":
+        /// {"system", "task"}` when those changed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         context: Option<serde_json::Value>,
         /// A tool step's result, as the tool answered it.

@@ -126,7 +126,7 @@ pub unsafe extern "C" fn correx_session_infer(
 /// runs it and records its result; a later call with the same step and request returns the
 /// recorded result without running it. When the host died while the run was under way, the
 /// step answers with the run's recorded outcome (kind `interrupted`, with `data.state`:
-/// `restored`, `unchanged` or `completed`) and never runs it again: the host decides whether
+/// `restored`, `unchanged`, `unknown` or `completed`) and never runs it again: the host decides whether
 /// to try again under a new step key.
 ///
 /// # Parameters

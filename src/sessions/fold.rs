@@ -20,9 +20,16 @@ pub(super) enum StepState {
         attempt: u32,
         owner: Value,
         invocation_id: Option<String>,
+        call_id: Option<String>,
     },
-    /// Its last try failed without a side effect; the next call tries again.
-    Failed { digest: String, attempt: u32 },
+    /// Its last try ended without a result: an inference (or a tool run that never started)
+    /// is tried again; a tool run that started is closed from its outcome.
+    Failed {
+        digest: String,
+        attempt: u32,
+        invocation_id: Option<String>,
+        call_id: Option<String>,
+    },
     /// Its result: the `session.step_completed` payload.
     Done { digest: String, payload: Value },
 }
@@ -66,8 +73,15 @@ pub(super) struct Index {
 
 impl Index {
     /// Folds one event of the stream in (events must come in version order).
+    /// An event that cannot be read leaves the fold where it was, so every later call
+    /// fails on it too (rather than skipping a step's record and running the step again).
     pub(super) fn apply(&mut self, e: &RecordedEvent) -> Result<(), SessionError> {
+        self.fold(e)?;
         self.version = e.stream_version;
+        Ok(())
+    }
+
+    fn fold(&mut self, e: &RecordedEvent) -> Result<(), SessionError> {
         let Some(event) = e.domain().map_err(SessionError::Events)? else {
             return Ok(());
         };
@@ -78,6 +92,7 @@ impl Index {
                 attempt,
                 owner,
                 invocation_id,
+                call_id,
                 ..
             } => {
                 if let Some(id) = &invocation_id {
@@ -90,19 +105,28 @@ impl Index {
                         attempt,
                         owner,
                         invocation_id,
+                        call_id,
                     },
                 );
             }
             DomainEvent::SessionStepFailed { step, attempt, .. } => {
                 // A failure names the try it ends; an older try's late word changes nothing.
                 if let Some(StepState::Claimed {
-                    digest, attempt: a, ..
+                    digest,
+                    attempt: a,
+                    invocation_id,
+                    call_id,
+                    ..
                 }) = self.steps.get(&step)
                 {
                     if *a == attempt {
-                        let digest = digest.clone();
-                        self.steps
-                            .insert(step, StepState::Failed { digest, attempt });
+                        let failed = StepState::Failed {
+                            digest: digest.clone(),
+                            attempt,
+                            invocation_id: invocation_id.clone(),
+                            call_id: call_id.clone(),
+                        };
+                        self.steps.insert(step, failed);
                     }
                 }
             }
@@ -188,6 +212,11 @@ fn tool_text(result: &Value) -> String {
 }
 
 impl Index {
+    /// Whether `step` has its result.
+    pub(super) fn recorded(&self, step: &str) -> bool {
+        matches!(self.steps.get(step), Some(StepState::Done { .. }))
+    }
+
     /// The conversation: the last inference's context, its answer, and the tool results
     /// since.
     pub(super) fn transcript(&self) -> ContextPack {

@@ -148,11 +148,67 @@ pub struct Step<T> {
 }
 
 /// What a step call does next.
-enum Begun {
+enum Begun<'a> {
     /// The step has a result: the `session.step_completed` payload.
     Recorded(Value),
-    /// This caller performs it, under `claim`.
-    Perform { claim: Claim, attempt: u32 },
+    /// This caller performs it.
+    Perform(Guard<'a>),
+}
+
+/// A claimed try being performed. Dropped before [`Guard::done`] (an error, a panic), it
+/// records `session.step_failed`, so no caller waits on a try that is over: the next one
+/// runs an inference again, and closes a tool run that started from its outcome.
+struct Guard<'a> {
+    session: &'a Session,
+    step: String,
+    kind: &'static str,
+    attempt: u32,
+    error: String,
+    done: bool,
+    // Dropped after `drop` ran: the claim lives until its end is recorded.
+    _claim: Claim,
+}
+
+impl Guard<'_> {
+    fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let error = if self.error.is_empty() {
+            "the try ended without a result (a panic, or its result could not be recorded)".into()
+        } else {
+            std::mem::take(&mut self.error)
+        };
+        let event = DomainEvent::SessionStepFailed {
+            session_id: self.session.id.clone(),
+            step: std::mem::take(&mut self.step),
+            kind: self.kind.to_owned(),
+            attempt: self.attempt,
+            error,
+        }
+        .to_new_event();
+        for _ in 0..3 {
+            let appended = self.session.events.append(
+                &self.session.stream,
+                ExpectedVersion::Any,
+                std::slice::from_ref(&event),
+            );
+            if appended.is_ok() {
+                return;
+            }
+        }
+        log::warn!(
+            "session {}: the end of a failed try could not be recorded; other callers wait \
+             until this process ends",
+            self.session.id
+        );
+    }
 }
 
 /// One durable session. Cheap to share; every method takes `&self` and may be called from
@@ -264,11 +320,11 @@ impl Session {
     fn begin(
         &self,
         step: &str,
-        kind: &str,
+        kind: &'static str,
         digest: &str,
-        invocation_id: Option<&str>,
+        run: Option<(&str, Option<&str>)>,
         cancel: &CancelToken,
-    ) -> Result<Begun, SessionError> {
+    ) -> Result<Begun<'_>, SessionError> {
         check_key("step key", step)?;
         let mut round = 0;
         loop {
@@ -284,14 +340,29 @@ impl Session {
                     });
                 }
             }
-            let attempt = match state {
-                None => 1,
+            // A try that is over: a tool run that started is closed from its outcome (never
+            // run again); anything else had no side effect and is tried again.
+            let over =
+                |attempt: u32, invocation: Option<String>, call: Option<String>| match invocation {
+                    Some(id) if ix.runs.get(&id).is_some_and(|r| r.started) => {
+                        Err((attempt, id, call))
+                    }
+                    _ => Ok(attempt.saturating_add(1)),
+                };
+            let next = match state {
+                None => Ok(1),
                 Some(StepState::Done { payload, .. }) => return Ok(Begun::Recorded(payload)),
-                Some(StepState::Failed { attempt, .. }) => attempt + 1,
+                Some(StepState::Failed {
+                    attempt,
+                    invocation_id,
+                    call_id,
+                    ..
+                }) => over(attempt, invocation_id, call_id),
                 Some(StepState::Claimed {
                     attempt,
                     owner,
-                    invocation_id: run,
+                    invocation_id,
+                    call_id,
                     ..
                 }) => match owner::judge(&owner) {
                     Liveness::Alive => {
@@ -300,7 +371,7 @@ impl Session {
                             return Err(SessionError::Cancelled);
                         }
                         std::thread::sleep(backoff(round));
-                        round += 1;
+                        round = round.saturating_add(1);
                         continue;
                     }
                     Liveness::Unknown => {
@@ -308,21 +379,28 @@ impl Session {
                             step: step.to_owned(),
                         })
                     }
-                    Liveness::Dead => {
-                        let seen = run.as_ref().and_then(|id| ix.runs.get(id)).cloned();
-                        match (run, seen) {
-                            (Some(run), Some(seen)) if seen.started => {
-                                drop(ix);
-                                return self.close_from_outcome(step, kind, digest, attempt, run);
-                            }
-                            // An inference, or a run that never started: no side effect.
-                            _ => attempt + 1,
-                        }
-                    }
+                    Liveness::Dead => over(attempt, invocation_id, call_id),
                 },
+            };
+            let attempt = match next {
+                Ok(a) => a,
+                Err((attempt, id, call)) => {
+                    drop(ix);
+                    return self.close_from_outcome(step, kind, digest, attempt, id, call);
+                }
             };
             if cancel.is_cancelled() {
                 return Err(SessionError::Cancelled);
+            }
+            // A host-chosen invocation id that already ran would tie this step to that run.
+            if let Some((id, _)) = run {
+                if ix.runs.get(id).is_some_and(|r| r.started) {
+                    return Err(SessionError::InvalidRequest(format!(
+                        "invocation id {id:?} already ran in session {:?}; give each step's run \
+                         a fresh one",
+                        self.id
+                    )));
+                }
             }
             let claim = Claim::new();
             let event = DomainEvent::SessionStepStarted {
@@ -332,17 +410,36 @@ impl Session {
                 digest: digest.to_owned(),
                 attempt,
                 owner: claim.owner(),
-                invocation_id: invocation_id.map(str::to_owned),
+                invocation_id: run.map(|(id, _)| id.to_owned()),
+                call_id: run.and_then(|(_, c)| c.map(str::to_owned)),
             };
             match self.events.append(
                 &self.stream,
                 Self::expected(ix.version),
                 &[event.to_new_event()],
             ) {
-                Ok(_) => return Ok(Begun::Perform { claim, attempt }),
+                Ok(_) => {
+                    return Ok(Begun::Perform(Guard {
+                        session: self,
+                        step: step.to_owned(),
+                        kind,
+                        attempt,
+                        error: String::new(),
+                        done: false,
+                        _claim: claim,
+                    }))
+                }
                 Err(EventStoreError::WrongExpectedVersion { .. }) => continue,
                 Err(e) => return Err(SessionError::Events(e)),
             }
+        }
+    }
+
+    /// The recorded result of `step`, if it has one.
+    fn recorded(&self, step: &str) -> Option<Value> {
+        match self.index.lock().steps.get(step) {
+            Some(StepState::Done { payload, .. }) => Some(payload.clone()),
+            _ => None,
         }
     }
 
@@ -354,7 +451,8 @@ impl Session {
         digest: &str,
         attempt: u32,
         run: String,
-    ) -> Result<Begun, SessionError> {
+        call_id: Option<String>,
+    ) -> Result<Begun<'_>, SessionError> {
         let mut in_doubt = false;
         let payload = self.append_at(|ix| {
             if let Some(StepState::Done { .. }) = ix.steps.get(step) {
@@ -375,7 +473,7 @@ impl Session {
                 answer: None,
                 context: None,
                 result: Some(serde_json::to_value(&result).unwrap_or(Value::Null)),
-                call_id: None,
+                call_id: call_id.clone(),
                 recovered: Some(ty),
             })
         })?;
@@ -388,13 +486,13 @@ impl Session {
         match payload {
             Some(p) => Ok(Begun::Recorded(p)),
             // Closed meanwhile by another caller: its record answers.
-            None => match self.index.lock().steps.get(step) {
-                Some(StepState::Done { payload, .. }) => Ok(Begun::Recorded(payload.clone())),
-                _ => Err(SessionError::InDoubt {
+            None => self
+                .recorded(step)
+                .map(Begun::Recorded)
+                .ok_or(SessionError::InDoubt {
                     step: step.to_owned(),
                     invocation_id: run,
                 }),
-            },
         }
     }
 
@@ -432,7 +530,7 @@ impl Session {
         on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
     ) -> Result<Step<InferenceResponse>, SessionError> {
         let digest = digest::of_inference(request);
-        let (claim, attempt) = match self.begin(step, digest::INFER, &digest, None, cancel)? {
+        let mut guard = match self.begin(step, digest::INFER, &digest, None, cancel)? {
             Begun::Recorded(payload) => {
                 let value = recorded_answer(&payload)?;
                 replay_chunks(&value, on_chunk);
@@ -442,29 +540,22 @@ impl Session {
                     attempt: attempt_of(&payload),
                 });
             }
-            Begun::Perform { claim, attempt } => (claim, attempt),
+            Begun::Perform(guard) => guard,
         };
+        let attempt = guard.attempt;
         let answer = match model.infer_stream(request, cancel, on_chunk) {
             Ok(a) => a,
             Err(e) => {
-                // Best effort: without it the claim is over anyway once `claim` drops.
-                let _ = self.events.append(
-                    &self.stream,
-                    ExpectedVersion::Any,
-                    &[DomainEvent::SessionStepFailed {
-                        session_id: self.id.clone(),
-                        step: step.to_owned(),
-                        kind: digest::INFER.into(),
-                        attempt,
-                        error: e.to_string(),
-                    }
-                    .to_new_event()],
-                );
+                // The guard records the failed try: the next call runs it again.
+                guard.error = e.to_string();
                 return Err(SessionError::Inference(e));
             }
         };
         let recorded = serde_json::to_value(&answer).unwrap_or(Value::Null);
-        self.append_at(|ix| {
+        let appended = self.append_at(|ix| {
+            if ix.recorded(step) {
+                return None;
+            }
             Some(DomainEvent::SessionStepCompleted {
                 session_id: self.id.clone(),
                 step: step.to_owned(),
@@ -478,7 +569,17 @@ impl Session {
                 recovered: None,
             })
         })?;
-        drop(claim);
+        guard.done();
+        if appended.is_none() {
+            // Another try recorded first (this one was judged over): its answer is the step's.
+            if let Some(payload) = self.recorded(step) {
+                return Ok(Step {
+                    value: recorded_answer(&payload)?,
+                    replayed: true,
+                    attempt: attempt_of(&payload),
+                });
+            }
+        }
         Ok(Step {
             value: answer,
             replayed: false,
@@ -494,6 +595,9 @@ impl Session {
     ///
     /// When the host died while the run was under way, the step answers with the run's
     /// recorded outcome (kind `interrupted` when recovery closed it), never running it again.
+    /// That holds for an executor that records its runs in the session's stream, as
+    /// [`crate::SandboxedToolExecutor`] does (the runtime's); a run another executor left
+    /// unrecorded looks never started, and runs again.
     ///
     /// # Errors
     /// [`SessionError::Conflict`] when the key was used for another request;
@@ -515,21 +619,26 @@ impl Session {
             )));
         }
         let digest = digest::of_tool(request, call_id);
-        let invocation = request.invocation_id.as_str();
-        let (claim, attempt) =
-            match self.begin(step, digest::TOOL, &digest, Some(invocation), cancel)? {
-                Begun::Recorded(payload) => {
-                    return Ok(Step {
-                        value: recorded_result(&payload)?,
-                        replayed: true,
-                        attempt: attempt_of(&payload),
-                    })
-                }
-                Begun::Perform { claim, attempt } => (claim, attempt),
-            };
+        let run = Some((request.invocation_id.as_str(), call_id));
+        let guard = match self.begin(step, digest::TOOL, &digest, run, cancel)? {
+            Begun::Recorded(payload) => {
+                return Ok(Step {
+                    value: recorded_result(&payload)?,
+                    replayed: true,
+                    attempt: attempt_of(&payload),
+                })
+            }
+            Begun::Perform(guard) => guard,
+        };
+        let attempt = guard.attempt;
         let result = tools.execute_cancellable(request, cancel);
         let recorded = serde_json::to_value(&result).unwrap_or(Value::Null);
-        self.append_at(|_| {
+        // Unrecorded (the log failed), the guard ends the try: the next call closes the run
+        // from its recorded outcome rather than running it again.
+        let appended = self.append_at(|ix| {
+            if ix.recorded(step) {
+                return None;
+            }
             Some(DomainEvent::SessionStepCompleted {
                 session_id: self.id.clone(),
                 step: step.to_owned(),
@@ -543,7 +652,16 @@ impl Session {
                 recovered: None,
             })
         })?;
-        drop(claim);
+        guard.done();
+        if appended.is_none() {
+            if let Some(payload) = self.recorded(step) {
+                return Ok(Step {
+                    value: recorded_result(&payload)?,
+                    replayed: true,
+                    attempt: attempt_of(&payload),
+                });
+            }
+        }
         Ok(Step {
             value: result,
             replayed: false,
@@ -639,11 +757,21 @@ fn result_from_outcome(run: &str, ty: &str, outcome: &Value) -> ToolResult {
             true,
             "completed",
         ),
-        "tool.execution_interrupted" => failure(
+        // Recovery restores the files a tool declared; a command's other effects (a shell
+        // run's, an MCP server's) it cannot see, so for those nothing is promised.
+        "tool.execution_interrupted" if text("tool_name").starts_with("file_") => failure(
             ToolErrorKind::Interrupted,
             "interrupted by a crash before it changed anything".into(),
             true,
             "unchanged",
+        ),
+        "tool.execution_interrupted" => failure(
+            ToolErrorKind::Interrupted,
+            "interrupted by a crash; recovery found no declared file changed, but what the \
+             command did besides is unknown"
+                .into(),
+            true,
+            "unknown",
         ),
         "tool.execution_cancelled" => failure(
             ToolErrorKind::Cancelled,

@@ -10,11 +10,11 @@ use crate::sys;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::sync::OnceLock;
 
 /// The claims this process holds now.
 static LIVE: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
+#[derive(Clone)]
 struct Me {
     pid: u32,
     start: Option<u64>,
@@ -22,17 +22,24 @@ struct Me {
     ns: Option<String>,
 }
 
-fn me() -> &'static Me {
-    static ME: OnceLock<Me> = OnceLock::new();
-    ME.get_or_init(|| {
-        let pid = std::process::id();
-        Me {
-            pid,
-            start: sys::process_start(pid),
-            boot: sys::boot_id(),
-            ns: sys::pid_namespace(pid),
+/// This process, read once (and again in a child forked since: its pid differs).
+fn me() -> Me {
+    static ME: Mutex<Option<Me>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut cached = ME.lock();
+    match &*cached {
+        Some(me) if me.pid == pid => me.clone(),
+        _ => {
+            let me = Me {
+                pid,
+                start: sys::process_start(pid).ok().map(|(start, _)| start),
+                boot: sys::boot_id(),
+                ns: sys::pid_namespace(pid),
+            };
+            *cached = Some(me.clone());
+            me
         }
-    })
+    }
 }
 
 /// One claim of this process; it ends when dropped.
@@ -99,8 +106,11 @@ pub(super) fn judge(owner: &Value) -> Liveness {
         return Liveness::Dead;
     };
     match (sys::process_start(pid), start) {
-        (Some(now), Some(then)) if now == then => Liveness::Alive,
-        _ => Liveness::Dead,
+        (Ok((now, zombie)), Some(then)) if now == then && !zombie => Liveness::Alive,
+        (Ok(_), _) => Liveness::Dead,
+        (Err(e), _) if e.kind() == std::io::ErrorKind::NotFound => Liveness::Dead,
+        // `/proc` hides it (hidepid) or is not there: nothing can be told.
+        (Err(_), _) => Liveness::Unknown,
     }
 }
 
@@ -121,7 +131,7 @@ mod tests {
         other["pid"] = json!(1);
         other["start"] = json!(u64::MAX);
         assert_eq!(judge(&other), Liveness::Dead);
-        other["start"] = json!(sys::process_start(1));
+        other["start"] = json!(sys::process_start(1).ok().map(|(start, _)| start));
         other["ns"] = json!(sys::pid_namespace(1));
         if other["ns"] == owner["ns"] {
             assert_eq!(judge(&other), Liveness::Alive);

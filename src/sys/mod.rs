@@ -203,15 +203,26 @@ fn zombie(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
-/// When process `pid` started, in clock ticks after boot (`/proc/PID/stat`, field 22): with
-/// the pid, it names one process for the life of a boot, where a pid alone may be reused.
-/// `None` when there is no such process.
-pub(crate) fn process_start(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// When process `pid` started, in clock ticks after boot (`/proc/PID/stat`, field 22), and
+/// whether it is a zombie (dead, not yet reaped): with the pid, the start time names one
+/// process for the life of a boot, where a pid alone may be reused.
+///
+/// # Errors
+/// `NotFound` when there is no such process; others (`/proc` mounted with `hidepid`, no
+/// `/proc`) when it cannot be told.
+pub(crate) fn process_start(pid: u32) -> io::Result<(u64, bool)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command (which may hold spaces and parentheses): state is field 3,
     // so the start time (field 22) is the 20th after it.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "an unreadable /proc stat line");
+    let (_, rest) = stat.rsplit_once(')').ok_or_else(bad)?;
+    let mut fields = rest.split_whitespace();
+    let zombie = fields.next() == Some("Z");
+    let start = fields
+        .nth(18)
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(bad)?;
+    Ok((start, zombie))
 }
 
 /// This boot's id (`/proc/sys/kernel/random/boot_id`).

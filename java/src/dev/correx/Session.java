@@ -12,7 +12,8 @@ import java.util.Map;
  *
  * <p>The same key with another request throws {@link ConflictException}. A tool step whose
  * host died mid-run answers with the run's recorded outcome (kind {@code interrupted},
- * {@code data.state} {@code restored}, {@code unchanged} or {@code completed}) and is never
+ * {@code data.state} {@code restored}, {@code unchanged}, {@code unknown} or
+ * {@code completed}) and is never
  * run again on its own: try again under a new key. Get one with {@link Runtime#session}.
  */
 public final class Session {
