@@ -538,7 +538,7 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_jobs(JNIEnv *env, jclass cls
 JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_sessionInfer(JNIEnv *env, jclass cls, jlong rt,
                                                                 jbyteArray session, jbyteArray step,
                                                                 jbyteArray model, jbyteArray request,
-                                                                jlong cancel) {
+                                                                jlong cancel, jobject bridge) {
     (void)cls;
     IN(s, session, NULL);
     IN(k, step, (free(s), NULL));
@@ -546,7 +546,9 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_sessionInfer(JNIEnv *env, jc
     IN(r, request, (free(s), free(k), free(m), NULL));
     char *out = NULL;
     correx_error *err = NULL;
-    int32_t rc = correx_session_infer(RT(rt), s, k, m, r, CANCEL(cancel), NULL, NULL, &out, &err);
+    struct chunk_ctx ctx = {env, bridge};
+    int32_t rc = correx_session_infer(RT(rt), s, k, m, r, CANCEL(cancel),
+                                      bridge == NULL ? NULL : chunk_cb, &ctx, &out, &err);
     free(s);
     free(k);
     free(m);

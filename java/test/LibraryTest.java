@@ -631,6 +631,20 @@ public final class LibraryTest {
                 long claims = rt.events().readStream("session-java-steps", 1, 100).stream()
                         .filter(e -> e.typeId().equals("session.step_started")).count();
                 check(claims == 1, "one try recorded, not " + claims);
+                StringBuilder pieces = new StringBuilder();
+                SessionStep<InferenceResult> streamed = s.stream("t2", "gemma", capital, c -> {
+                    pieces.append(c.text());
+                    return true;
+                }, null);
+                check(!streamed.replayed() && pieces.toString().equals(streamed.value().text()), "streamed " + pieces);
+                StringBuilder again2 = new StringBuilder();
+                SessionStep<InferenceResult> replayed = s.stream("t2", "gemma", capital, c -> {
+                    again2.append(c.text());
+                    return true;
+                }, null);
+                check(replayed.replayed() && again2.toString().equals(streamed.value().text()), "replayed whole " + again2);
+                expect(CancelledException.class, () -> s.stream("t3", "gemma", capital, c -> false, null));
+                check(!s.stream("t3", "gemma", capital, c -> true, null).replayed(), "a stopped try runs again");
             });
 
             test("infer answers and streams the same text piece by piece", () -> {

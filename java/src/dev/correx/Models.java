@@ -139,7 +139,19 @@ public final class Models {
             throw new InvalidArgumentException(CorrexException.E_NULL, "listener is null");
         }
         Throwable[] thrown = new Throwable[1];
-        Native.ChunkBridge bridge = new Native.ChunkBridge() {
+        Native.ChunkBridge bridge = bridge(runtime, listener, thrown);
+        byte[] out;
+        try (Handle.Use u = runtime.handle.use(); Handle.Use c = use(cancel)) {
+            out = Native.inferStream(u.ptr, m, r, c == null ? 0 : c.ptr, bridge);
+        } catch (CancelledException e) {
+            throw listenerStopped(e, thrown);
+        }
+        return InferenceResult.from(Native.text(out));
+    }
+
+    /** The native side's callback into {@code listener}; what it throws lands in {@code thrown}. */
+    static Native.ChunkBridge bridge(Runtime runtime, ChunkListener listener, Throwable[] thrown) {
+        return new Native.ChunkBridge() {
             @Override
             boolean chunk(int kind, byte[] text) {
                 try {
@@ -152,19 +164,17 @@ public final class Models {
                 }
             }
         };
-        byte[] out;
-        try (Handle.Use u = runtime.handle.use(); Handle.Use c = use(cancel)) {
-            out = Native.inferStream(u.ptr, m, r, c == null ? 0 : c.ptr, bridge);
-        } catch (CancelledException e) {
-            if (thrown[0] != null) {
-                CancelledException x = new CancelledException(
-                        CorrexException.E_CANCELLED, "the chunk listener threw, which stopped the stream: " + thrown[0]);
-                x.initCause(thrown[0]);
-                throw x;
-            }
-            throw e;
+    }
+
+    /** A cancel caused by a listener that threw names that exception as its cause. */
+    static CancelledException listenerStopped(CancelledException e, Throwable[] thrown) {
+        if (thrown[0] == null) {
+            return e;
         }
-        return InferenceResult.from(Native.text(out));
+        CancelledException x = new CancelledException(
+                CorrexException.E_CANCELLED, "the chunk listener threw, which stopped the stream: " + thrown[0]);
+        x.initCause(thrown[0]);
+        return x;
     }
 
     static Handle.Use use(Cancellation c) {

@@ -163,7 +163,8 @@ final class Native {
 
     static native byte[] infer(long rt, byte[] model, byte[] request, long cancel);
 
-    static native byte[] sessionInfer(long rt, byte[] session, byte[] step, byte[] model, byte[] request, long cancel);
+    static native byte[] sessionInfer(long rt, byte[] session, byte[] step, byte[] model, byte[] request, long cancel,
+                                      ChunkBridge bridge);
 
     static native byte[] sessionExecute(long rt, byte[] session, byte[] step, byte[] request, long cancel);
 

@@ -53,9 +53,39 @@ public final class Session {
         byte[] r = Native.utf8(request == null ? null : request.toJson(), "request");
         byte[] out;
         try (Handle.Use u = runtime.handle.use(); Handle.Use c = Models.use(cancel)) {
-            out = Native.sessionInfer(u.ptr, s, k, m, r, c == null ? 0 : c.ptr);
+            out = Native.sessionInfer(u.ptr, s, k, m, r, c == null ? 0 : c.ptr, null);
         }
-        String json = Native.text(out);
+        return step(Native.text(out));
+    }
+
+    /**
+     * As {@link #infer(String, String, InferenceRequest, Cancellation)}, handing each piece of
+     * a new answer to {@code listener} as it arrives, on this thread (a replayed answer comes
+     * whole: its reasoning, then its text). A listener that returns false or throws stops the
+     * generation ({@link CancelledException}); nothing is recorded, and the next call tries
+     * again.
+     */
+    public SessionStep<InferenceResult> stream(String step, String modelId, InferenceRequest request,
+                                               ChunkListener listener, Cancellation cancel) {
+        byte[] s = Native.utf8(id, "session");
+        byte[] k = Native.utf8(step, "step");
+        byte[] m = Native.utf8(modelId, "modelId");
+        byte[] r = Native.utf8(request == null ? null : request.toJson(), "request");
+        if (listener == null) {
+            throw new InvalidArgumentException(CorrexException.E_NULL, "listener is null");
+        }
+        Throwable[] thrown = new Throwable[1];
+        Native.ChunkBridge bridge = Models.bridge(runtime, listener, thrown);
+        byte[] out;
+        try (Handle.Use u = runtime.handle.use(); Handle.Use c = Models.use(cancel)) {
+            out = Native.sessionInfer(u.ptr, s, k, m, r, c == null ? 0 : c.ptr, bridge);
+        } catch (CancelledException e) {
+            throw Models.listenerStopped(e, thrown);
+        }
+        return step(Native.text(out));
+    }
+
+    private static SessionStep<InferenceResult> step(String json) {
         Map<String, Object> o = Json.parseObject(json);
         return new SessionStep<>(InferenceResult.from(json), Json.bool(o, "replayed"),
                 (int) Json.num(o, "attempt", 1));
