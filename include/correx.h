@@ -520,8 +520,12 @@ int32_t correx_set_log_callback(correx_log_callback callback, void *user_data, i
  *   "residency": "persistent"|"dynamic"|"ephemeral", "idle_timeout_ms": 60000,
  *   "context_size": 8192, "extra_args": ["--no-jinja", "--chat-template", "gemma"],
  *   "threads": 2}`, or for servers already running elsewhere `{"v": 1, "model_id": "far",
- *   "residency": "persistent", "endpoints": ["http://10.0.0.5:8080", ...]}` (nothing is
- *   spawned or killed; requests fail over between them). `model_id` and `residency` are
+ *   "residency": "persistent", "endpoints": ["http://10.0.0.5:8080", ...],
+ *   "endpoint_kind": "llama-server"|"openai", "api_key_env": "VAR", "served_model": "name"}`
+ *   (nothing is spawned or killed; requests fail over between them; an `openai` endpoint is
+ *   any engine with OpenAI's chat completions and model list, and a request needing what only
+ *   llama-server has is `CORREX_E_INVALID_ARGUMENT`; the key is read from the environment
+ *   variable `api_key_env` names and never recorded). `model_id` and `residency` are
  *   required; `model_path` defaults to the model `scripts/install-llama.sh` installed;
  *   unknown fields are refused.
  * - `cancel`: optional; triggering it stops the load (`CORREX_E_CANCELLED`, server killed).

@@ -42,8 +42,8 @@ pub use events::{
 pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
 pub use inference::{
     capabilities_for, chat_body, stream_body, CapabilityScore, ChunkKind, ContextEntry,
-    ContextPack, DefaultModelManager, FinishReason, GenerationConfig, HttpOptions, InferenceError,
-    InferenceProvider, InferenceRequest, InferenceResponse, JsonSchemaFormat,
+    ContextPack, DefaultModelManager, EndpointKind, FinishReason, GenerationConfig, HttpOptions,
+    InferenceError, InferenceProvider, InferenceRequest, InferenceResponse, JsonSchemaFormat,
     LlamaCppInferenceProvider, LlamaCppTokenizer, ManagedInferenceProvider, ManagerOptions,
     ModelCapability, ModelDescriptor, ModelLoadError, ModelManager, ModelState, ModelStatus,
     ProviderHealth, ResidencyMode, ResponseFormat, ServerIsolation, SourceType, StreamChunk,

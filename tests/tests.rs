@@ -16,6 +16,7 @@ mod jobs;
 mod manager;
 mod mcp;
 mod network;
+mod openai;
 mod sandbox;
 mod scheduler;
 mod server_confined;

@@ -81,6 +81,14 @@ pub enum InferenceError {
         /// Why.
         detail: String,
     },
+    /// The request needs what its endpoint does not have (a GBNF grammar, a llama-server
+    /// sampling extra, tokenizing, on an `openai` endpoint); nothing was sent.
+    Unsupported {
+        /// What the request needs, e.g. `grammar`.
+        feature: String,
+        /// The endpoint's kind, e.g. `openai`.
+        endpoint_kind: String,
+    },
 }
 
 impl InferenceError {
@@ -97,6 +105,7 @@ impl InferenceError {
             | InferenceError::MalformedBody { .. }
             | InferenceError::MalformedEvent { .. }
             | InferenceError::StreamIncomplete { .. }
+            | InferenceError::Unsupported { .. }
             | InferenceError::Cancelled => false,
         }
     }
@@ -151,6 +160,14 @@ impl fmt::Display for InferenceError {
             InferenceError::ModelUnavailable { detail } => {
                 write!(f, "no model available: {detail}")
             }
+            InferenceError::Unsupported {
+                feature,
+                endpoint_kind,
+            } => write!(
+                f,
+                "{feature} is not available on an {endpoint_kind} endpoint; nothing was sent \
+                 (drop it from the request, or serve the model with llama-server)"
+            ),
         }
     }
 }

@@ -72,13 +72,26 @@ impl Endpoint {
 }
 
 /// A client for one server, safe to share across threads.
-#[derive(Debug)]
 pub(crate) struct HttpClient {
     endpoint: Endpoint,
     host_header: String,
     connect_timeout: Duration,
     read_timeout: Duration,
     idle: Mutex<Vec<TcpStream>>,
+    /// An `Authorization` header's value; never printed.
+    authorization: Option<String>,
+}
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpClient")
+            .field("endpoint", &self.endpoint)
+            .field(
+                "authorization",
+                &self.authorization.as_ref().map(|_| "<redacted>"),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 /// A response whose body is read through [`Read`]; the connection goes back to the pool when
@@ -351,7 +364,14 @@ impl HttpClient {
             connect_timeout,
             read_timeout,
             idle: Mutex::new(Vec::new()),
+            authorization: None,
         }
+    }
+
+    /// This client sending `Authorization: <value>` with every request.
+    pub(crate) fn with_authorization(mut self, value: Option<String>) -> HttpClient {
+        self.authorization = value;
+        self
     }
 
     /// The full URL of `path` on this server, for messages.
@@ -402,8 +422,13 @@ impl HttpClient {
         token: &CancelToken,
     ) -> Result<Response<'_>, InferenceError> {
         let url = self.url(path);
+        let auth = self
+            .authorization
+            .as_ref()
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
         let mut request = format!(
-            "POST {}{path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: text/event-stream, application/json\r\nContent-Length: {}\r\n\r\n",
+            "POST {}{path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: text/event-stream, application/json\r\n{auth}Content-Length: {}\r\n\r\n",
             self.endpoint.prefix,
             self.host_header,
             body.len()

@@ -18,6 +18,35 @@ use std::time::{Duration, Instant};
 /// How long the start of an error body quoted in an error may be.
 const BODY_PREFIX: usize = 300;
 
+/// What a remote model's endpoints speak.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EndpointKind {
+    /// llama-server: its `/health`, `/tokenize`, GBNF `grammar`, sampling extras (`top_k`,
+    /// `min_p`, mirostat, ...) and `timings`.
+    #[default]
+    LlamaServer,
+    /// Any engine serving OpenAI's `/v1/chat/completions` and `/v1/models` (vLLM, SGLang,
+    /// ...): health is `/v1/models`; a request needing what only llama-server has (a grammar,
+    /// a sampling extra, tokenizing) fails with [`crate::InferenceError::Unsupported`]
+    /// before anything is sent.
+    Openai,
+}
+
+impl EndpointKind {
+    pub(crate) fn is_default(&self) -> bool {
+        *self == EndpointKind::LlamaServer
+    }
+
+    /// `llama-server` or `openai`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndpointKind::LlamaServer => "llama-server",
+            EndpointKind::Openai => "openai",
+        }
+    }
+}
+
 /// Settings of the HTTP client.
 #[derive(Clone, Debug)]
 pub struct HttpOptions {
@@ -103,13 +132,18 @@ pub(crate) fn http_error(status: u16, body: &str) -> InferenceError {
 }
 
 /// Sends `body` to `url` and returns the parsed 2xx JSON body.
-fn post_json(agent: &ureq::Agent, url: &str, body: &Value) -> Result<Value, InferenceError> {
+fn post_json(
+    agent: &ureq::Agent,
+    url: &str,
+    body: &Value,
+    authorization: Option<&str>,
+) -> Result<Value, InferenceError> {
     let bytes = body.to_string();
-    let mut resp = agent
-        .post(url)
-        .header("content-type", "application/json")
-        .send(bytes.as_bytes())
-        .map_err(|e| transport(url, e))?;
+    let mut post = agent.post(url).header("content-type", "application/json");
+    if let Some(a) = authorization {
+        post = post.header("authorization", a);
+    }
+    let mut resp = post.send(bytes.as_bytes()).map_err(|e| transport(url, e))?;
     let status = resp.status().as_u16();
     let text = resp
         .body_mut()
@@ -338,9 +372,20 @@ pub fn parse_chat_response(
 pub struct LlamaCppTokenizer {
     url: String,
     agent: ureq::Agent,
+    authorization: Option<Redacted>,
 }
 
 impl LlamaCppTokenizer {
+    /// A tokenizer for an endpoint that cannot tokenize (an `openai` one): `tokenize` is
+    /// [`InferenceError::Unsupported`]; `count` approximates characters / 4.
+    pub(crate) fn unsupported(options: &HttpOptions) -> Self {
+        LlamaCppTokenizer {
+            url: String::new(),
+            agent: agent(options),
+            authorization: None,
+        }
+    }
+
     /// A tokenizer for the server at `base_url` with its own agent, whose calls time out after
     /// `options.tokenize_timeout`.
     pub fn new(base_url: &str, options: &HttpOptions) -> Self {
@@ -357,13 +402,21 @@ impl LlamaCppTokenizer {
         LlamaCppTokenizer {
             url: format!("{}/tokenize", base_url.trim_end_matches('/')),
             agent,
+            authorization: None,
         }
     }
 }
 
 impl Tokenizer for LlamaCppTokenizer {
     fn tokenize(&self, text: &str) -> Result<Vec<i64>, InferenceError> {
-        let body = post_json(&self.agent, &self.url, &json!({"content": text}))?;
+        if self.url.is_empty() {
+            return Err(InferenceError::Unsupported {
+                feature: "tokenize".into(),
+                endpoint_kind: EndpointKind::Openai.as_str().into(),
+            });
+        }
+        let auth = self.authorization.as_ref().map(|Redacted(a)| a.as_str());
+        let body = post_json(&self.agent, &self.url, &json!({"content": text}), auth)?;
         let tokens = body
             .get("tokens")
             .and_then(Value::as_array)
@@ -403,6 +456,11 @@ impl Tokenizer for LlamaCppTokenizer {
 pub struct LlamaCppInferenceProvider {
     id: ProviderId,
     model_id: String,
+    /// What the endpoint speaks.
+    kind: EndpointKind,
+    /// The body's `model`: the name the endpoint serves.
+    served: String,
+    authorization: Option<Redacted>,
     chat_url: String,
     health_url: String,
     /// The chat transport for `http://` servers; `None` for others (ureq, the `tls` feature).
@@ -413,6 +471,34 @@ pub struct LlamaCppInferenceProvider {
 }
 
 const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// A header value that is never printed (an API key).
+#[derive(Clone)]
+struct Redacted(String);
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The first request setting that only llama-server has, if `config` uses one.
+fn llama_only(config: &super::GenerationConfig) -> Option<&'static str> {
+    let c = config;
+    [
+        ("grammar", c.grammar.is_some()),
+        ("top_k", c.top_k.is_some()),
+        ("min_p", c.min_p.is_some()),
+        ("typical_p", c.typical_p.is_some()),
+        ("repeat_penalty", c.repeat_penalty.is_some()),
+        ("repeat_last_n", c.repeat_last_n.is_some()),
+        ("mirostat", c.mirostat.is_some()),
+        ("mirostat_tau", c.mirostat_tau.is_some()),
+        ("mirostat_eta", c.mirostat_eta.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(name, set)| set.then_some(name))
+}
 
 impl LlamaCppInferenceProvider {
     /// A provider for `model_id` served at `base_url` (e.g. `http://127.0.0.1:10000`).
@@ -433,6 +519,9 @@ impl LlamaCppInferenceProvider {
         LlamaCppInferenceProvider {
             id: ProviderId::from_string(format!("llama-cpp:{model_id}")),
             model_id: model_id.to_owned(),
+            kind: EndpointKind::LlamaServer,
+            served: model_id.to_owned(),
+            authorization: None,
             chat_url: format!("{base}{CHAT_PATH}"),
             health_url: format!("{base}/health"),
             tokenizer: LlamaCppTokenizer::new(base, options),
@@ -440,6 +529,54 @@ impl LlamaCppInferenceProvider {
             agent: shared,
             health_agent,
         }
+    }
+
+    /// A provider for `model_id` on an OpenAI-compatible engine at `base_url` (vLLM,
+    /// SGLang, ...): requests name `served_model` (default `model_id`), carry `api_key` as
+    /// `Authorization: Bearer` when given, and health is `GET /v1/models`. A request that needs
+    /// what only llama-server has (a grammar, `top_k`, `min_p`, mirostat, ...) is
+    /// [`InferenceError::Unsupported`] before anything is sent; so is tokenizing.
+    pub fn openai(
+        model_id: &str,
+        base_url: &str,
+        options: &HttpOptions,
+        served_model: Option<&str>,
+        api_key: Option<&str>,
+    ) -> Self {
+        let base = base_url.trim_end_matches('/');
+        let mut p = Self::new(model_id, base, options).with_api_key(api_key, options);
+        p.id = ProviderId::from_string(format!("openai:{model_id}"));
+        p.kind = EndpointKind::Openai;
+        p.served = served_model.unwrap_or(model_id).to_owned();
+        p.health_url = format!("{base}/v1/models");
+        p.tokenizer = LlamaCppTokenizer::unsupported(options);
+        p
+    }
+
+    /// This provider sending `api_key` as `Authorization: Bearer` with every request (for a
+    /// llama-server started with `--api-key`, or an engine that wants one); never printed.
+    pub fn with_api_key(mut self, api_key: Option<&str>, options: &HttpOptions) -> Self {
+        let authorization = api_key.map(|k| format!("Bearer {k}"));
+        let base = self.chat_url.trim_end_matches(CHAT_PATH).to_owned();
+        self.chat = Endpoint::parse(&base).map(|e| {
+            Arc::new(
+                HttpClient::new(e, options.connect_timeout, options.read_timeout)
+                    .with_authorization(authorization.clone()),
+            )
+        });
+        self.tokenizer.authorization = authorization.clone().map(Redacted);
+        self.authorization = authorization.map(Redacted);
+        self
+    }
+
+    /// A handle on this provider's tokenizer (sharing its connections and its key).
+    pub(crate) fn tokenizer_handle(&self) -> LlamaCppTokenizer {
+        self.tokenizer.clone()
+    }
+
+    /// What the endpoint speaks.
+    pub fn kind(&self) -> EndpointKind {
+        self.kind
     }
 
     /// The model id this provider asks for.
@@ -552,7 +689,15 @@ impl InferenceProvider for LlamaCppInferenceProvider {
         cancel: &CancelToken,
         on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
     ) -> Result<InferenceResponse, InferenceError> {
-        let body = stream_body(&self.model_id, request).to_string();
+        if self.kind == EndpointKind::Openai {
+            if let Some(feature) = llama_only(&request.config) {
+                return Err(InferenceError::Unsupported {
+                    feature: feature.into(),
+                    endpoint_kind: self.kind.as_str().into(),
+                });
+            }
+        }
+        let body = stream_body(&self.served, request).to_string();
         let start = Instant::now();
         if let Some(client) = &self.chat {
             let resp = client.post(CHAT_PATH, body.as_bytes(), cancel)?;
@@ -564,10 +709,14 @@ impl InferenceProvider for LlamaCppInferenceProvider {
         if cancel.is_cancelled() {
             return Err(InferenceError::Cancelled);
         }
-        let resp = self
+        let mut post = self
             .agent
             .post(&self.chat_url)
-            .header("content-type", "application/json")
+            .header("content-type", "application/json");
+        if let Some(Redacted(a)) = &self.authorization {
+            post = post.header("authorization", a);
+        }
+        let resp = post
             .send(body.as_bytes())
             .map_err(|e| transport(&self.chat_url, e))?;
         let status = resp.status().as_u16();
@@ -582,7 +731,11 @@ impl InferenceProvider for LlamaCppInferenceProvider {
     }
 
     fn health_check(&self) -> ProviderHealth {
-        match self.health_agent.get(&self.health_url).call() {
+        let mut get = self.health_agent.get(&self.health_url);
+        if let Some(Redacted(a)) = &self.authorization {
+            get = get.header("authorization", a);
+        }
+        match get.call() {
             Ok(mut resp) => {
                 let status = resp.status().as_u16();
                 if status == 200 {

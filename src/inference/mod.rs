@@ -16,7 +16,7 @@ pub use contract::{
 };
 pub use error::InferenceError;
 pub use llama::{
-    capabilities_for, chat_body, stream_body, HttpOptions, LlamaCppInferenceProvider,
+    capabilities_for, chat_body, stream_body, EndpointKind, HttpOptions, LlamaCppInferenceProvider,
     LlamaCppTokenizer,
 };
 pub use manager::{

@@ -49,6 +49,16 @@ pub struct ModelDescriptor {
     /// budget.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<String>,
+    /// What the endpoints speak; default `llama-server`.
+    #[serde(default, skip_serializing_if = "EndpointKind::is_default")]
+    pub endpoint_kind: EndpointKind,
+    /// The environment variable holding the endpoints' API key, sent as `Authorization:
+    /// Bearer`; the key is read when the model loads and never recorded, logged or quoted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// The model name the endpoints serve (the body's `model`); default: `model_id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_model: Option<String>,
 }
 
 pub(super) fn default_idle_ms() -> Duration {
@@ -82,6 +92,9 @@ impl ModelDescriptor {
             && self.threads == other.threads
             && self.extra_args == other.extra_args
             && self.endpoints == other.endpoints
+            && self.endpoint_kind == other.endpoint_kind
+            && self.api_key_env == other.api_key_env
+            && self.served_model == other.served_model
     }
 
     /// Whether this model is served by running servers elsewhere rather than spawned.
@@ -124,6 +137,38 @@ impl ModelDescriptor {
         if self.context_size == 0 {
             return bad("context_size is 0".into());
         }
+        let remote_only = self.endpoint_kind != EndpointKind::LlamaServer
+            || self.api_key_env.is_some()
+            || self.served_model.is_some();
+        if remote_only && !self.is_remote() {
+            return bad(
+                "endpoint_kind, api_key_env and served_model are for a model served at endpoints"
+                    .into(),
+            );
+        }
+        if let Some(name) = &self.api_key_env {
+            let valid = !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !name.starts_with(|c: char| c.is_ascii_digit());
+            if !valid {
+                return bad(format!(
+                    "api_key_env {name:?} is not an environment variable name"
+                ));
+            }
+            if std::env::var_os(name).is_none_or(|v| v.is_empty()) {
+                return bad(format!(
+                    "api_key_env names {name}, which is not set (or empty) in this process's \
+                     environment"
+                ));
+            }
+        }
+        if self
+            .served_model
+            .as_deref()
+            .is_some_and(|m| m.trim().is_empty())
+        {
+            return bad("served_model is empty".into());
+        }
         Ok(())
     }
 
@@ -142,6 +187,9 @@ impl ModelDescriptor {
             extra_args: Vec::new(),
             threads: None,
             endpoints: Vec::new(),
+            endpoint_kind: EndpointKind::LlamaServer,
+            api_key_env: None,
+            served_model: None,
         }
     }
 

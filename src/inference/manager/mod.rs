@@ -38,7 +38,9 @@ use residency::housekeeper;
 use scheduler::{ensure_loaded, stop_model, unload_model};
 use server::{default_log_dir, spawner_thread};
 
-use super::llama::{capabilities_for, HttpOptions, LlamaCppInferenceProvider, LlamaCppTokenizer};
+use super::llama::{
+    capabilities_for, EndpointKind, HttpOptions, LlamaCppInferenceProvider, LlamaCppTokenizer,
+};
 use super::manager_error::ModelLoadError;
 use super::{
     CapabilityScore, InferenceError, InferenceProvider, InferenceRequest, InferenceResponse,

@@ -52,10 +52,30 @@ impl EndpointSet {
             .iter()
             .map(|url| {
                 let base = url.trim_end_matches('/');
+                // Checked present when the descriptor was validated, just before.
+                let key = d.api_key_env.as_ref().and_then(|v| std::env::var(v).ok());
+                let (provider, tokenizer) = match d.endpoint_kind {
+                    EndpointKind::LlamaServer => {
+                        let p = LlamaCppInferenceProvider::new(&d.model_id, base, http)
+                            .with_api_key(key.as_deref(), http);
+                        let t = p.tokenizer_handle();
+                        (p, t)
+                    }
+                    EndpointKind::Openai => (
+                        LlamaCppInferenceProvider::openai(
+                            &d.model_id,
+                            base,
+                            http,
+                            d.served_model.as_deref(),
+                            key.as_deref(),
+                        ),
+                        LlamaCppTokenizer::unsupported(http),
+                    ),
+                };
                 RemoteEndpoint {
                     url: base.to_owned(),
-                    provider: LlamaCppInferenceProvider::new(&d.model_id, base, http),
-                    tokenizer: LlamaCppTokenizer::new(base, http),
+                    provider,
+                    tokenizer,
                     in_flight: AtomicU32::new(0),
                     healthy: AtomicBool::new(true),
                 }

@@ -94,6 +94,27 @@ public final class ModelDescriptor {
             return this;
         }
 
+        /**
+         * What the endpoints speak: {@code "llama-server"} (the default) or {@code "openai"}
+         * (vLLM, SGLang, any engine with OpenAI's chat completions and model list).
+         */
+        public Builder endpointKind(String kind) {
+            f.put("endpoint_kind", kind);
+            return this;
+        }
+
+        /** The environment variable holding the endpoints' API key (never recorded). */
+        public Builder apiKeyEnv(String variable) {
+            f.put("api_key_env", variable);
+            return this;
+        }
+
+        /** The model name the endpoints serve; default the model id. */
+        public Builder servedModel(String name) {
+            f.put("served_model", name);
+            return this;
+        }
+
         /** The descriptor. */
         public ModelDescriptor build() {
             return new ModelDescriptor(new LinkedHashMap<>(f));
