@@ -18,10 +18,13 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const SERVED: &str = "org/served-model";
 
-/// The stub engine: what each request carried (its head lines and its body).
+/// One request the stub engine was sent: its head lines and its body.
+type Seen = (Vec<String>, Value);
+
+/// The stub engine, and what it was sent.
 struct Stub {
     port: u16,
-    seen: Arc<Mutex<Vec<(Vec<String>, Value)>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 fn respond(out: &mut impl Write, status: &str, content_type: &str, body: &str) {
