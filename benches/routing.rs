@@ -1,6 +1,7 @@
 //! `cargo bench --bench routing`: a remote model over two real llama-servers. Time to first
 //! token of a conversation's later turns when its requests stay on one endpoint (sessions)
-//! against the least-loaded endpoint, four conversations at once (`affinity_ttft_ratio`); and
+//! against the least-loaded endpoint, four conversations at once (`affinity_ttft_ratio`), with
+//! the prompt tokens each mode's turns computed (the servers' `timings.prompt_n`); and
 //! one endpoint through the manager's router against the same requests posted by a bare
 //! client (`routing_overhead_ratio`).
 
@@ -64,8 +65,10 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// A turn of conversation `name`: a system prompt of its own, the earlier turns (each with the
-/// long tool output an agent's turn carries), and a new question.
+/// A turn of conversation `name`: a system prompt and task of its own, the earlier turns (each
+/// with the long tool output an agent's turn carries), and the new question last, as an
+/// agent's transcript grows: each turn's prompt extends the one before, so a server that kept
+/// it computes only the new part.
 fn turn(
     name: &str,
     history: &[(String, String)],
@@ -82,10 +85,11 @@ fn turn(
             format!("{name} log page {i}: {}", log.repeat(12)),
         ));
     }
+    entries.push(ContextEntry::new(SourceType::User, question.to_owned()));
     InferenceRequest {
         context: ContextPack {
             system: Some(format!("Conversation {name}. You keep the harbour log.")),
-            task: Some(question.to_owned()),
+            task: None,
             entries,
         },
         config: GenerationConfig {
@@ -98,14 +102,17 @@ fn turn(
     }
 }
 
-/// Four conversations of six turns at once on `manager`'s remote model; the times to first
-/// token of turns 2 to 6.
+/// What one later turn cost: its time to first token, and the prompt tokens the server
+/// computed (the rest came from its cache), from the answer's `timings`.
+type Turn = (f64, f64);
+
+/// Four conversations of six turns at once on `manager`'s remote model; turns 2 to 6.
 fn conversations(
     manager: &DefaultModelManager,
     model: &ModelDescriptor,
     tag: &str,
     session: bool,
-) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+) -> Result<Vec<Turn>, Box<dyn std::error::Error>> {
     let questions = [
         "Which ship came in first?",
         "What did it carry?",
@@ -119,7 +126,7 @@ fn conversations(
             .map(|c| {
                 let provider = manager.managed(model);
                 let name = format!("{tag}-{c}");
-                scope.spawn(move || -> Result<Vec<f64>, String> {
+                scope.spawn(move || -> Result<Vec<Turn>, String> {
                     let mut history: Vec<(String, String)> = Vec::new();
                     let mut ttfts = Vec::new();
                     for (i, q) in questions.iter().enumerate() {
@@ -133,7 +140,13 @@ fn conversations(
                             })
                             .map_err(|e| e.to_string())?;
                         if i > 0 {
-                            ttfts.push(first.unwrap_or_else(|| started.elapsed()).as_secs_f64());
+                            let ttft = first.unwrap_or_else(|| started.elapsed()).as_secs_f64();
+                            let computed = answer
+                                .timings
+                                .as_ref()
+                                .and_then(|t| t["prompt_n"].as_f64())
+                                .unwrap_or(f64::NAN);
+                            ttfts.push((ttft, computed));
                         }
                         history.push(((*q).to_owned(), answer.text));
                     }
@@ -158,14 +171,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (_one, port_one) = server(&install)?;
     let (_two, port_two) = server(&install)?;
     let store = Arc::new(SqliteEventStore::open(dir.join("events.db"))?);
-    // A session's endpoint takes two of its requests at once; more go to the least loaded.
-    let manager = DefaultModelManager::new(
-        store,
-        ManagerOptions {
-            session_spill_in_flight: 2,
-            ..ManagerOptions::default()
-        },
-    );
+    // The default spill bound (4 in flight): a session stays on its endpoint here.
+    let manager = DefaultModelManager::new(store, ManagerOptions::default());
     let url = |p: u16| format!("http://127.0.0.1:{p}");
     let pair = ModelDescriptor::remote("pair", vec![url(port_one), url(port_two)]);
     manager.load(&pair)?;
@@ -184,7 +191,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             with.extend(affinity(&format!("a{round}"))?);
         }
     }
-    let (with, without) = (median(with), median(without));
+    // How many prompt tokens each turn computed shows why: a turn whose endpoint kept its
+    // conversation computes only what the turn added.
+    let computed = |v: &[Turn]| v.iter().map(|t| t.1).sum::<f64>() / v.len() as f64;
+    println!(
+        "affinity_prompt_tokens_computed_mean: {:.0}",
+        computed(&with)
+    );
+    println!(
+        "least_loaded_prompt_tokens_computed_mean: {:.0}",
+        computed(&without)
+    );
+    let ttft = |v: Vec<Turn>| median(v.into_iter().map(|t| t.0).collect());
+    let (with, without) = (ttft(with), ttft(without));
     println!("affinity_ttft_ms_p50: {:.1}", with * 1e3);
     println!("least_loaded_ttft_ms_p50: {:.1}", without * 1e3);
     println!("affinity_ttft_ratio: {:.3}", with / without);
