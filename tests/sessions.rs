@@ -821,3 +821,57 @@ fn an_agent_killed_at_random_points_resumes_without_repeating_a_call_or_a_change
     );
     Ok(())
 }
+
+#[test]
+fn a_damaged_step_record_is_found_by_verify_and_refused_by_the_session() -> TestResult {
+    let dir = TempDir::new("session-damaged");
+    let model = double();
+    let none = CancelToken::new();
+    {
+        let rt = runtime(dir.path())?;
+        let s = rt.session("s1")?;
+        s.infer("t1", &model, &ask("hello"), &none)?;
+    }
+    let db = dir.join("events.db");
+    assert!(correx::verify_log(&db)?.problems.is_empty());
+    let position: i64 = {
+        let conn = rusqlite::Connection::open(&db)?;
+        let position = conn.query_row(
+            "SELECT position FROM events WHERE type_id = 'session.step_completed'",
+            [],
+            |r| r.get(0),
+        )?;
+        // The answer swapped for something that is not one.
+        conn.execute(
+            "UPDATE events SET payload = json_set(payload, '$.answer', 'edited') WHERE position = ?1",
+            [position],
+        )?;
+        position
+    };
+    let report = correx::verify_log(&db)?;
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.position == Some(position as u64)),
+        "{report:?}"
+    );
+    // The session does not read past it (which would run the step again): a typed error,
+    // every time.
+    let rt = runtime(dir.path())?;
+    for _ in 0..2 {
+        match rt
+            .session("s1")
+            .and_then(|s| s.infer("t1", &model, &ask("hello"), &none))
+        {
+            Err(SessionError::Corrupt { position: p, .. }) => assert_eq!(p, position as u64),
+            other => panic!("a corrupt step, not {other:?}"),
+        }
+    }
+    assert_eq!(
+        model.calls.load(Ordering::SeqCst),
+        1,
+        "the damaged step was not run again"
+    );
+    Ok(())
+}

@@ -549,6 +549,48 @@ impl DomainEvent {
         }
     }
 
+    /// What a payload's free-form fields fail to hold, beyond their types: a step's answer,
+    /// result and context are JSON the session reads back, so `verify` and the session's own
+    /// reading check their shape alike.
+    pub(crate) fn shape_problem(&self) -> Option<String> {
+        let DomainEvent::SessionStepCompleted {
+            answer,
+            result,
+            context,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        if let Some(a) = answer {
+            let ok = a["text"].is_string()
+                && a["usage"].is_object()
+                && a["finish_reason"].is_string()
+                && a["model"].is_string();
+            if !ok {
+                return Some(
+                    "a step's answer lacks its text, usage, finish_reason or model".into(),
+                );
+            }
+        }
+        if let Some(r) = result {
+            let ok = matches!(r["status"].as_str(), Some("success" | "failure"))
+                && r["invocation_id"].is_string();
+            if !ok {
+                return Some("a step's result lacks its status or invocation id".into());
+            }
+        }
+        if let Some(c) = context {
+            if !(c["keep"].is_u64() && c["entries"].is_array()) {
+                return Some("a step's context lacks keep or entries".into());
+            }
+        }
+        if answer.is_none() && result.is_none() {
+            return Some("a step's record holds neither an answer nor a result".into());
+        }
+        None
+    }
+
     /// The event ready to append, with a fresh event id.
     pub fn to_new_event(&self) -> NewEvent {
         // Serializing a plain struct of strings and numbers cannot fail.

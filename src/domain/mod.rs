@@ -47,7 +47,7 @@ pub fn append_domain(
 
 /// Checks the log at `path` without writing to it: that it is a correx log, SQLite's integrity
 /// check, every stream's versions gapless, every payload JSON, and every event of a type correx
-/// knows readable as that type.
+/// knows readable as that type (a session step's answer, result and context in their shape).
 ///
 /// # Errors
 /// [`crate::EventStoreError::NotALog`] when the file is missing or not a correx log;
@@ -58,6 +58,10 @@ pub fn verify_log(path: &Path) -> Result<LogReport> {
         if !DomainEvent::TYPE_IDS.contains(&event.type_id.as_str()) {
             return None;
         }
-        DomainEvent::decode(event).err().map(|e| e.to_string())
+        match DomainEvent::decode(event) {
+            Ok(Some(d)) => d.shape_problem(),
+            Ok(None) => None,
+            Err(e) => Some(e.to_string()),
+        }
     })
 }

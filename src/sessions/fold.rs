@@ -85,6 +85,12 @@ impl Index {
         let Some(event) = e.domain().map_err(SessionError::Events)? else {
             return Ok(());
         };
+        if let Some(detail) = event.shape_problem() {
+            return Err(SessionError::Corrupt {
+                position: e.position,
+                detail,
+            });
+        }
         match event {
             DomainEvent::SessionStepStarted {
                 step,
