@@ -712,7 +712,8 @@ fn an_agent_killed_at_random_points_resumes_without_repeating_a_call_or_a_change
     println!("kill battery seed {seed}");
     let mut rng = Rng(seed);
     let (mut kills, mut sessions) = (0, Vec::new());
-    let deadline = Instant::now() + Duration::from_secs(240);
+    // A bound on a hang, not a timing: a loaded 2-core machine takes minutes.
+    let deadline = Instant::now() + Duration::from_secs(900);
     while kills < 50 {
         assert!(
             Instant::now() < deadline,

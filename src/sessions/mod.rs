@@ -552,36 +552,48 @@ impl Session {
             }
         };
         let recorded = serde_json::to_value(&answer).unwrap_or(Value::Null);
-        let appended = self.append_at(|ix| {
-            if ix.recorded(step) {
-                return None;
-            }
-            Some(DomainEvent::SessionStepCompleted {
-                session_id: self.id.clone(),
-                step: step.to_owned(),
-                kind: digest::INFER.into(),
-                digest: digest.clone(),
-                attempt,
-                answer: Some(recorded.clone()),
-                context: Some(fold::context_delta(&ix.context, &request.context)),
-                result: None,
-                call_id: None,
-                recovered: None,
-            })
-        })?;
+        let completed = |ix: &Index| DomainEvent::SessionStepCompleted {
+            session_id: self.id.clone(),
+            step: step.to_owned(),
+            kind: digest::INFER.into(),
+            digest: digest.clone(),
+            attempt,
+            answer: Some(recorded.clone()),
+            context: Some(fold::context_delta(&ix.context, &request.context)),
+            result: None,
+            call_id: None,
+            recovered: None,
+        };
+        self.record(guard, step, completed, answer, recorded_answer)
+    }
+
+    /// Records a performed step's result (the event `completed` makes from the current fold)
+    /// and ends its try. When another try recorded the step first (this one was judged over),
+    /// that record is the step's result, so caller and log agree.
+    fn record<T>(
+        &self,
+        guard: Guard<'_>,
+        step: &str,
+        completed: impl Fn(&Index) -> DomainEvent,
+        value: T,
+        read: fn(&Value) -> Result<T, SessionError>,
+    ) -> Result<Step<T>, SessionError> {
+        let attempt = guard.attempt;
+        // Unrecorded (the log failed), the guard ends the try: the next call runs an inference
+        // again and closes a tool run from its recorded outcome.
+        let appended = self.append_at(|ix| (!ix.recorded(step)).then(|| completed(ix)))?;
         guard.done();
         if appended.is_none() {
-            // Another try recorded first (this one was judged over): its answer is the step's.
             if let Some(payload) = self.recorded(step) {
                 return Ok(Step {
-                    value: recorded_answer(&payload)?,
+                    value: read(&payload)?,
                     replayed: true,
                     attempt: attempt_of(&payload),
                 });
             }
         }
         Ok(Step {
-            value: answer,
+            value,
             replayed: false,
             attempt,
         })
@@ -633,40 +645,19 @@ impl Session {
         let attempt = guard.attempt;
         let result = tools.execute_cancellable(request, cancel);
         let recorded = serde_json::to_value(&result).unwrap_or(Value::Null);
-        // Unrecorded (the log failed), the guard ends the try: the next call closes the run
-        // from its recorded outcome rather than running it again.
-        let appended = self.append_at(|ix| {
-            if ix.recorded(step) {
-                return None;
-            }
-            Some(DomainEvent::SessionStepCompleted {
-                session_id: self.id.clone(),
-                step: step.to_owned(),
-                kind: digest::TOOL.into(),
-                digest: digest.clone(),
-                attempt,
-                answer: None,
-                context: None,
-                result: Some(recorded.clone()),
-                call_id: call_id.map(str::to_owned),
-                recovered: None,
-            })
-        })?;
-        guard.done();
-        if appended.is_none() {
-            if let Some(payload) = self.recorded(step) {
-                return Ok(Step {
-                    value: recorded_result(&payload)?,
-                    replayed: true,
-                    attempt: attempt_of(&payload),
-                });
-            }
-        }
-        Ok(Step {
-            value: result,
-            replayed: false,
+        let completed = |_: &Index| DomainEvent::SessionStepCompleted {
+            session_id: self.id.clone(),
+            step: step.to_owned(),
+            kind: digest::TOOL.into(),
+            digest: digest.clone(),
             attempt,
-        })
+            answer: None,
+            context: None,
+            result: Some(recorded.clone()),
+            call_id: call_id.map(str::to_owned),
+            recovered: None,
+        };
+        self.record(guard, step, completed, result, recorded_result)
     }
 
     /// The conversation as the log tells it: the last inference's context (its system prompt,
