@@ -56,6 +56,9 @@ struct DoubleModel {
     hold: AtomicBool,
     /// The next call fails once.
     fail_next: AtomicBool,
+    /// Where each call is noted (a line per call, from any process), and for how long it
+    /// then takes: the two-process test counts calls there.
+    notes: Option<(std::path::PathBuf, Duration)>,
     id: Option<ProviderId>,
 }
 
@@ -76,6 +79,17 @@ impl InferenceProvider for DoubleModel {
     }
     fn infer(&self, request: &InferenceRequest) -> Result<InferenceResponse, InferenceError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if let Some((path, takes)) = &self.notes {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(path)
+                .map_err(|e| InferenceError::ModelUnavailable {
+                    detail: e.to_string(),
+                })?;
+            let _ = writeln!(f, "call from {}", std::process::id());
+            std::thread::sleep(*takes);
+        }
         while self.hold.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -398,35 +412,10 @@ fn session_race_child() -> TestResult {
     let dir = std::path::PathBuf::from(std::env::var("CORREX_CHILD_DIR")?);
     let rt = runtime(&dir)?;
     let s = rt.session("shared")?;
-    let calls = dir.join("calls.txt");
-    struct Noted<'a>(DoubleModel, &'a std::path::Path);
-    impl InferenceProvider for Noted<'_> {
-        fn id(&self) -> &ProviderId {
-            self.0.id()
-        }
-        fn infer(&self, r: &InferenceRequest) -> Result<InferenceResponse, InferenceError> {
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(self.1)
-                .map_err(|e| InferenceError::ModelUnavailable {
-                    detail: e.to_string(),
-                })?;
-            let _ = writeln!(f, "call from {}", std::process::id());
-            std::thread::sleep(Duration::from_millis(300));
-            self.0.infer(r)
-        }
-        fn health_check(&self) -> ProviderHealth {
-            ProviderHealth::Healthy
-        }
-        fn capabilities(&self) -> Vec<CapabilityScore> {
-            Vec::new()
-        }
-        fn tokenizer(&self) -> &dyn Tokenizer {
-            &NoTokens
-        }
-    }
-    let model = Noted(double(), &calls);
+    let model = DoubleModel {
+        notes: Some((dir.join("calls.txt"), Duration::from_millis(300))),
+        ..double()
+    };
     // Both processes start the step together.
     let go = dir.join("go");
     while !go.exists() {
