@@ -13,6 +13,8 @@ const BATCHES: usize = 2000;
 const BATCH: usize = 100;
 /// Rounds of the ours-against-raw comparison: odd, so the median is one of them.
 const ROUNDS: usize = 9;
+/// Rounds of the chained / unchained pair of single appends: odd.
+const CHAIN_ROUNDS: usize = 21;
 /// Rounds of the 1-thread / 8-thread pair: odd, so the median is one of them.
 const MT_ROUNDS: usize = 9;
 /// Rounds of the checkpoint latency comparison, each mode once per round.
@@ -99,7 +101,21 @@ fn raw_rate(dir: &Path, batch: usize, n: usize) -> f64 {
 }
 
 fn ours_rate(dir: &Path, batch: usize, n: usize) -> f64 {
-    let store = SqliteEventStore::open(fresh(dir, "ours.db")).expect("open store");
+    ours_rate_on(
+        SqliteEventStore::open(fresh(dir, "ours.db")).expect("open store"),
+        batch,
+        n,
+    )
+}
+
+/// The same appends on a store without the hash chain (a test-only constructor).
+fn unchained_rate(dir: &Path, batch: usize, n: usize) -> f64 {
+    let path = fresh(dir, "unchained.db");
+    let store = SqliteEventStore::open_unchained_for_bench(path).expect("open unchained");
+    ours_rate_on(store, batch, n)
+}
+
+fn ours_rate_on(store: SqliteEventStore, batch: usize, n: usize) -> f64 {
     settle();
     let events: Vec<Vec<NewEvent>> = (0..n)
         .map(|i| (0..batch).map(|j| event(i * batch + j)).collect())
@@ -284,6 +300,25 @@ fn main() {
         |ours: &[f64], raw: &[f64]| median(ours.iter().zip(raw).map(|(o, r)| o / r).collect());
     let (single_ratio, batch_ratio) = (ratio(&ours1, &raw1), ratio(&oursb, &rawb));
     let (ours1, raw1, oursb, rawb) = (median(ours1), median(raw1), median(oursb), median(rawb));
+    // The chain's cost: the same appends with and without it, back to back, alternating. Single
+    // durable appends wait on the disk's flush, whose spread is wider than the chain's cost:
+    // more rounds than above.
+    let (mut chain1, mut chainb) = (vec![], vec![]);
+    for round in 0..CHAIN_ROUNDS {
+        let pair = |batch: usize, n: usize| {
+            if round % 2 == 0 {
+                let plain = unchained_rate(&dir, batch, n);
+                ours_rate(&dir, batch, n) / plain
+            } else {
+                let chained = ours_rate(&dir, batch, n);
+                chained / unchained_rate(&dir, batch, n)
+            }
+        };
+        chain1.push(pair(1, SINGLES / ROUNDS));
+        if round < ROUNDS {
+            chainb.push(pair(BATCH, BATCHES / ROUNDS));
+        }
+    }
     println!("append_single_events_per_s: {ours1:.0}");
     println!("append_batch100_events_per_s: {oursb:.0}");
     println!("raw_single_events_per_s: {raw1:.0}");
@@ -367,6 +402,13 @@ fn main() {
     println!("append_p50_us_at_1m: {p50_1m:.0}");
     println!("append_p50_growth_1m_vs_10k: {:.2}", p50_1m / p50_10k);
     drop(store);
+    let t = Instant::now();
+    let report = correx::verify_log(&dir.join("big.db")).expect("verify");
+    assert!(report.problems.is_empty(), "{:?}", report.problems.first());
+    println!(
+        "verify_events_per_s: {:.0}",
+        report.events as f64 / t.elapsed().as_secs_f64()
+    );
 
     let live = Arc::new(SqliteEventStore::open(fresh(&dir, "live.db")).expect("open live"));
     let writer_store = Arc::clone(&live);
@@ -395,4 +437,6 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
     println!("append_ratio_vs_raw: {single_ratio:.3}");
     println!("batch_ratio_vs_raw: {batch_ratio:.3}");
+    println!("chain_append_ratio: {:.3}", median(chain1));
+    println!("chain_batch_ratio: {:.3}", median(chainb));
 }

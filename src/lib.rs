@@ -33,11 +33,15 @@ pub use approvals::{
     DenyAll, EngineChoice, RuleAction,
 };
 pub use cancel::CancelToken;
-pub use domain::{append_domain, verify_log, DomainEvent, EventType, UnloadReason};
+pub use domain::{
+    append_domain, verify_log, verify_log_sealed, DomainEvent, EventType, UnloadReason,
+};
+pub use events::chain;
 pub use events::{
     format_rfc3339_ms, verify_log_with, AppendResult, Checkpoints, Durability, EventStore,
-    EventStoreError, ExpectedVersion, LogProblem, LogReport, NewEvent, RecordedEvent,
-    SqliteEventStore, StoreOptions, Subscription,
+    EventStoreError, ExpectedVersion, LogProblem, LogReport, NewEvent, RecordedEvent, Seal,
+    SealConfig, SealError, SealKey, SealOptions, SealWriter, SqliteEventStore, StoreOptions,
+    Subscription,
 };
 pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
 pub use inference::{

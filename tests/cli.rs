@@ -328,21 +328,91 @@ fn verify_passes_a_sound_log_and_names_each_problem_of_a_damaged_one() -> TestRe
     }
     let (code, out, err) = run(&["log", "verify", &dbs])?;
     assert_eq!(code, 1);
-    assert!(err.contains("3 problem(s)"), "{err}");
+    assert!(err.contains("6 problem(s)"), "{err}");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines.len(), 6, "{out}");
+    // Each damaged place is named twice: by the hash chain, and by what it breaks besides.
+    for (line, (position, what)) in lines.iter().zip([
+        (4, "hash chain breaks"),
+        (4, "session-s1"),
+        (5, "hash chain breaks"),
+        (5, "not JSON"),
+        (9, "hash chain breaks"),
+        (9, "model.unloaded"),
+    ]) {
+        assert!(
+            line.starts_with(&format!("position {position}:")) && line.contains(what),
+            "{out}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn seal_then_verify_against_the_seal_with_a_key_finds_a_cut_tail() -> TestResult {
+    let tmp = TempDir::new("cli-seal");
+    let db = tmp.join("events.db");
+    drop(write_log(&db)?);
+    let (dbs, seals, key) = (
+        db.to_string_lossy().into_owned(),
+        tmp.join("log.seals").to_string_lossy().into_owned(),
+        tmp.join("seal.key").to_string_lossy().into_owned(),
+    );
+    std::fs::write(&key, "a host's secret\n")?;
+    let (code, out, err) = run(&[
+        "log",
+        "seal",
+        &dbs,
+        "--key-file",
+        &key,
+        "--append-to",
+        &seals,
+    ])?;
+    assert_eq!(code, 0, "{err}");
+    let printed: Value = serde_json::from_str(out.trim())?;
+    assert_eq!(printed["position"], 9);
+    assert_eq!(std::fs::read_to_string(&seals)?.trim(), out.trim());
+    let (code, out, err) = run(&["log", "verify", &dbs, "--seal", &seals, "--key-file", &key])?;
+    assert_eq!(code, 0, "{err}");
     assert!(
-        lines[0].starts_with("position 4:") && lines[0].contains("session-s1"),
+        out.contains("the hash chain holds, 1 seal(s) match"),
         "{out}"
     );
     assert!(
-        lines[1].starts_with("position 5:") && lines[1].contains("not JSON"),
+        out.contains(&format!(
+            "head: position 9 hash {}",
+            printed["hash"].as_str().unwrap_or("?")
+        )),
         "{out}"
     );
+    // Without the key the seal file is not trusted; with another, its seals are refused.
+    let (code, _, err) = run(&["log", "verify", &dbs, "--key-file", &key])?;
+    assert_eq!(code, 2, "{err}");
+    std::fs::write(tmp.join("other.key"), "another")?;
+    let other = tmp.join("other.key").to_string_lossy().into_owned();
+    let (code, _, err) = run(&[
+        "log",
+        "verify",
+        &dbs,
+        "--seal",
+        &seals,
+        "--key-file",
+        &other,
+    ])?;
+    assert_eq!(code, 1);
     assert!(
-        lines[2].starts_with("position 9:") && lines[2].contains("model.unloaded"),
+        err.contains("seal line 1") && err.contains("signature"),
+        "{err}"
+    );
+    // The last two events cut off.
+    rusqlite::Connection::open(&db)?.execute("DELETE FROM events WHERE position > 7", [])?;
+    let (code, out, err) = run(&["log", "verify", &dbs, "--seal", &seals, "--key-file", &key])?;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.starts_with("position 8:") && out.contains("cut off"),
         "{out}"
     );
+    assert!(err.contains("1 problem(s)"), "{err}");
     Ok(())
 }
 

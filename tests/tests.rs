@@ -8,6 +8,7 @@ mod util;
 mod cli;
 mod confined;
 mod events;
+mod evidence;
 mod ffi;
 mod header;
 mod inference;

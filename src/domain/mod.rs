@@ -54,14 +54,28 @@ pub fn append_domain(
 /// [`crate::EventStoreError::Open`] / [`crate::EventStoreError::Sqlite`] when it cannot be read
 /// at all. Problems found inside a readable log are in the report, not errors.
 pub fn verify_log(path: &Path) -> Result<LogReport> {
-    crate::events::verify_log_with(path, &|event| {
-        if !DomainEvent::TYPE_IDS.contains(&event.type_id.as_str()) {
-            return None;
-        }
-        match DomainEvent::decode(event) {
-            Ok(Some(d)) => d.shape_problem(),
-            Ok(None) => None,
-            Err(e) => Some(e.to_string()),
-        }
-    })
+    verify_log_sealed(path, &[])
+}
+
+/// As [`verify_log`], and the log against `seals` (see [`crate::events::Seal`]): a log
+/// shorter than a seal, or holding another hash at a sealed position, is a problem naming the
+/// first position concerned.
+///
+/// # Errors
+/// As [`verify_log`].
+pub fn verify_log_sealed(path: &Path, seals: &[crate::events::Seal]) -> Result<LogReport> {
+    crate::events::verify_log_with(
+        path,
+        &|event| {
+            if !DomainEvent::TYPE_IDS.contains(&event.type_id.as_str()) {
+                return None;
+            }
+            match DomainEvent::decode(event) {
+                Ok(Some(d)) => d.shape_problem(),
+                Ok(None) => None,
+                Err(e) => Some(e.to_string()),
+            }
+        },
+        seals,
+    )
 }

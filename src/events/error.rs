@@ -65,6 +65,16 @@ pub enum EventStoreError {
         /// What it is instead.
         detail: String,
     },
+    /// The log was written by a newer correx, with a schema this build does not know; nothing
+    /// was written to it. Use that correx, or a newer one.
+    SchemaTooNew {
+        /// The file.
+        path: PathBuf,
+        /// Its schema version (`PRAGMA user_version`).
+        found: i64,
+        /// The newest this build reads and writes.
+        supported: i64,
+    },
     /// SQLite did not accept the durability or journal settings the store needs.
     Settings {
         /// The pragma.
@@ -90,6 +100,7 @@ impl EventStoreError {
             | EventStoreError::CommitFailed { .. }
             | EventStoreError::CorruptEvent { .. }
             | EventStoreError::NotALog { .. }
+            | EventStoreError::SchemaTooNew { .. }
             | EventStoreError::Settings { .. } => false,
         }
     }
@@ -120,6 +131,7 @@ impl EventStoreError {
             | EventStoreError::IdempotencyConflict { .. }
             | EventStoreError::CorruptEvent { .. }
             | EventStoreError::NotALog { .. }
+            | EventStoreError::SchemaTooNew { .. }
             | EventStoreError::Settings { .. } => false,
         }
     }
@@ -173,6 +185,16 @@ impl fmt::Display for EventStoreError {
                 "{} is not a correx event log ({detail}); check the path",
                 path.display()
             ),
+            EventStoreError::SchemaTooNew {
+                path,
+                found,
+                supported,
+            } => write!(
+                f,
+                "{}: the log's schema is version {found}, written by a newer correx; this one \
+                 knows up to {supported}: open it with that correx or a newer one",
+                path.display()
+            ),
             EventStoreError::Settings {
                 pragma,
                 wanted,
@@ -198,6 +220,7 @@ impl std::error::Error for EventStoreError {
             | EventStoreError::IdempotencyConflict { .. }
             | EventStoreError::CorruptEvent { .. }
             | EventStoreError::NotALog { .. }
+            | EventStoreError::SchemaTooNew { .. }
             | EventStoreError::Settings { .. } => None,
         }
     }

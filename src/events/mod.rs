@@ -20,13 +20,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod chain;
 mod error;
+mod seal;
 mod sqlite;
 mod subscription;
 mod time;
 mod verify;
 
 pub use error::EventStoreError;
+pub use seal::{Seal, SealConfig, SealError, SealKey, SealOptions, SealWriter};
 pub use sqlite::{Checkpoints, Durability, SqliteEventStore, StoreOptions};
 pub use subscription::Subscription;
 pub use time::format_rfc3339_ms;

@@ -1,6 +1,9 @@
 //! Checking a log file without writing to it: is it a correx log, is SQLite's structure
 //! intact, are the streams gapless, is every payload readable.
 
+use super::chain::{to_hex, ChainHash, Link, GENESIS};
+use super::seal::Seal;
+use super::time::format_rfc3339_ms;
 use super::{EventStoreError, RecordedEvent, Result};
 use rusqlite::{Connection, OpenFlags};
 use std::collections::HashMap;
@@ -22,6 +25,16 @@ pub struct LogReport {
     pub events: u64,
     /// Streams seen.
     pub streams: u64,
+    /// Events before the hash chain starts (written by a correx from before it); they are
+    /// checked as before, but an edit of them shows only against a seal made after.
+    pub unchained: u64,
+    /// The first chained position, when any event is chained.
+    pub chained_from: Option<u64>,
+    /// The last event's position and hash as stored (hex), when it has one: what a seal of
+    /// this log now would hold.
+    pub head: Option<(u64, String)>,
+    /// How many seals the log was checked against.
+    pub seals: u64,
     /// Everything wrong, in position order after SQLite's own findings; empty when the log is
     /// sound.
     pub problems: Vec<LogProblem>,
@@ -80,17 +93,30 @@ pub(super) fn open_log_read_only(path: &Path) -> Result<Connection> {
 }
 
 /// Checks the log at `path` without changing it: SQLite's integrity check, positions that
-/// strictly increase, stream versions 1, 2, 3, ... with no gap, payloads that are JSON, and
-/// whatever `check` says of each event (`Some(problem)`; the domain's schemas, in
-/// `crate::verify_log`).
+/// strictly increase, stream versions 1, 2, 3, ... with no gap, payloads that are JSON, the
+/// hash chain (see [`chain`](super::chain): each problem at the first position it breaks), the
+/// log against each of `seals` (shorter than a seal: cut or rolled back; another hash at a
+/// sealed position: rewritten), and whatever `check` says of each event (`Some(problem)`; the
+/// domain's schemas, in `crate::verify_log`).
 ///
 /// # Errors
 /// As `open_log_read_only`; a row that cannot be read at all is a problem, not an error.
 pub fn verify_log_with(
     path: &Path,
     check: &dyn Fn(&RecordedEvent) -> Option<String>,
+    seals: &[Seal],
 ) -> Result<LogReport> {
     let conn = open_log_read_only(path)?;
+    let has_hash = conn
+        .prepare("SELECT 1 FROM pragma_table_info('events') WHERE name = 'hash'")
+        .and_then(|mut st| st.exists([]))
+        .map_err(|source| EventStoreError::Sqlite {
+            operation: "verify",
+            source,
+        })?;
+    let sealed: std::collections::HashSet<u64> = seals.iter().map(|s| s.position).collect();
+    let mut stored_at: HashMap<u64, Option<ChainHash>> = HashMap::new();
+    let mut chain = Chain::default();
     let sqlite = |source| EventStoreError::Sqlite {
         operation: "verify",
         source,
@@ -110,10 +136,12 @@ pub fn verify_log_with(
         });
     }
     let mut stmt = conn
-        .prepare(
+        .prepare(&format!(
             "SELECT position, event_id, stream_id, stream_version, type_id, schema_version, \
-             timestamp_ms, correlation_id, causation_id, payload FROM events ORDER BY position",
-        )
+             timestamp_ms, correlation_id, causation_id, payload, {} FROM events \
+             ORDER BY position",
+            if has_hash { "hash" } else { "NULL" }
+        ))
         .map_err(sqlite)?;
     let mut rows = stmt.query([]).map_err(sqlite)?;
     let mut last_position = 0u64;
@@ -133,6 +161,34 @@ pub fn verify_log_with(
             ));
         }
         last_position = position.max(0) as u64;
+        let stored: Option<Vec<u8>> = row.get(10).unwrap_or(None);
+        let link = (|| {
+            Ok::<_, rusqlite::Error>(Link {
+                position: last_position,
+                event_id: row.get_ref(1)?.as_str()?,
+                stream_id: row.get_ref(2)?.as_str()?,
+                stream_version: u64::try_from(row.get::<_, i64>(3)?).unwrap_or(u64::MAX),
+                type_id: row.get_ref(4)?.as_str()?,
+                schema_version: row.get(5)?,
+                timestamp_ms: row.get(6)?,
+                correlation_id: row.get_ref(7)?.as_str_or_null()?,
+                causation_id: row.get_ref(8)?.as_str_or_null()?,
+                payload: row.get_ref(9)?.as_str()?,
+            })
+        })();
+        match link {
+            Ok(link) => {
+                if let Some(p) = chain.follow(&link, stored.as_deref()) {
+                    problem(p);
+                }
+            }
+            Err(e) => problem(format!(
+                "a column cannot be read, so its hash cannot be checked: {e}"
+            )),
+        }
+        if sealed.contains(&last_position) {
+            stored_at.insert(last_position, stored.and_then(|h| h.try_into().ok()));
+        }
         let stream: String = row.get(2).unwrap_or_default();
         let version = row.get::<_, i64>(3).unwrap_or(-1);
         let want = versions.get(&stream).map_or(1, |v| v + 1);
@@ -178,5 +234,125 @@ pub fn verify_log_with(
         }
     }
     report.streams = versions.len() as u64;
+    report.unchained = chain.unchained;
+    report.chained_from = chain.from;
+    report.head = chain.last_stored.map(|h| (last_position, to_hex(&h)));
+    report.seals = seals.len() as u64;
+    report
+        .problems
+        .extend(check_seals(seals, last_position, &stored_at));
     Ok(report)
+}
+
+/// The chain as `verify` walks it.
+#[derive(Default)]
+struct Chain {
+    /// The hash the next event follows; `None` until the first chained event.
+    previous: Option<ChainHash>,
+    from: Option<u64>,
+    unchained: u64,
+    /// The last event's stored hash, if it has a well-formed one.
+    last_stored: Option<ChainHash>,
+}
+
+impl Chain {
+    /// Checks one event's stored hash; the problem, if any. After a broken link the walk goes
+    /// on from the stored hash, so one edit is one problem, at its own position.
+    fn follow(&mut self, link: &Link<'_>, stored: Option<&[u8]>) -> Option<String> {
+        self.last_stored = None;
+        // An event without a hash is still chained in passing, as the writer did when the
+        // chain started after it: the first stored hash covers every event before it.
+        let passing = link.hash(&self.previous.unwrap_or(GENESIS));
+        let Some(stored) = stored else {
+            self.previous = Some(passing);
+            return match self.from {
+                None => {
+                    self.unchained += 1;
+                    None
+                }
+                Some(from) => Some(format!(
+                    "the event has no hash, though the chain starts at position {from}: its \
+                     hash was removed, or a correx without the chain wrote it"
+                )),
+            };
+        };
+        let Ok(stored) = ChainHash::try_from(stored) else {
+            self.previous = Some(passing);
+            return Some(format!(
+                "the event's hash is {} bytes, not 32: the hash column was changed",
+                stored.len()
+            ));
+        };
+        self.from.get_or_insert(link.position);
+        self.previous = Some(stored);
+        self.last_stored = Some(stored);
+        (passing != stored).then(|| {
+            "the hash chain breaks here: this event was changed, or an event before it was \
+             deleted, inserted or moved"
+                .to_owned()
+        })
+    }
+}
+
+/// What the seals say of a log that ends at `last` and holds `stored` at their positions: a
+/// problem for the first seal the log falls short of, and for the first whose hash it does not
+/// hold.
+fn check_seals(
+    seals: &[Seal],
+    last: u64,
+    stored: &HashMap<u64, Option<ChainHash>>,
+) -> Vec<LogProblem> {
+    let mut sorted: Vec<&Seal> = seals.iter().collect();
+    sorted.sort_by_key(|s| (s.position, s.sealed_at_ms));
+    let when = |s: &Seal| format_rfc3339_ms(s.sealed_at_ms);
+    let mut problems = Vec::new();
+    let mut last_match: Option<&Seal> = None;
+    let mut differs = false;
+    for seal in &sorted {
+        if seal.position > last {
+            problems.push(LogProblem {
+                position: Some(last + 1),
+                detail: format!(
+                    "the log ends at position {last}, but the seal made {} reached position {} \
+                     (hash {}): events {} to {} were cut off, or this is an older copy of the log",
+                    when(seal),
+                    seal.position,
+                    to_hex(&seal.hash),
+                    last + 1,
+                    seal.position
+                ),
+            });
+            break;
+        }
+        let holds = if seal.position == 0 {
+            seal.hash == GENESIS
+        } else {
+            stored.get(&seal.position).copied().flatten() == Some(seal.hash)
+        };
+        if holds {
+            last_match = Some(seal);
+        } else if !differs {
+            differs = true;
+            let since = match last_match {
+                Some(m) => format!(
+                    "positions {} to {} (the seal made {} at position {} still matches)",
+                    m.position + 1,
+                    seal.position,
+                    when(m),
+                    m.position
+                ),
+                None => format!("positions 1 to {}", seal.position),
+            };
+            problems.push(LogProblem {
+                position: Some(seal.position),
+                detail: format!(
+                    "the log does not hold the hash the seal made {} recorded here (hash {}): \
+                     it was rewritten or replaced by another log in {since}",
+                    when(seal),
+                    to_hex(&seal.hash)
+                ),
+            });
+        }
+    }
+    problems
 }

@@ -23,6 +23,7 @@ pub(super) fn store_failure(e: EventStoreError) -> Failure {
         | EventStoreError::CommitFailed { .. }
         | EventStoreError::CorruptEvent { .. }
         | EventStoreError::NotALog { .. }
+        | EventStoreError::SchemaTooNew { .. }
         | EventStoreError::Settings { .. } => CORREX_E_EVENT_STORE,
     };
     Failure::new(code, e.to_string())

@@ -4,7 +4,7 @@
 //! everything. Errors name the field by its whole path.
 
 use crate::approvals::ApprovalsConfig;
-use crate::events::Durability;
+use crate::events::{Durability, SealConfig};
 use crate::inference::ManagerOptions;
 use crate::settings::{self, ConfigError};
 use crate::tools::{McpServers, ToolConfig, BUILTIN_TOOLS};
@@ -32,6 +32,8 @@ pub struct RuntimeConfig {
     pub approvals: ApprovalsConfig,
     /// MCP servers whose tools join the registry (config `mcp_servers`).
     pub mcp_servers: McpServers,
+    /// Seals of the log written to a file while the runtime lives (config `seal`).
+    pub seal: SealConfig,
 }
 
 /// The top level as written, before the sections are checked.
@@ -46,6 +48,7 @@ struct Document {
     models: Option<Value>,
     approvals: Option<Value>,
     mcp_servers: Option<Value>,
+    seal: Option<Value>,
 }
 
 impl RuntimeConfig {
@@ -59,6 +62,7 @@ impl RuntimeConfig {
             models: ManagerOptions::default(),
             approvals: ApprovalsConfig::default(),
             mcp_servers: McpServers::default(),
+            seal: SealConfig::default(),
         }
     }
 
@@ -104,6 +108,7 @@ impl RuntimeConfig {
             models: settings::read("models", d.models)?,
             approvals: settings::read("approvals", d.approvals)?,
             mcp_servers: settings::read("mcp_servers", d.mcp_servers)?,
+            seal: settings::read("seal", d.seal)?,
         })
     }
 }

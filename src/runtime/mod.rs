@@ -6,7 +6,9 @@ mod config;
 pub use config::{RuntimeConfig, CONFIG_VERSION};
 
 use crate::approvals::{ApprovalEngine, ApprovalPolicy, AutoApprove, DenyAll, EngineChoice};
-use crate::events::{EventStore, EventStoreError, SqliteEventStore, StoreOptions};
+use crate::events::{
+    EventStore, EventStoreError, SealError, SealWriter, SqliteEventStore, StoreOptions,
+};
 use crate::inference::DefaultModelManager;
 use crate::sandbox::{default_work_root, SandboxError, SandboxedToolExecutor};
 use crate::sessions::{Session, SessionError};
@@ -28,6 +30,8 @@ pub enum RuntimeError {
     Config(ConfigError),
     /// The event log could not be opened.
     Events(EventStoreError),
+    /// The config's seal file or key could not be read or written (config `seal`).
+    Seal(SealError),
     /// A tool could not be built (a missing root or executable).
     Tool {
         /// The tool.
@@ -54,6 +58,7 @@ impl fmt::Display for RuntimeError {
         match self {
             RuntimeError::Config(e) => e.fmt(f),
             RuntimeError::Events(e) => e.fmt(f),
+            RuntimeError::Seal(e) => write!(f, "seal: {e}"),
             RuntimeError::Tool { tool, source } => write!(f, "tools.{tool}: {source}"),
             RuntimeError::Sandbox(e) => e.fmt(f),
             RuntimeError::Jobs(e) => write!(f, "background jobs: {e}"),
@@ -67,6 +72,7 @@ impl std::error::Error for RuntimeError {
         match self {
             RuntimeError::Config(e) => Some(e),
             RuntimeError::Events(e) => Some(e),
+            RuntimeError::Seal(e) => Some(e),
             RuntimeError::Tool { source, .. } => Some(source),
             RuntimeError::Sandbox(e) => Some(e),
             RuntimeError::Jobs(e) => Some(e),
@@ -95,6 +101,9 @@ pub struct Runtime {
     interrupted_jobs: Vec<InterruptedJob>,
     mcp: Arc<McpHub>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Last, so its final seal, written as it drops, covers what every part above appended
+    /// on its way out.
+    _sealer: Option<SealWriter>,
 }
 
 impl fmt::Debug for Runtime {
@@ -135,6 +144,12 @@ impl Runtime {
             )
             .map_err(RuntimeError::Events)?,
         );
+        let sealer = match config.seal.options().map_err(RuntimeError::Seal)? {
+            Some(options) => {
+                Some(SealWriter::start(events.clone(), options).map_err(RuntimeError::Seal)?)
+            }
+            None => None,
+        };
         let store: Arc<dyn EventStore> = events.clone();
         let work_root = config
             .sandbox_root
@@ -182,6 +197,7 @@ impl Runtime {
             interrupted_jobs,
             mcp,
             sessions: Mutex::new(HashMap::new()),
+            _sealer: sealer,
         })
     }
 

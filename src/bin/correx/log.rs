@@ -1,11 +1,11 @@
-//! `correx log show|tail|verify|audit`.
+//! `correx log show|tail|verify|seal|audit`.
 
 use crate::args::Args;
 use crate::style::{colour_of, line, Format};
 use crate::Failure;
 use correx::{
-    format_rfc3339_ms, verify_log, EventStore, EventStoreError, EventType, RecordedEvent,
-    SqliteEventStore, StoreOptions,
+    format_rfc3339_ms, verify_log_sealed, EventStore, EventStoreError, EventType, RecordedEvent,
+    Seal, SealKey, SqliteEventStore, StoreOptions,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -247,11 +247,43 @@ pub fn tail(args: Args) -> Result<(), Failure> {
     }
 }
 
+/// The key of `--key-file`, if given.
+fn key(args: &Args) -> Result<Option<SealKey>, Failure> {
+    args.value("--key-file")
+        .map(|k| SealKey::from_file(Path::new(k)).map_err(|e| Failure::Run(e.to_string())))
+        .transpose()
+}
+
+pub fn seal(args: Args) -> Result<(), Failure> {
+    let [db] = args.positionals(&["DB"])?[..] else {
+        unreachable!("positionals returns exactly one")
+    };
+    let key = key(&args)?;
+    let seal = Seal::of_log(Path::new(db)).map_err(|e| Failure::Run(format!("{db}: {e}")))?;
+    if let Some(to) = args.value("--append-to") {
+        seal.append_to(Path::new(to), key.as_ref())
+            .map_err(|e| Failure::Run(e.to_string()))?;
+    }
+    line(&seal.to_line(key.as_ref()));
+    Ok(())
+}
+
 pub fn verify(args: Args) -> Result<(), Failure> {
     let [db] = args.positionals(&["DB"])?[..] else {
         unreachable!("positionals returns exactly one")
     };
-    let report = verify_log(Path::new(db)).map_err(store_failure)?;
+    let key = key(&args)?;
+    let seals = match args.value("--seal") {
+        Some(file) => Seal::read_file(Path::new(file), key.as_ref())
+            .map_err(|e| Failure::Run(format!("{file}: {e}")))?,
+        None if key.is_some() => {
+            return Err(Failure::Usage(
+                "--key-file checks seals: give --seal FILE".into(),
+            ))
+        }
+        None => Vec::new(),
+    };
+    let report = verify_log_sealed(Path::new(db), &seals).map_err(store_failure)?;
     for p in &report.problems {
         match p.position {
             Some(pos) => line(&format!("position {pos}: {}", p.detail)),
@@ -259,10 +291,27 @@ pub fn verify(args: Args) -> Result<(), Failure> {
         }
     }
     if report.problems.is_empty() {
+        let chain = match (report.chained_from, report.unchained) {
+            (None, 0) => "nothing to chain".to_owned(),
+            (None, n) => format!("unchained up to position {n} (written before the chain)"),
+            (Some(_), 0) => "the hash chain holds".to_owned(),
+            (Some(from), _) => format!(
+                "unchained up to position {}, the hash chain holds from {from}",
+                from - 1
+            ),
+        };
+        let sealed = match (report.seals, &report.head) {
+            (0, _) => String::new(),
+            (n, _) => format!(", {n} seal(s) match"),
+        };
         line(&format!(
-            "ok: {} events in {} streams, every stream gapless, every payload readable",
+            "ok: {} events in {} streams, every stream gapless, every payload readable, \
+             {chain}{sealed}",
             report.events, report.streams
         ));
+        if let Some((position, hash)) = &report.head {
+            line(&format!("head: position {position} hash {hash}"));
+        }
         Ok(())
     } else {
         eprintln!(

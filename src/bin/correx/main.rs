@@ -19,7 +19,8 @@ const USAGE: &str = "\
 usage:
   correx log show DB [--stream S] [--type T] [--after POS] [--since TIME] [--limit N] [--json]
   correx log tail DB [-f] [-n N] [--json]
-  correx log verify DB
+  correx log verify DB [--seal FILE [--key-file KEY]]
+  correx log seal DB [--key-file KEY] [--append-to FILE]
   correx log audit DB [--session S]
   correx log trace DB [--session S] > trace.json
   correx session show DB S [--json]
@@ -92,7 +93,12 @@ fn run(argv: &[String]) -> Result<(), Failure> {
         ["log", "tail", rest @ ..] => {
             log::tail(Args::parse(rest, &["-n"], &["-f", "--follow", "--json"])?)
         }
-        ["log", "verify", rest @ ..] => log::verify(Args::parse(rest, &[], &[])?),
+        ["log", "verify", rest @ ..] => {
+            log::verify(Args::parse(rest, &["--seal", "--key-file"], &[])?)
+        }
+        ["log", "seal", rest @ ..] => {
+            log::seal(Args::parse(rest, &["--key-file", "--append-to"], &[])?)
+        }
         ["log", "audit", rest @ ..] => log::audit(Args::parse(rest, &["--session"], &[])?),
         ["log", "trace", rest @ ..] => trace::trace(Args::parse(rest, &["--session"], &[])?),
         ["session", "show", rest @ ..] => session::show(Args::parse(rest, &[], &["--json"])?),
@@ -105,7 +111,7 @@ fn run(argv: &[String]) -> Result<(), Failure> {
         }
         ["log", other, ..] => Err(Failure::Usage(format!("unknown log command {other:?}"))),
         ["log"] => Err(Failure::Usage(
-            "`correx log` needs show, tail, verify, audit or trace".into(),
+            "`correx log` needs show, tail, verify, seal, audit or trace".into(),
         )),
         ["tool", ..] => Err(Failure::Usage("`correx tool` has one command: run".into())),
         [other, ..] => Err(Failure::Usage(format!("unknown command {other:?}"))),

@@ -19,8 +19,8 @@ pub use checkpoint::Checkpoints;
 use connection::{open_connection, retry_locked, Role};
 use group::{gather_deadline, AnswerAll, Appender, EndTurn, Pending, Queue, Slot};
 use parking_lot::{Condvar, Mutex};
-use rusqlite::{Connection, TransactionBehavior};
-use sql::{append_one, page, query_events, Row, COLUMNS, SCHEMA};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
+use sql::{append_one, page, prepare_schema, query_events, read_head, Head, Row, COLUMNS};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -91,6 +91,10 @@ struct Writer {
     /// connection's `PRAGMA data_version` when the cache was last known good.
     versions: HashMap<String, u64>,
     data_version: Option<i64>,
+    /// The chain's head as this connection committed it; valid as `versions` is.
+    head: Option<Head>,
+    /// Whether appends are hash-chained: always, but for a bench's baseline.
+    chained: bool,
 }
 
 /// Streams whose versions the writer remembers at most; past that it starts over.
@@ -138,15 +142,29 @@ impl SqliteEventStore {
     /// # Errors
     /// As [`SqliteEventStore::open`].
     pub fn open_with<P: AsRef<Path>>(path: P, options: StoreOptions) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
+        Self::open_chained(path.as_ref(), options, true)
+    }
+
+    /// The store without the hash chain (no hash written, none required): the baseline the
+    /// `event_store` bench measures the chain's cost against. Test builds only.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn open_unchained_for_bench<P: AsRef<Path>>(path: P) -> Result<Self> {
+        Self::open_chained(path.as_ref(), StoreOptions::default(), false)
+    }
+
+    fn open_chained(path: &Path, options: StoreOptions, chained: bool) -> Result<Self> {
+        let path = path.to_path_buf();
         let writer = open_connection(&path, &options, Role::Writer)?;
         retry_locked(&options, || {
-            writer
-                .execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} COMMIT;"))
-                .map_err(|source| EventStoreError::Sqlite {
-                    operation: "create schema",
-                    source,
-                })
+            let begin = |sql: &str, operation| {
+                writer
+                    .execute_batch(sql)
+                    .map_err(|source| EventStoreError::Sqlite { operation, source })
+            };
+            begin("BEGIN IMMEDIATE", "begin")?;
+            prepare_schema(&writer, &path)?;
+            begin("COMMIT", "commit the schema")
         })
         .inspect_err(|_| {
             let _ = writer.execute_batch("ROLLBACK");
@@ -162,6 +180,8 @@ impl SqliteEventStore {
                 conn: writer,
                 versions: HashMap::new(),
                 data_version: None,
+                head: None,
+                chained,
             }),
             queue: Mutex::new(Queue::default()),
             commits: Mutex::new(0),
@@ -184,6 +204,15 @@ impl SqliteEventStore {
     /// The file this store writes.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The last event's position (0 when the log is empty) and its chain hash (`None` when it
+    /// predates the chain or its hash is damaged).
+    ///
+    /// # Errors
+    /// SQLite errors.
+    pub fn chain_head(&self) -> Result<(u64, Option<crate::events::chain::ChainHash>)> {
+        self.with_reader(read_chain_head)
     }
 
     /// The durability this store commits with.
@@ -235,6 +264,8 @@ impl SqliteEventStore {
             conn,
             versions,
             data_version,
+            head,
+            chained,
         } = writer;
         let outcome = retry_locked(&self.options, || {
             let attempt = (|| {
@@ -255,14 +286,19 @@ impl SqliteEventStore {
                     })?;
                 if *data_version != Some(seen) || versions.len() > MAX_CACHED_STREAMS {
                     versions.clear();
+                    *head = None;
                 }
+                let mut chain = match *head {
+                    Some(h) => h,
+                    None => read_head(&tx)?,
+                };
                 // Until this transaction commits, the cache holds versions it may roll back;
                 // should this thread unwind, the next group starts from an empty cache.
                 *data_version = None;
                 let now = now_ms();
                 let mut results = Vec::with_capacity(group.len());
                 for p in group {
-                    match append_one(&tx, p, now, versions) {
+                    match append_one(&tx, p, now, versions, &mut chain, *chained) {
                         // A storage error (disk full, I/O) may have rolled back the whole
                         // transaction: fail the group rather than commit what is left of it.
                         Err(e) if !e.is_caller_error() => return Err(e),
@@ -274,11 +310,13 @@ impl SqliteEventStore {
                     source,
                 })?;
                 *data_version = Some(seen);
+                *head = Some(chain);
                 Ok(results)
             })();
             if attempt.is_err() {
                 // Rolled back: what this group taught us of the streams is void.
                 versions.clear();
+                *head = None;
             }
             attempt
         });
@@ -310,6 +348,35 @@ impl SqliteEventStore {
             }
         }
     }
+}
+
+/// The last event's position and stored hash, on `conn` (a log without a hash column reads as
+/// unchained).
+pub(super) fn read_chain_head(
+    conn: &Connection,
+) -> Result<(u64, Option<crate::events::chain::ChainHash>)> {
+    let sqlite = |source| EventStoreError::Sqlite {
+        operation: "read the chain head",
+        source,
+    };
+    let has_hash = conn
+        .prepare("SELECT 1 FROM pragma_table_info('events') WHERE name = 'hash'")
+        .and_then(|mut st| st.exists([]))
+        .map_err(sqlite)?;
+    let sql = if has_hash {
+        "SELECT position, hash FROM events ORDER BY position DESC LIMIT 1"
+    } else {
+        "SELECT position, NULL FROM events ORDER BY position DESC LIMIT 1"
+    };
+    conn.query_row(sql, [], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, Option<Vec<u8>>>(1)?))
+    })
+    .optional()
+    .map(|row| match row {
+        None => (0, None),
+        Some((p, h)) => (p.max(0) as u64, h.and_then(|h| h.try_into().ok())),
+    })
+    .map_err(sqlite)
 }
 
 impl EventStore for SqliteEventStore {
