@@ -511,6 +511,30 @@ int32_t correx_session_end(const struct correx_runtime *rt,
 int32_t correx_set_log_callback(correx_log_callback callback, void *user_data, int32_t max_level);
 
 /**
+ * The runtime's metrics as Prometheus text exposition (format 0.0.4, the body a `/metrics`
+ * endpoint serves): what the log records (`correx_tool_runs_total{tool,outcome}`, approval
+ * waits, inference latency and tokens, model loads and unloads by reason, jobs, session
+ * steps) and what the runtime knows live (models resident and in flight, append latency).
+ * The README lists every family.
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_EVENT_STORE`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_text` is the caller's, a NUL-terminated UTF-8 string freed with
+ * `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Reads the log: the first call reads all of it, later ones what was appended since (calls
+ * take turns). Any thread.
+ *
+ * # Safety
+ * `rt` is NULL or a live runtime; `out_text` is NULL or valid for one pointer write; `err` is
+ * NULL or valid.
+ */
+int32_t correx_metrics(const struct correx_runtime *rt, char **out_text, struct correx_error **err);
+
+/**
  * Loads a model (a no-op when it is loaded with the same server settings) on its own server
  * and port, evicting the least recently used idle model when `models.max_loaded` or
  * `models.memory_budget_mb` requires it; appends `model.loaded`.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (llama-server and the Gemma model, into a cache
-# outside the repo), then runs every test: the Rust suites, the C hosts (plain, under valgrind,
+# outside the repo; the MCP servers and the Prometheus and OTLP parsers the tests check with), then
+# runs every test: the Rust suites, the C hosts (plain, under valgrind,
 # under ASan/UBSan, and built through pkg-config), the Rust embedding example, the Java library
 # (its tests and demo on JDK 17 and on a JDK >= 22 when present) and the Java (Panama) demo when
 # a JDK >= 22 is present.
@@ -9,6 +10,7 @@ cd "$(dirname "$0")/.."
 
 bash scripts/install-llama.sh >/dev/null
 bash scripts/install-mcp.sh >/dev/null
+bash scripts/install-checkers.sh >/dev/null
 # Benchmarks run in .ci/run with `cargo bench`, not here.
 cargo test --lib --tests --examples
 cargo test --doc

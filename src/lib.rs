@@ -16,6 +16,7 @@ pub mod ffi;
 mod ids;
 mod inference;
 mod install;
+mod observe;
 mod platform;
 mod private_dir;
 mod runtime;
@@ -39,9 +40,9 @@ pub use domain::{
 pub use events::chain;
 pub use events::{
     format_rfc3339_ms, verify_log_with, AppendResult, Checkpoints, Durability, EventStore,
-    EventStoreError, ExpectedVersion, LogProblem, LogReport, NewEvent, RecordedEvent, Seal,
-    SealConfig, SealError, SealKey, SealOptions, SealWriter, SqliteEventStore, StoreOptions,
-    Subscription,
+    EventStoreError, ExpectedVersion, LatencySnapshot, LogProblem, LogReport, NewEvent,
+    RecordedEvent, Seal, SealConfig, SealError, SealKey, SealOptions, SealWriter, SqliteEventStore,
+    StoreOptions, Subscription,
 };
 pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
 pub use inference::{
@@ -54,6 +55,7 @@ pub use inference::{
     StreamControl, TokenUsage, Tokenizer, ToolCall, ToolChoice, ToolSpec, MODEL_STREAM,
 };
 pub use install::LlamaInstall;
+pub use observe::{render as render_metrics, LiveMetrics, LogMetrics};
 pub use platform::{kernel_features, KernelFeatures};
 pub use runtime::{build_registry, Runtime, RuntimeConfig, RuntimeError, CONFIG_VERSION};
 pub use sandbox::{

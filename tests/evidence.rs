@@ -239,6 +239,39 @@ fn battery() -> TestResult {
         6,
         "deleted, inserted or moved",
     )?;
+    // Every hash removed, then an edit: the log is not taken for one from before the chain.
+    attack(
+        dir,
+        "stripped",
+        &|db| {
+            sql(
+                db,
+                "UPDATE events SET hash = NULL;
+                 UPDATE events SET payload = replace(payload, 'event', 'Event') WHERE position = 7",
+            )
+        },
+        false,
+        1,
+        "chain starts at position 1",
+    )?;
+    // A hash turned into text: named, and appends go on (chaining past it).
+    attack(
+        dir,
+        "texthash",
+        &|db| {
+            sql(db, "UPDATE events SET hash = hex(hash) WHERE position = 20")?;
+            let store = Arc::new(SqliteEventStore::open(db)?);
+            append(&store, 3)
+        },
+        false,
+        20,
+        "text, not 32 bytes",
+    )?;
+    {
+        let report = verify_log(&dir.join("texthash.db"))?;
+        assert_eq!(report.problems.len(), 1, "{:#?}", report.problems);
+        assert_eq!(report.events, 23);
+    }
     // An edit whose author recomputed the chain after it: the chain holds, the seals do not.
     let rewrite = |db: &Path| {
         sql(

@@ -17,6 +17,7 @@ mod jobs;
 mod manager;
 mod mcp;
 mod network;
+mod observe;
 mod openai;
 mod sandbox;
 mod scheduler;

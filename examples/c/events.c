@@ -103,6 +103,15 @@ int main(int argc, char **argv) {
              WEXITSTATUS(status) == 0;
     MUST("next (nothing new)", correx_subscription_next(sub, 0, &out, &err));
     ok = ok && out == NULL;
+
+    /* The metrics: Prometheus text; the log's position is the last append's. */
+    char *metrics = NULL;
+    MUST("metrics", correx_metrics(rt, &metrics, &err));
+    int metrics_ok = strstr(metrics, "\ncorrex_log_position 4\n") != NULL &&
+                     strstr(metrics, "# TYPE correx_log_append_duration_seconds histogram") != NULL;
+    printf("metrics: %zu bytes, %s\n", strlen(metrics), metrics_ok ? "position 4" : metrics);
+    correx_string_free(metrics);
+    ok = ok && metrics_ok && correx_metrics(rt, NULL, NULL) == CORREX_E_NULL;
     correx_subscription_free(sub);
     correx_subscription_free(NULL);
     correx_runtime_free(rt);

@@ -583,6 +583,14 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_sessionTranscript(JNIEnv *en
     return answer(env, rc, err, out);
 }
 
+JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_metrics(JNIEnv *env, jclass cls, jlong rt) {
+    (void)cls;
+    char *out = NULL;
+    correx_error *err = NULL;
+    int32_t rc = correx_metrics(RT(rt), &out, &err);
+    return answer(env, rc, err, out);
+}
+
 JNIEXPORT void JNICALL Java_dev_correx_Native_sessionEnd(JNIEnv *env, jclass cls, jlong rt,
                                                         jbyteArray session) {
     (void)cls;

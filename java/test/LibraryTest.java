@@ -244,6 +244,13 @@ public final class LibraryTest {
                 check(log.readStream("cas", 1, 10).size() == 2, "nothing appended by the failures");
             });
 
+            test("metrics are Prometheus text that counts the log", () -> {
+                String text = rt.metrics();
+                check(text.contains("# TYPE correx_tool_runs_total counter"), "a family: " + text);
+                check(text.contains("\ncorrex_log_position " + log.lastPosition() + "\n"), "the log's position: " + text);
+                check(text.contains("correx_log_append_duration_seconds_count "), "append latency: " + text);
+            });
+
             test("lone surrogates and endless timeouts are handled", () -> {
                 expect(InvalidArgumentException.class, () -> log.append("bad\ud800", ExpectedVersion.any(), NewEvent.of("x", 1)));
                 log.append("forever", ExpectedVersion.any(), NewEvent.of("x", 1));

@@ -96,7 +96,7 @@ pub fn to_hex(hash: &ChainHash) -> String {
 
 /// A 64-digit hex string as a hash; `None` when it is not one.
 pub fn from_hex(text: &str) -> Option<ChainHash> {
-    if text.len() != 64 || !text.is_ascii() {
+    if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     let mut out = [0u8; 32];
@@ -151,5 +151,6 @@ mod tests {
         assert_eq!(from_hex("00"), None);
         assert_eq!(from_hex(&"g".repeat(64)), None);
         assert_eq!(from_hex(&"é".repeat(32)), None);
+        assert_eq!(from_hex(&"+f".repeat(32)), None);
     }
 }

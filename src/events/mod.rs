@@ -22,6 +22,7 @@
 
 pub mod chain;
 mod error;
+mod latency;
 mod seal;
 mod sqlite;
 mod subscription;
@@ -29,6 +30,7 @@ mod time;
 mod verify;
 
 pub use error::EventStoreError;
+pub use latency::LatencySnapshot;
 pub use seal::{Seal, SealConfig, SealError, SealKey, SealOptions, SealWriter};
 pub use sqlite::{Checkpoints, Durability, SqliteEventStore, StoreOptions};
 pub use subscription::Subscription;

@@ -33,8 +33,8 @@ pub struct Seal {
     pub hash: ChainHash,
     /// When the seal was made, milliseconds since the Unix epoch.
     pub sealed_at_ms: i64,
-    /// Whether the seal was read with a valid signature (a seal made here: whether it was
-    /// signed).
+    /// Whether the seal was read with a key and its signature matched (`false` for a seal made
+    /// here: signing happens as it is written, in [`Seal::to_line`]).
     pub signed: bool,
 }
 
@@ -42,7 +42,8 @@ pub struct Seal {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum SealError {
-    /// The log's last event predates the hash chain: nothing to seal until the next append.
+    /// The log's last event has no well-formed hash (it predates the chain, an older correx
+    /// wrote it, or it was damaged): nothing to seal until the next append chains it.
     Unchained {
         /// That event's position.
         position: u64,
@@ -83,8 +84,9 @@ impl fmt::Display for SealError {
         match self {
             SealError::Unchained { position } => write!(
                 f,
-                "the log's last event (position {position}) predates the hash chain; \
-                 append an event, then seal"
+                "the log's last event (position {position}) has no hash (it predates the \
+                 chain, an older correx wrote it, or its hash is damaged: `correx log verify` \
+                 tells which); the next append chains it: append, then seal"
             ),
             SealError::Store(e) => write!(f, "{e}"),
             SealError::Io { path, source } => write!(f, "{}: {source}", path.display()),
@@ -220,8 +222,10 @@ impl Seal {
         let mut seal = Seal {
             position: number("position")?,
             hash: hex("hash")?,
-            sealed_at_ms: i64::try_from(number("sealed_at_ms")?)
-                .map_err(|_| bad("\"sealed_at_ms\" is out of range".into()))?,
+            sealed_at_ms: o
+                .get("sealed_at_ms")
+                .and_then(|v| v.as_i64())
+                .ok_or_else(|| bad("\"sealed_at_ms\" is not a whole number".into()))?,
             signed: false,
         };
         if let Some(key) = key {
@@ -322,7 +326,7 @@ impl SqliteEventStore {
 pub struct SealOptions {
     /// The seal file, appended to.
     pub file: PathBuf,
-    /// How often to seal when the log has grown; default one minute.
+    /// How often to seal when the log has grown (at least every 10 ms).
     pub every: Duration,
     /// The key to sign with, if any.
     pub key: Option<SealKey>,
@@ -355,6 +359,8 @@ impl SealWriter {
     /// error: its first seal comes after the next append).
     pub fn start(store: Arc<SqliteEventStore>, options: SealOptions) -> Result<Self, SealError> {
         let mut last = None;
+        let mut options = options;
+        options.every = options.every.max(Duration::from_millis(10));
         seal_once(&store, &options, &mut last)?;
         let stop = Arc::new(Stop {
             stopped: Mutex::new(false),
@@ -410,7 +416,18 @@ fn seal_once(
 ) -> Result<(), SealError> {
     let seal = match store.seal() {
         Ok(s) => s,
-        Err(SealError::Unchained { .. }) => return Ok(()),
+        // A log from before the chain: its first seal comes after the next append. (Should
+        // its last event lack a hash later, an older correx appended it: `verify` names it.)
+        Err(SealError::Unchained { position }) => {
+            if *last != Some(position) {
+                log::warn!(
+                    "correx: not sealing yet: the log's last event (position {position}) has no \
+                     hash; the next append chains it"
+                );
+                *last = Some(position);
+            }
+            return Ok(());
+        }
         Err(e) => return Err(e),
     };
     if *last == Some(seal.position) {

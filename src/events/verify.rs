@@ -1,5 +1,6 @@
 //! Checking a log file without writing to it: is it a correx log, is SQLite's structure
-//! intact, are the streams gapless, is every payload readable.
+//! intact, are the streams gapless, is every payload readable, does the hash chain hold, and
+//! does the log match the seals given.
 
 use super::chain::{to_hex, ChainHash, Link, GENESIS};
 use super::seal::Seal;
@@ -25,13 +26,14 @@ pub struct LogReport {
     pub events: u64,
     /// Streams seen.
     pub streams: u64,
-    /// Events before the hash chain starts (written by a correx from before it); they are
-    /// checked as before, but an edit of them shows only against a seal made after.
+    /// Events before the hash chain starts (written by a correx from before it); the first
+    /// stored hash covers them, so an edit of them breaks the chain there.
     pub unchained: u64,
     /// The first chained position, when any event is chained.
     pub chained_from: Option<u64>,
-    /// The last event's position and hash as stored (hex), when it has one: what a seal of
-    /// this log now would hold.
+    /// The last event's position and hash as stored (hex), when it has a well-formed one:
+    /// what a seal of this log now would hold (`None` for an empty log, whose seal holds
+    /// position 0 and zeros).
     pub head: Option<(u64, String)>,
     /// How many seals the log was checked against.
     pub seals: u64,
@@ -116,7 +118,10 @@ pub fn verify_log_with(
         })?;
     let sealed: std::collections::HashSet<u64> = seals.iter().map(|s| s.position).collect();
     let mut stored_at: HashMap<u64, Option<ChainHash>> = HashMap::new();
-    let mut chain = Chain::default();
+    let mut chain = Chain {
+        expected_from: chain_start(&conn),
+        ..Chain::default()
+    };
     let sqlite = |source| EventStoreError::Sqlite {
         operation: "verify",
         source,
@@ -161,13 +166,24 @@ pub fn verify_log_with(
             ));
         }
         last_position = position.max(0) as u64;
-        let stored: Option<Vec<u8>> = row.get(10).unwrap_or(None);
+        let stored = match row.get_ref(10) {
+            Ok(rusqlite::types::ValueRef::Null) => Stored::Missing,
+            Ok(rusqlite::types::ValueRef::Blob(b)) => match ChainHash::try_from(b) {
+                Ok(h) => Stored::Hash(h),
+                Err(_) => Stored::Damaged(format!("{} bytes, not 32", b.len())),
+            },
+            Ok(other) => Stored::Damaged(format!(
+                "{}, not 32 bytes",
+                other.data_type().to_string().to_lowercase()
+            )),
+            Err(e) => Stored::Damaged(e.to_string()),
+        };
         let link = (|| {
             Ok::<_, rusqlite::Error>(Link {
                 position: last_position,
                 event_id: row.get_ref(1)?.as_str()?,
                 stream_id: row.get_ref(2)?.as_str()?,
-                stream_version: u64::try_from(row.get::<_, i64>(3)?).unwrap_or(u64::MAX),
+                stream_version: row.get::<_, i64>(3)?.max(0) as u64,
                 type_id: row.get_ref(4)?.as_str()?,
                 schema_version: row.get(5)?,
                 timestamp_ms: row.get(6)?,
@@ -178,16 +194,23 @@ pub fn verify_log_with(
         })();
         match link {
             Ok(link) => {
-                if let Some(p) = chain.follow(&link, stored.as_deref()) {
+                if let Some(p) = chain.follow(&link, &stored) {
                     problem(p);
                 }
             }
-            Err(e) => problem(format!(
-                "a column cannot be read, so its hash cannot be checked: {e}"
-            )),
+            Err(e) => {
+                chain.last_stored = None;
+                problem(format!(
+                    "a column cannot be read, so its hash cannot be checked: {e}"
+                ))
+            }
         }
         if sealed.contains(&last_position) {
-            stored_at.insert(last_position, stored.and_then(|h| h.try_into().ok()));
+            let hash = match stored {
+                Stored::Hash(h) => Some(h),
+                Stored::Missing | Stored::Damaged(_) => None,
+            };
+            stored_at.insert(last_position, hash);
         }
         let stream: String = row.get(2).unwrap_or_default();
         let version = row.get::<_, i64>(3).unwrap_or(-1);
@@ -241,15 +264,37 @@ pub fn verify_log_with(
     report
         .problems
         .extend(check_seals(seals, last_position, &stored_at));
+    // In position order (a sort that keeps each position's problems in the order found).
+    report.problems.sort_by_key(|p| p.position);
     Ok(report)
+}
+
+/// A row's stored hash.
+enum Stored {
+    Missing,
+    Damaged(String),
+    Hash(ChainHash),
+}
+
+/// Where the log says its chain starts (`correx_chain`); `None` for a log no chained correx
+/// has opened.
+fn chain_start(conn: &Connection) -> Option<u64> {
+    conn.query_row("SELECT chain_from FROM correx_chain", [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .ok()
+    .map(|p| p.max(1) as u64)
 }
 
 /// The chain as `verify` walks it.
 #[derive(Default)]
 struct Chain {
-    /// The hash the next event follows; `None` until the first chained event.
+    /// The hash the next event follows; `None` until the first event.
     previous: Option<ChainHash>,
+    /// The first position with a stored hash.
     from: Option<u64>,
+    /// Where the log's schema says the chain starts.
+    expected_from: Option<u64>,
     unchained: u64,
     /// The last event's stored hash, if it has a well-formed one.
     last_stored: Option<ChainHash>,
@@ -258,30 +303,34 @@ struct Chain {
 impl Chain {
     /// Checks one event's stored hash; the problem, if any. After a broken link the walk goes
     /// on from the stored hash, so one edit is one problem, at its own position.
-    fn follow(&mut self, link: &Link<'_>, stored: Option<&[u8]>) -> Option<String> {
+    fn follow(&mut self, link: &Link<'_>, stored: &Stored) -> Option<String> {
         self.last_stored = None;
-        // An event without a hash is still chained in passing, as the writer did when the
-        // chain started after it: the first stored hash covers every event before it.
+        // An event without a (well-formed) hash is still chained in passing, as the writer
+        // does: the next stored hash covers every event before it.
         let passing = link.hash(&self.previous.unwrap_or(GENESIS));
-        let Some(stored) = stored else {
-            self.previous = Some(passing);
-            return match self.from {
-                None => {
-                    self.unchained += 1;
-                    None
-                }
-                Some(from) => Some(format!(
-                    "the event has no hash, though the chain starts at position {from}: its \
+        let stored = match stored {
+            Stored::Hash(h) => *h,
+            Stored::Missing => {
+                self.previous = Some(passing);
+                let start = match (self.from, self.expected_from) {
+                    (Some(from), _) => from,
+                    (None, Some(from)) if link.position >= from => from,
+                    (None, _) => {
+                        self.unchained += 1;
+                        return None;
+                    }
+                };
+                return Some(format!(
+                    "the event has no hash, though the chain starts at position {start}: its \
                      hash was removed, or a correx without the chain wrote it"
-                )),
-            };
-        };
-        let Ok(stored) = ChainHash::try_from(stored) else {
-            self.previous = Some(passing);
-            return Some(format!(
-                "the event's hash is {} bytes, not 32: the hash column was changed",
-                stored.len()
-            ));
+                ));
+            }
+            Stored::Damaged(what) => {
+                self.previous = Some(passing);
+                return Some(format!(
+                    "the event's hash is {what}: the hash column was changed"
+                ));
+            }
         };
         self.from.get_or_insert(link.position);
         self.previous = Some(stored);
@@ -341,7 +390,7 @@ fn check_seals(
                     when(m),
                     m.position
                 ),
-                None => format!("positions 1 to {}", seal.position),
+                None => format!("positions 1 to {}", seal.position.max(1)),
             };
             problems.push(LogProblem {
                 position: Some(seal.position),

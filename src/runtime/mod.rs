@@ -10,6 +10,7 @@ use crate::events::{
     EventStore, EventStoreError, SealError, SealWriter, SqliteEventStore, StoreOptions,
 };
 use crate::inference::DefaultModelManager;
+use crate::observe::{LiveMetrics, LogMetrics};
 use crate::sandbox::{default_work_root, SandboxError, SandboxedToolExecutor};
 use crate::sessions::{Session, SessionError};
 use crate::settings::ConfigError;
@@ -101,6 +102,8 @@ pub struct Runtime {
     interrupted_jobs: Vec<InterruptedJob>,
     mcp: Arc<McpHub>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// The log's metrics folded so far; each [`Runtime::metrics`] folds in what came since.
+    metrics: Mutex<LogMetrics>,
     /// Last, so its final seal, written as it drops, covers what every part above appended
     /// on its way out.
     _sealer: Option<SealWriter>,
@@ -197,6 +200,7 @@ impl Runtime {
             interrupted_jobs,
             mcp,
             sessions: Mutex::new(HashMap::new()),
+            metrics: Mutex::new(LogMetrics::default()),
             _sealer: sealer,
         })
     }
@@ -251,6 +255,32 @@ impl Runtime {
     /// [`Runtime::session`] reads it again.
     pub fn forget_session(&self, id: &str) {
         self.sessions.lock().remove(id);
+    }
+
+    /// The Prometheus text exposition (format 0.0.4) of what the log records (tool runs by
+    /// tool and outcome, approvals and their waits, inferences, tokens, loads, unloads by
+    /// reason, jobs, session steps) and what the runtime knows live (models resident and in
+    /// flight, append latency). The first call reads the whole log; later ones only what was
+    /// appended since.
+    ///
+    /// # Errors
+    /// The event store's, reading the log.
+    pub fn metrics(&self) -> Result<String, EventStoreError> {
+        let mut log = self.metrics.lock();
+        log.update(self.events.as_ref())?;
+        let status = self.models.status();
+        let live = LiveMetrics {
+            resident_models: status
+                .iter()
+                .filter(|s| s.state == crate::inference::ModelState::Loaded)
+                .count(),
+            in_flight: status
+                .iter()
+                .map(|s| (s.model_id.clone(), s.in_flight))
+                .collect(),
+            append_latency: self.events.append_latency(),
+        };
+        Ok(crate::observe::render(&log, Some(&live)))
     }
 
     /// Jobs a dead host left running under this sandbox root, recorded `job.exited` with

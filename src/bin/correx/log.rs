@@ -4,8 +4,8 @@ use crate::args::Args;
 use crate::style::{colour_of, line, Format};
 use crate::Failure;
 use correx::{
-    format_rfc3339_ms, verify_log_sealed, EventStore, EventStoreError, EventType, RecordedEvent,
-    Seal, SealKey, SqliteEventStore, StoreOptions,
+    format_rfc3339_ms, render_metrics, verify_log_sealed, EventStore, EventStoreError, EventType,
+    LogMetrics, RecordedEvent, Seal, SealKey, SqliteEventStore, StoreOptions,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -247,6 +247,18 @@ pub fn tail(args: Args) -> Result<(), Failure> {
     }
 }
 
+/// `correx metrics DB`: the log's metrics as Prometheus text.
+pub fn metrics(args: Args) -> Result<(), Failure> {
+    let [db] = args.positionals(&["DB"])?[..] else {
+        unreachable!("positionals returns exactly one")
+    };
+    let store = open(db)?;
+    let mut metrics = LogMetrics::default();
+    metrics.update(store.as_ref()).map_err(store_failure)?;
+    print!("{}", render_metrics(&metrics, None));
+    Ok(())
+}
+
 /// The key of `--key-file`, if given.
 fn key(args: &Args) -> Result<Option<SealKey>, Failure> {
     args.value("--key-file")
@@ -293,11 +305,11 @@ pub fn verify(args: Args) -> Result<(), Failure> {
     if report.problems.is_empty() {
         let chain = match (report.chained_from, report.unchained) {
             (None, 0) => "nothing to chain".to_owned(),
-            (None, n) => format!("unchained up to position {n} (written before the chain)"),
+            (None, n) => format!("{n} unchained events (written before the chain)"),
             (Some(_), 0) => "the hash chain holds".to_owned(),
             (Some(from), _) => format!(
                 "unchained up to position {}, the hash chain holds from {from}",
-                from - 1
+                from.saturating_sub(1)
             ),
         };
         let sealed = match (report.seals, &report.head) {

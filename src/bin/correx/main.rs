@@ -24,6 +24,7 @@ usage:
   correx log audit DB [--session S]
   correx log trace DB [--session S] > trace.json
   correx session show DB S [--json]
+  correx metrics DB
   correx doctor [--config FILE] [--no-serve]
   correx tool run --config FILE [--session S] TOOL JSON
 
@@ -101,6 +102,7 @@ fn run(argv: &[String]) -> Result<(), Failure> {
         }
         ["log", "audit", rest @ ..] => log::audit(Args::parse(rest, &["--session"], &[])?),
         ["log", "trace", rest @ ..] => trace::trace(Args::parse(rest, &["--session"], &[])?),
+        ["metrics", rest @ ..] => log::metrics(Args::parse(rest, &[], &[])?),
         ["session", "show", rest @ ..] => session::show(Args::parse(rest, &[], &["--json"])?),
         ["session", ..] => Err(Failure::Usage(
             "`correx session` has one command: show".into(),

@@ -116,6 +116,7 @@ pub struct SqliteEventStore {
     appended: Condvar,
     readers: Mutex<Vec<Connection>>,
     checkpointer: Checkpointer,
+    latency: crate::events::latency::AppendLatency,
 }
 
 impl std::fmt::Debug for SqliteEventStore {
@@ -163,7 +164,7 @@ impl SqliteEventStore {
                     .map_err(|source| EventStoreError::Sqlite { operation, source })
             };
             begin("BEGIN IMMEDIATE", "begin")?;
-            prepare_schema(&writer, &path)?;
+            prepare_schema(&writer, &path, chained)?;
             begin("COMMIT", "commit the schema")
         })
         .inspect_err(|_| {
@@ -187,6 +188,7 @@ impl SqliteEventStore {
             commits: Mutex::new(0),
             appended: Condvar::new(),
             readers: Mutex::new(Vec::new()),
+            latency: Default::default(),
         })
     }
 
@@ -213,6 +215,11 @@ impl SqliteEventStore {
     /// SQLite errors.
     pub fn chain_head(&self) -> Result<(u64, Option<crate::events::chain::ChainHash>)> {
         self.with_reader(read_chain_head)
+    }
+
+    /// How long this handle's appends took, from the call to its return, successful or not.
+    pub fn append_latency(&self) -> crate::events::LatencySnapshot {
+        self.latency.snapshot()
     }
 
     /// The durability this store commits with.
@@ -369,33 +376,28 @@ pub(super) fn read_chain_head(
         "SELECT position, NULL FROM events ORDER BY position DESC LIMIT 1"
     };
     conn.query_row(sql, [], |r| {
-        Ok((r.get::<_, i64>(0)?, r.get::<_, Option<Vec<u8>>>(1)?))
+        let hash = match r.get_ref(1)? {
+            rusqlite::types::ValueRef::Blob(b) => crate::events::chain::ChainHash::try_from(b).ok(),
+            _ => None,
+        };
+        Ok((r.get::<_, i64>(0)?, hash))
     })
     .optional()
     .map(|row| match row {
         None => (0, None),
-        Some((p, h)) => (p.max(0) as u64, h.and_then(|h| h.try_into().ok())),
+        Some((p, h)) => (p.max(0) as u64, h),
     })
     .map_err(sqlite)
 }
 
-impl EventStore for SqliteEventStore {
-    fn append(
+impl SqliteEventStore {
+    /// The append itself, after the arguments were checked.
+    fn append_rows(
         &self,
         stream: &str,
         expected: ExpectedVersion,
         events: &[NewEvent],
     ) -> Result<AppendResult> {
-        if events.is_empty() {
-            return Err(EventStoreError::InvalidAppend {
-                detail: "no events to append".into(),
-            });
-        }
-        if stream.is_empty() {
-            return Err(EventStoreError::InvalidAppend {
-                detail: "the stream name is empty".into(),
-            });
-        }
         let rows = events.iter().map(Row::new).collect::<Result<_>>()?;
         // Group commit (see `group`): no wake-up on the way to the disk while appenders keep
         // coming.
@@ -449,6 +451,30 @@ impl EventStore for SqliteEventStore {
                 }
             }
         }
+    }
+}
+
+impl EventStore for SqliteEventStore {
+    fn append(
+        &self,
+        stream: &str,
+        expected: ExpectedVersion,
+        events: &[NewEvent],
+    ) -> Result<AppendResult> {
+        if events.is_empty() {
+            return Err(EventStoreError::InvalidAppend {
+                detail: "no events to append".into(),
+            });
+        }
+        if stream.is_empty() {
+            return Err(EventStoreError::InvalidAppend {
+                detail: "the stream name is empty".into(),
+            });
+        }
+        let started = Instant::now();
+        let out = self.append_rows(stream, expected, events);
+        self.latency.record(started.elapsed());
+        out
     }
 
     fn read_stream(

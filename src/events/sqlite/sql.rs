@@ -9,7 +9,8 @@ use crate::ids::EventId;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
 
-/// The table. A row's `hash` is NULL only when it predates the chain. (Nothing in the schema
+/// The table. A row's `hash` is NULL only when it predates the chain (`correx_chain` holds
+/// the first chained position). (Nothing in the schema
 /// refuses a row without one: a CHECK costs 5% of a batch append, a trigger a third. An older
 /// correx appending to a chained log is named by `verify`, and the chain covers its rows in
 /// passing.)
@@ -40,7 +41,11 @@ pub(super) const SCHEMA_VERSION: i64 = 2;
 ///
 /// # Errors
 /// [`EventStoreError::SchemaTooNew`] when a newer correx wrote the file; SQLite errors.
-pub(super) fn prepare_schema(conn: &Connection, path: &std::path::Path) -> Result<()> {
+pub(super) fn prepare_schema(
+    conn: &Connection,
+    path: &std::path::Path,
+    chained: bool,
+) -> Result<()> {
     let sqlite = |operation| move |source| EventStoreError::Sqlite { operation, source };
     let found: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
@@ -61,6 +66,19 @@ pub(super) fn prepare_schema(conn: &Connection, path: &std::path::Path) -> Resul
     if !has_hash {
         conn.execute_batch("ALTER TABLE events ADD COLUMN hash BLOB")
             .map_err(sqlite("add the hash column"))?;
+    }
+    // Where the chain starts, kept so that `verify` names an event after it without a hash
+    // (rather than reading a log stripped of its hashes as one from before the chain).
+    let has_start = conn
+        .prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'correx_chain'")
+        .and_then(|mut st| st.exists([]))
+        .map_err(sqlite("read the schema"))?;
+    if chained && !has_start {
+        conn.execute_batch(
+            "CREATE TABLE correx_chain (chain_from INTEGER NOT NULL);
+             INSERT INTO correx_chain SELECT coalesce(max(position), 0) + 1 FROM events;",
+        )
+        .map_err(sqlite("record where the chain starts"))?;
     }
     if found != SCHEMA_VERSION {
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -85,11 +103,13 @@ pub(super) fn read_head(conn: &Connection) -> Result<Head> {
         operation: "read the chain head",
         source,
     };
-    // The newest row with a hash: found walking back from the end, so at once unless rows
-    // without one follow it (a log from before the chain, or an older correx's appends).
+    // The newest row with a well-formed hash: found walking back from the end, so at once
+    // unless rows without one follow it (a log from before the chain, an older correx's
+    // appends, a damaged hash), which are chained in passing as `verify` does.
     let anchor = conn
         .prepare_cached(
-            "SELECT position, hash FROM events WHERE hash IS NOT NULL \
+            "SELECT position, hash FROM events \
+             WHERE typeof(hash) = 'blob' AND length(hash) = 32 \
              ORDER BY position DESC LIMIT 1",
         )
         .and_then(|mut st| {
@@ -102,8 +122,7 @@ pub(super) fn read_head(conn: &Connection) -> Result<Head> {
             position: 0,
             hash: GENESIS,
         },
-        // A hash of the wrong length is a damaged row: `verify` names it, and appends go on
-        // from the genesis hash, which `verify` also reports as a break.
+        // Selected for its length, so the conversion holds.
         Some((p, h)) => Head {
             position: p.max(0) as u64,
             hash: ChainHash::try_from(h.as_slice()).unwrap_or(GENESIS),

@@ -170,6 +170,8 @@ final class Native {
 
     static native byte[] sessionTranscript(long rt, byte[] session);
 
+    static native byte[] metrics(long rt);
+
     static native byte[] inferStream(long rt, byte[] model, byte[] request, long cancel, ChunkBridge bridge);
 
     static native byte[] toolsList(long rt);

@@ -87,6 +87,21 @@ public final class Runtime implements AutoCloseable {
         return jobs;
     }
 
+    /**
+     * The runtime's metrics as Prometheus text exposition (format 0.0.4, the body of a
+     * {@code /metrics} endpoint): what the log records (tool runs by tool and outcome, approval
+     * waits, inferences, tokens, loads, unloads by reason) and what the runtime knows live
+     * (models resident and in flight, append latency). Reads what the log gained since the last
+     * call.
+     */
+    public String metrics() {
+        byte[] out;
+        try (Handle.Use u = handle.use()) {
+            out = Native.metrics(u.ptr);
+        }
+        return Native.text(out);
+    }
+
     /** Durable session {@code id}: steps performed once, answered from the log after. */
     public Session session(String id) {
         return new Session(this, id);
