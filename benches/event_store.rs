@@ -266,6 +266,93 @@ fn subscription_p50_ms(
     lat[n / 2]
 }
 
+/// A loopback OTLP receiver: answers every request 200 at once and hands over each body with
+/// the moment it arrived.
+fn receiver() -> (u16, std::sync::mpsc::Receiver<(Instant, Vec<u8>)>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut out = conn.try_clone().expect("clone");
+                let mut r = BufReader::new(conn);
+                loop {
+                    let mut len = 0usize;
+                    loop {
+                        let mut line = String::new();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if let Some((k, v)) = line.split_once(':') {
+                            if k.eq_ignore_ascii_case("content-length") {
+                                len = v.trim().parse().unwrap_or(0);
+                            }
+                        }
+                    }
+                    let mut body = vec![0; len];
+                    if r.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let at = Instant::now();
+                    let _ = out.write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n",
+                    );
+                    if tx.send((at, body)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, rx)
+}
+
+/// From the append of a tool run's outcome to its span arriving at a loopback receiver,
+/// through a live exporter, one run at a time (ms).
+fn export_lags(dir: &Path, n: usize) -> Vec<f64> {
+    let (port, arrivals) = receiver();
+    let store = Arc::new(SqliteEventStore::open(fresh(dir, "export.db")).expect("open"));
+    let config = correx::OtlpConfig {
+        endpoint: Some(format!("http://127.0.0.1:{port}")),
+        ..correx::OtlpConfig::default()
+    };
+    let exporter = correx::OtlpExporter::start(&store, &config)
+        .expect("exporter")
+        .expect("an endpoint");
+    let mut lags = Vec::with_capacity(n);
+    for i in 0..n {
+        let inv = format!("bench-inv-{i:06}");
+        let done = correx::DomainEvent::ToolExecutionCompleted {
+            session_id: "bench".into(),
+            invocation_id: inv.clone(),
+            tool_name: "shell".into(),
+            duration_ms: 5,
+            network: None,
+        };
+        let t0 = Instant::now();
+        correx::append_domain(store.as_ref(), "session-bench", &done).expect("append");
+        let needle = inv.as_bytes();
+        loop {
+            let (at, body) = arrivals
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .expect("the span arrives");
+            if body.windows(needle.len()).any(|w| w == needle) {
+                lags.push(at.saturating_duration_since(t0).as_secs_f64() * 1000.0);
+                break;
+            }
+        }
+    }
+    assert_eq!(exporter.stats().dropped, 0);
+    lags
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("writer") {
@@ -434,6 +521,15 @@ fn main() {
     println!("subscription_latency_in_process_p50_ms: {in_proc:.3}");
     println!("subscription_latency_cross_process_p50_ms: {cross:.3}");
     drop(live);
+    let lags = export_lags(&dir, 200);
+    println!(
+        "export_lag_ms_p50: {:.2}",
+        percentile(&mut lags.clone(), 0.50)
+    );
+    println!(
+        "export_lag_ms_p99: {:.2}",
+        percentile(&mut lags.clone(), 0.99)
+    );
     let _ = std::fs::remove_dir_all(&dir);
     println!("append_ratio_vs_raw: {single_ratio:.3}");
     println!("batch_ratio_vs_raw: {batch_ratio:.3}");

@@ -55,6 +55,9 @@ pub use inference::{
     StreamControl, TokenUsage, Tokenizer, ToolCall, ToolChoice, ToolSpec, MODEL_STREAM,
 };
 pub use install::LlamaInstall;
+pub use observe::otlp::{
+    export_log as export_log_otlp, ExportReport, ExportStats, OtlpConfig, OtlpError, OtlpExporter,
+};
 pub use observe::{render as render_metrics, LiveMetrics, LogMetrics};
 pub use platform::{kernel_features, KernelFeatures};
 pub use runtime::{build_registry, Runtime, RuntimeConfig, RuntimeError, CONFIG_VERSION};

@@ -361,3 +361,366 @@ fn a_runtimes_metrics_add_live_append_latency_and_follow_the_log() -> TestResult
     );
     Ok(())
 }
+
+/// The official-definitions receiver (`tests/otlp_receiver.py`), on a loopback port; killed
+/// when dropped.
+struct Receiver {
+    child: std::process::Child,
+    port: u16,
+    spans: PathBuf,
+}
+
+impl Receiver {
+    fn start(python: &Path, dir: &Path) -> Result<Receiver, Box<dyn std::error::Error>> {
+        let spans = dir.join("spans.jsonl");
+        let mut child = Command::new(python)
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/otlp_receiver.py"
+            ))
+            .arg(&spans)
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()?;
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().ok_or("stdout")?),
+            &mut line,
+        )?;
+        let port = line.trim().parse()?;
+        Ok(Receiver { child, port, spans })
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Every span received so far; a refused request fails the test.
+    fn spans(&self) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
+        let text = std::fs::read_to_string(&self.spans).unwrap_or_default();
+        let spans: Vec<Value> = text
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()?;
+        if let Some(refused) = spans.iter().find(|s| s.get("refused").is_some()) {
+            return Err(format!("the receiver refused a request: {refused}").into());
+        }
+        Ok(spans)
+    }
+
+    /// Waits (bounded) until `n` spans arrived.
+    fn wait_for(&self, n: usize) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let spans = self.spans()?;
+            if spans.len() >= n || std::time::Instant::now() > deadline {
+                return Ok(spans);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Tool runs in session `s2` beyond `write_log`'s: one with a network denial and a model call
+/// id, one still open; and a model that crashed.
+fn write_more(store: &SqliteEventStore) -> TestResult {
+    let ev = |e: DomainEvent, stream: &str| append_domain(store, stream, &e).map(|_| ());
+    ev(
+        DomainEvent::SessionStepStarted {
+            session_id: "s2".into(),
+            step: "turn-1".into(),
+            kind: "tool".into(),
+            digest: "d".into(),
+            attempt: 1,
+            owner: serde_json::json!({}),
+            invocation_id: Some("inv-net".into()),
+            call_id: Some("call_abc".into()),
+        },
+        "session-s2",
+    )?;
+    ev(
+        DomainEvent::ToolExecutionStarted {
+            session_id: "s2".into(),
+            invocation_id: "inv-net".into(),
+            tool_name: "shell".into(),
+            tier: 2,
+            isolation: None,
+        },
+        "session-s2",
+    )?;
+    ev(
+        DomainEvent::ToolNetworkDenied {
+            session_id: "s2".into(),
+            invocation_id: "inv-net".into(),
+            tool_name: "shell".into(),
+            host: "evil.example".into(),
+            port: 443,
+            reason: "not_allowed".into(),
+        },
+        "session-s2",
+    )?;
+    ev(
+        DomainEvent::ToolExecutionCompleted {
+            session_id: "s2".into(),
+            invocation_id: "inv-net".into(),
+            tool_name: "shell".into(),
+            duration_ms: 30,
+            network: None,
+        },
+        "session-s2",
+    )?;
+    ev(
+        DomainEvent::ToolExecutionStarted {
+            session_id: "s2".into(),
+            invocation_id: "inv-open".into(),
+            tool_name: "file_read".into(),
+            tier: 0,
+            isolation: None,
+        },
+        "session-s2",
+    )?;
+    ev(
+        DomainEvent::ModelLoaded {
+            model_id: "crashy".into(),
+            model_path: "/c.gguf".into(),
+            port: Some(3),
+            pid: Some(4),
+            load_ms: 100,
+            endpoints: vec![],
+            isolation: None,
+        },
+        "model-manager",
+    )?;
+    ev(
+        DomainEvent::ModelUnloaded {
+            model_id: "crashy".into(),
+            reason: UnloadReason::Crashed,
+            pid: Some(4),
+            port: Some(3),
+        },
+        "model-manager",
+    )?;
+    Ok(())
+}
+
+fn attr<'a>(span: &'a Value, key: &str) -> &'a Value {
+    &span["attributes"][key]
+}
+
+#[test]
+fn the_log_exported_as_otlp_decodes_with_the_official_definitions_as_a_span_tree() -> TestResult {
+    let Some(python) = checker_python() else {
+        return Ok(());
+    };
+    let tmp = TempDir::new("otlp");
+    let db = tmp.join("events.db");
+    let store = SqliteEventStore::open(&db)?;
+    write_log(&store)?;
+    write_more(&store)?;
+    drop(store);
+    let receiver = Receiver::start(&python, tmp.path())?;
+    let out = Command::new(env!("CARGO_BIN_EXE_correx"))
+        .args([
+            "log",
+            "export",
+            &db.to_string_lossy(),
+            "--otlp",
+            &receiver.url(),
+        ])
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spans = receiver.spans()?;
+    let named = |prefix: &str| -> Vec<&Value> {
+        spans
+            .iter()
+            .filter(|s| s["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+            .collect()
+    };
+    assert!(spans.iter().all(
+        |s| s["schema_url"] == "https://opentelemetry.io/schemas/1.41.0"
+            && s["scope"] == "correx"
+            && s["service"] == "correx"
+    ));
+    // Six tool runs: two completed, one failed, one rejected in s1; one completed and one
+    // still open in s2.
+    let tools = named("execute_tool ");
+    assert_eq!(tools.len(), 6, "{spans:#?}");
+    for t in &tools {
+        assert_eq!(attr(t, "gen_ai.operation.name"), "execute_tool");
+        assert_eq!(t["kind"], 1, "INTERNAL");
+        assert_eq!(t["parent"], "");
+        let session = attr(t, "gen_ai.conversation.id");
+        // A session is a trace.
+        assert!(tools
+            .iter()
+            .filter(|o| attr(o, "gen_ai.conversation.id") == session)
+            .all(|o| o["trace_id"] == t["trace_id"]));
+    }
+    let by_inv = |inv: &str| {
+        tools
+            .iter()
+            .find(|t| attr(t, "correx.invocation.id") == inv)
+            .copied()
+            .ok_or(format!("no span for {inv}"))
+    };
+    let failed = by_inv("inv-2")?;
+    assert_eq!(failed["status"]["code"], 2, "ERROR: {failed}");
+    assert_eq!(attr(failed, "error.type"), "failed");
+    let net = by_inv("inv-net")?;
+    assert_eq!(
+        attr(net, "gen_ai.tool.call.id"),
+        "call_abc",
+        "the model's call id"
+    );
+    assert_eq!(net["events"][0]["name"], "network_denied");
+    assert_eq!(
+        net["events"][0]["attributes"]["server.address"],
+        "evil.example"
+    );
+    let open = by_inv("inv-open")?;
+    assert_eq!(attr(open, "correx.open"), true);
+    assert_eq!(attr(by_inv("inv-9")?, "error.type"), "rejected");
+    // Each approval wait is a child of its run, inside it.
+    let approvals = named("approval ");
+    assert_eq!(approvals.len(), 3);
+    for a in &approvals {
+        let parent = tools
+            .iter()
+            .find(|t| t["span_id"] == a["parent"])
+            .ok_or("an approval without its run")?;
+        assert_eq!(parent["trace_id"], a["trace_id"]);
+        assert!(a["start"].as_u64() >= parent["start"].as_u64());
+        assert!(a["end"].as_u64() <= parent["end"].as_u64());
+    }
+    // Inferences under the residency that served them.
+    let chats = named("chat ");
+    assert_eq!(chats.len(), 2);
+    let gemma = named("residency gemma");
+    assert_eq!(gemma.len(), 1);
+    for c in &chats {
+        assert_eq!(c["parent"], gemma[0]["span_id"]);
+        assert_eq!(c["kind"], 3, "CLIENT");
+        assert_eq!(attr(c, "gen_ai.request.model"), "gemma");
+    }
+    let tokens: i64 = chats
+        .iter()
+        .map(|c| attr(c, "gen_ai.usage.input_tokens").as_i64().unwrap_or(0))
+        .sum();
+    assert_eq!(tokens, 17);
+    assert!(chats
+        .iter()
+        .any(|c| attr(c, "gen_ai.response.finish_reasons") == &serde_json::json!(["length"])));
+    let crashy = named("residency crashy");
+    assert_eq!(crashy[0]["status"]["code"], 2);
+    assert_eq!(crashy[0]["events"][0]["name"], "crashed");
+    let odd = named(&format!("residency {ODD_MODEL}"));
+    assert_eq!(attr(odd[0], "correx.unload.reason"), "evicted");
+    // Bad endpoints are usage-level errors, named.
+    let out = Command::new(env!("CARGO_BIN_EXE_correx"))
+        .args(["log", "export", &db.to_string_lossy(), "--otlp", "ftp://x"])
+        .output()?;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an http://"));
+    Ok(())
+}
+
+#[test]
+fn a_runtime_exports_live_and_counts_what_it_cannot_deliver() -> TestResult {
+    let Some(python) = checker_python() else {
+        return Ok(());
+    };
+    let tmp = TempDir::new("otlp-live");
+    let receiver = Receiver::start(&python, tmp.path())?;
+    let config = |endpoint: &str, db: &str, queue: usize| {
+        correx::RuntimeConfig::from_json(&format!(
+            r#"{{"v": 1, "event_log": {:?}, "sandbox_root": {:?},
+                "otlp": {{"endpoint": {endpoint:?}, "queue_spans": {queue}, "service_name": "agent-x"}}}}"#,
+            tmp.join(db),
+            tmp.join("work")
+        ))
+    };
+    {
+        let rt = correx::Runtime::new(
+            &config(&receiver.url(), "live.db", 2048)?,
+            Arc::new(correx::DenyAll),
+        )?;
+        write_log(rt.events())?;
+        // 4 runs (one rejected) + 3 approvals + 2 chats + the evicted residency.
+        let spans = receiver.wait_for(10)?;
+        assert_eq!(spans.len(), 10, "{spans:#?}");
+        assert!(spans.iter().all(|s| s["service"] == "agent-x"));
+        let stats = rt.otlp_stats().ok_or("an exporter")?;
+        assert_eq!((stats.exported, stats.dropped), (10, 0));
+        let m = parse(&python, &rt.metrics()?)?;
+        assert_eq!(
+            value(&m, "correx_otlp_spans_exported_total", &[]),
+            Some(10.0)
+        );
+    }
+    // A receiver that is not there: appends go on, spans are dropped and counted.
+    let closed = format!("http://127.0.0.1:{}", crate::util::free_port());
+    let rt = correx::Runtime::new(&config(&closed, "dead.db", 4)?, Arc::new(correx::DenyAll))?;
+    for _ in 0..5 {
+        write_log(rt.events())?;
+    }
+    // What the log holds, as spans: the same log exported at once to the live receiver.
+    let before = receiver.spans()?.len();
+    let out = Command::new(env!("CARGO_BIN_EXE_correx"))
+        .args([
+            "log",
+            "export",
+            &tmp.join("dead.db").to_string_lossy(),
+            "--otlp",
+            &receiver.url(),
+        ])
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ended = receiver.spans()?[before..]
+        .iter()
+        .filter(|s| s["attributes"].get("correx.open").is_none())
+        .count() as u64;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while rt.otlp_stats().is_some_and(|s| s.dropped < ended) && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let stats = rt.otlp_stats().ok_or("an exporter")?;
+    assert_eq!(stats.exported, 0);
+    assert_eq!(stats.dropped, ended, "every span that ended: {stats:?}");
+    assert!(stats.failed_requests > 0);
+    for (json, field) in [
+        (r#"{"endpoint": "localhost:4318"}"#, "otlp.endpoint"),
+        (
+            r#"{"endpoint": "http://x", "queue_spans": 0}"#,
+            "otlp.queue_spans",
+        ),
+        (
+            r#"{"endpoint": "http://x", "service_name": " "}"#,
+            "otlp.service_name",
+        ),
+        (r#"{"endpoint": ["http://x"]}"#, "otlp.endpoint"),
+    ] {
+        let e = correx::RuntimeConfig::from_json(&format!(
+            r#"{{"v": 1, "event_log": "/e.db", "otlp": {json}}}"#
+        ))
+        .expect_err(field)
+        .to_string();
+        assert!(e.contains(field), "{e}");
+    }
+    Ok(())
+}

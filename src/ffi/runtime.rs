@@ -130,7 +130,9 @@ pub struct correx_runtime {
 fn runtime_failure(e: RuntimeError) -> Failure {
     let code = match &e {
         RuntimeError::Config(_) => CORREX_E_CONFIG,
-        RuntimeError::Events(_) | RuntimeError::Seal(_) => CORREX_E_EVENT_STORE,
+        RuntimeError::Events(_) | RuntimeError::Seal(_) | RuntimeError::Otlp(_) => {
+            CORREX_E_EVENT_STORE
+        }
         RuntimeError::Tool { .. }
         | RuntimeError::Sandbox(_)
         | RuntimeError::Jobs(_)

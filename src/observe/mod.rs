@@ -1,11 +1,12 @@
 //! Observability: the log and the live runtime as Prometheus metrics (`metrics`,
-//! `prometheus`).
+//! `prometheus`), and the log as OpenTelemetry traces ([`otlp`]).
 //!
 //! Everything counted comes from the log (a fold over its events, so `correx metrics DB` on a
 //! log alone says the same as the runtime that wrote it), except what only a live runtime
 //! knows: the models resident now and how long appends take.
 
 mod metrics;
+pub mod otlp;
 mod prometheus;
 
 pub use metrics::LogMetrics;
@@ -22,6 +23,8 @@ pub struct LiveMetrics {
     pub in_flight: Vec<(String, u32)>,
     /// The event store's append latencies.
     pub append_latency: LatencySnapshot,
+    /// The live OTLP exporter's counts, when one runs.
+    pub otlp: Option<otlp::ExportStats>,
 }
 
 /// The Prometheus text exposition of `log`, and of `live` when given.
@@ -51,6 +54,28 @@ pub fn render(log: &LogMetrics, live: Option<&LiveMetrics>) -> String {
                 sum: live.append_latency.sum_seconds,
             },
         );
+    }
+    if let Some(stats) = live.and_then(|l| l.otlp) {
+        for (name, help, v) in [
+            (
+                "correx_otlp_spans_exported_total",
+                "Spans the OTLP receiver accepted.",
+                stats.exported,
+            ),
+            (
+                "correx_otlp_spans_dropped_total",
+                "Spans dropped: the export queue was full, or their request failed.",
+                stats.dropped,
+            ),
+            (
+                "correx_otlp_failed_requests_total",
+                "OTLP requests that failed.",
+                stats.failed_requests,
+            ),
+        ] {
+            x.family(name, "counter", help);
+            x.sample(name, &[], v as f64);
+        }
     }
     x.finish()
 }

@@ -6,6 +6,7 @@
 use crate::approvals::ApprovalsConfig;
 use crate::events::{Durability, SealConfig};
 use crate::inference::ManagerOptions;
+use crate::observe::otlp::OtlpConfig;
 use crate::settings::{self, ConfigError};
 use crate::tools::{McpServers, ToolConfig, BUILTIN_TOOLS};
 use serde::Deserialize;
@@ -34,6 +35,8 @@ pub struct RuntimeConfig {
     pub mcp_servers: McpServers,
     /// Seals of the log written to a file while the runtime lives (config `seal`).
     pub seal: SealConfig,
+    /// The log exported live as OpenTelemetry traces (config `otlp`).
+    pub otlp: OtlpConfig,
 }
 
 /// The top level as written, before the sections are checked.
@@ -49,6 +52,7 @@ struct Document {
     approvals: Option<Value>,
     mcp_servers: Option<Value>,
     seal: Option<Value>,
+    otlp: Option<Value>,
 }
 
 impl RuntimeConfig {
@@ -63,6 +67,7 @@ impl RuntimeConfig {
             approvals: ApprovalsConfig::default(),
             mcp_servers: McpServers::default(),
             seal: SealConfig::default(),
+            otlp: OtlpConfig::default(),
         }
     }
 
@@ -109,6 +114,7 @@ impl RuntimeConfig {
             approvals: settings::read("approvals", d.approvals)?,
             mcp_servers: settings::read("mcp_servers", d.mcp_servers)?,
             seal: settings::read("seal", d.seal)?,
+            otlp: settings::read("otlp", d.otlp)?,
         })
     }
 }

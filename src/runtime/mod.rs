@@ -10,6 +10,7 @@ use crate::events::{
     EventStore, EventStoreError, SealError, SealWriter, SqliteEventStore, StoreOptions,
 };
 use crate::inference::DefaultModelManager;
+use crate::observe::otlp::{OtlpError, OtlpExporter};
 use crate::observe::{LiveMetrics, LogMetrics};
 use crate::sandbox::{default_work_root, SandboxError, SandboxedToolExecutor};
 use crate::sessions::{Session, SessionError};
@@ -33,6 +34,8 @@ pub enum RuntimeError {
     Events(EventStoreError),
     /// The config's seal file or key could not be read or written (config `seal`).
     Seal(SealError),
+    /// The OTLP exporter could not start (config `otlp`).
+    Otlp(OtlpError),
     /// A tool could not be built (a missing root or executable).
     Tool {
         /// The tool.
@@ -60,6 +63,7 @@ impl fmt::Display for RuntimeError {
             RuntimeError::Config(e) => e.fmt(f),
             RuntimeError::Events(e) => e.fmt(f),
             RuntimeError::Seal(e) => write!(f, "seal: {e}"),
+            RuntimeError::Otlp(e) => write!(f, "otlp: {e}"),
             RuntimeError::Tool { tool, source } => write!(f, "tools.{tool}: {source}"),
             RuntimeError::Sandbox(e) => e.fmt(f),
             RuntimeError::Jobs(e) => write!(f, "background jobs: {e}"),
@@ -74,6 +78,7 @@ impl std::error::Error for RuntimeError {
             RuntimeError::Config(e) => Some(e),
             RuntimeError::Events(e) => Some(e),
             RuntimeError::Seal(e) => Some(e),
+            RuntimeError::Otlp(e) => Some(e),
             RuntimeError::Tool { source, .. } => Some(source),
             RuntimeError::Sandbox(e) => Some(e),
             RuntimeError::Jobs(e) => Some(e),
@@ -104,6 +109,9 @@ pub struct Runtime {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// The log's metrics folded so far; each [`Runtime::metrics`] folds in what came since.
     metrics: Mutex<LogMetrics>,
+    /// The live OTLP exporter (config `otlp`); dropped after the parts that append on their
+    /// way out, so it exports their last events.
+    otlp: Option<OtlpExporter>,
     /// Last, so its final seal, written as it drops, covers what every part above appended
     /// on its way out.
     _sealer: Option<SealWriter>,
@@ -153,6 +161,7 @@ impl Runtime {
             }
             None => None,
         };
+        let otlp = OtlpExporter::start(&events, &config.otlp).map_err(RuntimeError::Otlp)?;
         let store: Arc<dyn EventStore> = events.clone();
         let work_root = config
             .sandbox_root
@@ -201,6 +210,7 @@ impl Runtime {
             mcp,
             sessions: Mutex::new(HashMap::new()),
             metrics: Mutex::new(LogMetrics::default()),
+            otlp,
             _sealer: sealer,
         })
     }
@@ -279,8 +289,14 @@ impl Runtime {
                 .map(|s| (s.model_id.clone(), s.in_flight))
                 .collect(),
             append_latency: self.events.append_latency(),
+            otlp: self.otlp.as_ref().map(OtlpExporter::stats),
         };
         Ok(crate::observe::render(&log, Some(&live)))
+    }
+
+    /// The live OTLP exporter's counts, when the config names an endpoint.
+    pub fn otlp_stats(&self) -> Option<crate::observe::otlp::ExportStats> {
+        self.otlp.as_ref().map(OtlpExporter::stats)
     }
 
     /// Jobs a dead host left running under this sandbox root, recorded `job.exited` with

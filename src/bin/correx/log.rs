@@ -4,8 +4,9 @@ use crate::args::Args;
 use crate::style::{colour_of, line, Format};
 use crate::Failure;
 use correx::{
-    format_rfc3339_ms, render_metrics, verify_log_sealed, EventStore, EventStoreError, EventType,
-    LogMetrics, RecordedEvent, Seal, SealKey, SqliteEventStore, StoreOptions,
+    export_log_otlp, format_rfc3339_ms, render_metrics, verify_log_sealed, EventStore,
+    EventStoreError, EventType, LogMetrics, RecordedEvent, Seal, SealKey, SqliteEventStore,
+    StoreOptions,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -256,6 +257,27 @@ pub fn metrics(args: Args) -> Result<(), Failure> {
     let mut metrics = LogMetrics::default();
     metrics.update(store.as_ref()).map_err(store_failure)?;
     print!("{}", render_metrics(&metrics, None));
+    Ok(())
+}
+
+/// `correx log export DB --otlp URL`: the log as OTLP/HTTP traces.
+pub fn export(args: Args) -> Result<(), Failure> {
+    let [db] = args.positionals(&["DB"])?[..] else {
+        unreachable!("positionals returns exactly one")
+    };
+    let Some(endpoint) = args.value("--otlp") else {
+        return Err(Failure::Usage(
+            "--otlp URL is required (e.g. http://127.0.0.1:4318)".into(),
+        ));
+    };
+    let service = args.value("--service").unwrap_or("correx");
+    let store = open(db)?;
+    let report = export_log_otlp(store.as_ref(), endpoint, service)
+        .map_err(|e| Failure::Run(e.to_string()))?;
+    line(&format!(
+        "exported {} spans from {} events in {} requests",
+        report.spans, report.events, report.requests
+    ));
     Ok(())
 }
 

@@ -21,6 +21,7 @@ usage:
   correx log tail DB [-f] [-n N] [--json]
   correx log verify DB [--seal FILE [--key-file KEY]]
   correx log seal DB [--key-file KEY] [--append-to FILE]
+  correx log export DB --otlp URL [--service NAME]
   correx log audit DB [--session S]
   correx log trace DB [--session S] > trace.json
   correx session show DB S [--json]
@@ -97,6 +98,9 @@ fn run(argv: &[String]) -> Result<(), Failure> {
         ["log", "verify", rest @ ..] => {
             log::verify(Args::parse(rest, &["--seal", "--key-file"], &[])?)
         }
+        ["log", "export", rest @ ..] => {
+            log::export(Args::parse(rest, &["--otlp", "--service"], &[])?)
+        }
         ["log", "seal", rest @ ..] => {
             log::seal(Args::parse(rest, &["--key-file", "--append-to"], &[])?)
         }
@@ -113,7 +117,7 @@ fn run(argv: &[String]) -> Result<(), Failure> {
         }
         ["log", other, ..] => Err(Failure::Usage(format!("unknown log command {other:?}"))),
         ["log"] => Err(Failure::Usage(
-            "`correx log` needs show, tail, verify, seal, audit or trace".into(),
+            "`correx log` needs show, tail, verify, seal, export, audit or trace".into(),
         )),
         ["tool", ..] => Err(Failure::Usage("`correx tool` has one command: run".into())),
         [other, ..] => Err(Failure::Usage(format!("unknown command {other:?}"))),
