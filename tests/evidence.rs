@@ -299,8 +299,9 @@ fn battery() -> TestResult {
         18,
         "cut off",
     )?;
-    // The whole file put back to an older copy, then written on.
+    // The whole file put back to an older copy, then written on; and the WAL swapped.
     rollback(dir)?;
+    wal_swapped(dir)?;
     // The protection removed: the same edit on a log written without the chain is not seen.
     {
         let db = dir.join("unchained.db");
@@ -349,6 +350,35 @@ fn rollback(dir: &Path) -> TestResult {
     assert!(
         matches!(&first, Some((20, text)) if text.contains("positions 11 to 20")),
         "rolled back and written on: {:#?}",
+        report.problems
+    );
+    Ok(())
+}
+
+/// The database and its WAL copied while the log held 10 events, the log grown to 20 and
+/// sealed, then the copies put back: SQLite replays the old WAL and the log is 10 events again.
+fn wal_swapped(dir: &Path) -> TestResult {
+    let db = dir.join("wal.db");
+    let with = |suffix: &str, p: &Path| PathBuf::from(format!("{}{suffix}", p.display()));
+    let old = dir.join("wal-old.db");
+    let store = write_log(&db, 10)?;
+    assert!(with("-wal", &db).exists(), "the commits are in the WAL");
+    std::fs::copy(&db, &old)?;
+    std::fs::copy(with("-wal", &db), with("-wal", &old))?;
+    append(&store, 10)?;
+    let seal = store.seal()?;
+    drop(store);
+    for suffix in ["", "-wal"] {
+        let _ = std::fs::remove_file(with(suffix, &db));
+        std::fs::rename(with(suffix, &old), with(suffix, &db))?;
+    }
+    let _ = std::fs::remove_file(with("-shm", &db));
+    let report = verify_log_sealed(&db, &[seal])?;
+    assert_eq!(report.events, 10, "the old WAL was replayed");
+    let first = first_problem(&report);
+    assert!(
+        matches!(&first, Some((11, text)) if text.contains("older copy")),
+        "WAL swapped: {:#?}",
         report.problems
     );
     Ok(())
