@@ -372,23 +372,40 @@ struct Receiver {
 
 impl Receiver {
     fn start(python: &Path, dir: &Path) -> Result<Receiver, Box<dyn std::error::Error>> {
-        let spans = dir.join("spans.jsonl");
-        let mut child = Command::new(python)
+        Self::start_mode(python, dir, "serve")
+    }
+
+    /// `mode` `unavailable`: every request is answered 503.
+    fn start_mode(
+        python: &Path,
+        dir: &Path,
+        mode: &str,
+    ) -> Result<Receiver, Box<dyn std::error::Error>> {
+        let spans = dir.join(format!("spans-{mode}.jsonl"));
+        // Its stdin stays open while this process lives: the receiver ends with the test,
+        // however the test ends.
+        let child = Command::new(python)
             .arg(concat!(
                 env!("CARGO_MANIFEST_DIR"),
                 "/tests/otlp_receiver.py"
             ))
             .arg(&spans)
+            .arg(mode)
             .stdout(Stdio::piped())
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .spawn()?;
+        let mut receiver = Receiver {
+            child,
+            port: 0,
+            spans,
+        };
         let mut line = String::new();
         std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().ok_or("stdout")?),
+            &mut std::io::BufReader::new(receiver.child.stdout.take().ok_or("stdout")?),
             &mut line,
         )?;
-        let port = line.trim().parse()?;
-        Ok(Receiver { child, port, spans })
+        receiver.port = line.trim().parse()?;
+        Ok(receiver)
     }
 
     fn url(&self) -> String {
@@ -404,6 +421,17 @@ impl Receiver {
             .collect::<Result<_, _>>()?;
         if let Some(refused) = spans.iter().find(|s| s.get("refused").is_some()) {
             return Err(format!("the receiver refused a request: {refused}").into());
+        }
+        // What the official decoder lets through but OTLP requires.
+        for s in &spans {
+            let hex_len = |k: &str| s[k].as_str().map_or(0, str::len);
+            assert_eq!(hex_len("trace_id"), 32, "a 16-byte trace id: {s}");
+            assert_eq!(hex_len("span_id"), 16, "an 8-byte span id: {s}");
+            assert!(matches!(hex_len("parent"), 0 | 16), "{s}");
+            assert!(
+                s["end"].as_u64() >= s["start"].as_u64(),
+                "ends after it starts: {s}"
+            );
         }
         Ok(spans)
     }
@@ -600,8 +628,9 @@ fn the_log_exported_as_otlp_decodes_with_the_official_definitions_as_a_span_tree
             .find(|t| t["span_id"] == a["parent"])
             .ok_or("an approval without its run")?;
         assert_eq!(parent["trace_id"], a["trace_id"]);
-        assert!(a["start"].as_u64() >= parent["start"].as_u64());
-        assert!(a["end"].as_u64() <= parent["end"].as_u64());
+        let time = |s: &Value, k: &str| s[k].as_u64().ok_or(format!("no {k}"));
+        assert!(time(a, "start")? >= time(parent, "start")?);
+        assert!(time(a, "end")? <= time(parent, "end")?);
     }
     // Inferences under the residency that served them.
     let chats = named("chat ");
@@ -660,6 +689,13 @@ fn a_runtime_exports_live_and_counts_what_it_cannot_deliver() -> TestResult {
         let spans = receiver.wait_for(10)?;
         assert_eq!(spans.len(), 10, "{spans:#?}");
         assert!(spans.iter().all(|s| s["service"] == "agent-x"));
+        // The receiver writes before it answers: the count follows within a moment.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while rt.otlp_stats().is_some_and(|s| s.exported < 10)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let stats = rt.otlp_stats().ok_or("an exporter")?;
         assert_eq!((stats.exported, stats.dropped), (10, 0));
         let m = parse(&python, &rt.metrics()?)?;
@@ -668,9 +704,12 @@ fn a_runtime_exports_live_and_counts_what_it_cannot_deliver() -> TestResult {
             Some(10.0)
         );
     }
-    // A receiver that is not there: appends go on, spans are dropped and counted.
-    let closed = format!("http://127.0.0.1:{}", crate::util::free_port());
-    let rt = correx::Runtime::new(&config(&closed, "dead.db", 4)?, Arc::new(correx::DenyAll))?;
+    // A receiver that answers 503: appends go on, spans are dropped and counted.
+    let unavailable = Receiver::start_mode(&python, tmp.path(), "unavailable")?;
+    let rt = correx::Runtime::new(
+        &config(&unavailable.url(), "dead.db", 4)?,
+        Arc::new(correx::DenyAll),
+    )?;
     for _ in 0..5 {
         write_log(rt.events())?;
     }
@@ -703,6 +742,7 @@ fn a_runtime_exports_live_and_counts_what_it_cannot_deliver() -> TestResult {
     assert_eq!(stats.exported, 0);
     assert_eq!(stats.dropped, ended, "every span that ended: {stats:?}");
     assert!(stats.failed_requests > 0);
+    assert_eq!(stats.follow_errors, 0);
     for (json, field) in [
         (r#"{"endpoint": "localhost:4318"}"#, "otlp.endpoint"),
         (
@@ -722,5 +762,36 @@ fn a_runtime_exports_live_and_counts_what_it_cannot_deliver() -> TestResult {
         .to_string();
         assert!(e.contains(field), "{e}");
     }
+    Ok(())
+}
+
+#[test]
+fn closing_a_runtime_does_not_wait_long_on_a_receiver_that_never_answers() -> TestResult {
+    // A stub receiver (named so: a real one cannot be made to hang): accepts and never
+    // answers, holding every connection.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in listener.incoming().flatten() {
+            held.push(c);
+        }
+    });
+    let tmp = TempDir::new("otlp-hung");
+    let config = correx::RuntimeConfig::from_json(&format!(
+        r#"{{"v": 1, "event_log": {:?}, "sandbox_root": {:?},
+            "otlp": {{"endpoint": "http://127.0.0.1:{port}", "timeout_ms": 300}}}}"#,
+        tmp.join("events.db"),
+        tmp.join("work")
+    ))?;
+    let rt = correx::Runtime::new(&config, Arc::new(correx::DenyAll))?;
+    for _ in 0..3 {
+        write_log(rt.events())?;
+    }
+    let stats = rt.otlp_stats().ok_or("an exporter")?;
+    assert_eq!(stats.exported, 0);
+    // Returns: the sender gives up at one timeout past the stop, counting what it drops. (A
+    // hang here is the failure.)
+    drop(rt);
     Ok(())
 }

@@ -1,11 +1,15 @@
 """A loopback OTLP/HTTP trace receiver for the tests: decodes every request with the official
 protobuf definitions (opentelemetry-proto), refuses one that does not decode or carries fields
-the definitions do not know, and writes each span as a JSON line to the file in argv[1].
-Prints its port, then serves until killed."""
+the definitions do not know, and writes each span as a JSON line to the file in argv[1]. With
+argv[2] == "unavailable" it answers every request 503 instead. Prints its port, then serves
+until its standard input ends (the test's end, however it ends)."""
 import http.server
 import json
+import os
 import sys
 import threading
+
+UNAVAILABLE = len(sys.argv) > 2 and sys.argv[2] == "unavailable"
 
 from google.protobuf.unknown_fields import UnknownFieldSet
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -45,6 +49,11 @@ def attrs(kvs):
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if UNAVAILABLE:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         problem = None
         if self.path != "/v1/traces":
             problem = "path " + self.path
@@ -100,6 +109,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def exit_when_stdin_ends():
+    sys.stdin.read()
+    os._exit(0)
+
+
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+threading.Thread(target=exit_when_stdin_ends, daemon=True).start()
 print(server.server_address[1], flush=True)
 server.serve_forever()

@@ -69,8 +69,13 @@ pub fn render(log: &LogMetrics, live: Option<&LiveMetrics>) -> String {
             ),
             (
                 "correx_otlp_failed_requests_total",
-                "OTLP requests that failed.",
+                "OTLP requests that failed, each try.",
                 stats.failed_requests,
+            ),
+            (
+                "correx_otlp_follow_errors_total",
+                "Times the OTLP exporter failed to read the log (it tries again after a second).",
+                stats.follow_errors,
             ),
         ] {
             x.family(name, "counter", help);

@@ -22,6 +22,12 @@ pub const SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.41.0";
 /// Spans per request at most.
 const BATCH: usize = 512;
 
+/// The largest queue a config may ask for (its slots are allocated up front).
+const MAX_QUEUE: usize = 1_000_000;
+
+/// The longest request timeout a config may ask for.
+const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// What went wrong exporting.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -96,6 +102,17 @@ fn agent(timeout: Duration) -> ureq::Agent {
         .timeout_global(Some(timeout))
         .build();
     ureq::Agent::new_with_config(config)
+}
+
+/// Whether a failed request is worth one more try: the receiver unreachable or overloaded,
+/// not a request it refused.
+fn retryable(e: &OtlpError) -> bool {
+    match e {
+        OtlpError::Send { detail, .. } => {
+            !detail.starts_with("HTTP 4") || detail.starts_with("HTTP 429")
+        }
+        _ => false,
+    }
 }
 
 /// Posts `spans` as one `ExportTraceServiceRequest`.
@@ -228,7 +245,17 @@ impl crate::settings::Section for OtlpConfig {
             "must not be empty",
         )?;
         positive("queue_spans", self.queue_spans as u64)?;
-        positive_ms("timeout_ms", self.timeout)
+        check(
+            self.queue_spans <= MAX_QUEUE,
+            "queue_spans",
+            format!("at most {MAX_QUEUE}"),
+        )?;
+        positive_ms("timeout_ms", self.timeout)?;
+        check(
+            self.timeout <= MAX_TIMEOUT,
+            "timeout_ms",
+            format!("at most {}", MAX_TIMEOUT.as_millis()),
+        )
     }
 }
 
@@ -239,8 +266,10 @@ pub struct ExportStats {
     pub exported: u64,
     /// Spans dropped: the queue was full, or their request failed.
     pub dropped: u64,
-    /// Requests that failed.
+    /// Requests that failed (each try).
     pub failed_requests: u64,
+    /// Times reading the log failed (the exporter retries after a second).
+    pub follow_errors: u64,
 }
 
 #[derive(Default)]
@@ -248,18 +277,39 @@ struct Counters {
     exported: AtomicU64,
     dropped: AtomicU64,
     failed: AtomicU64,
+    follow_errors: AtomicU64,
+}
+
+/// What the exporter's two threads share.
+struct Shared {
+    counters: Counters,
+    /// Set when the exporter is dropped.
+    stop: AtomicBool,
+    /// The log's last position when stop was set: the follower drains up to it.
+    stop_at: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn failed(&self, e: String) {
+        let mut last = self.last_error.lock();
+        if last.is_none() {
+            log::warn!("correx: OTLP export: {e}");
+        }
+        *last = Some(e);
+    }
 }
 
 /// Follows a log and exports each span as it ends (see the module docs). Spans wait in a
 /// bounded queue for the sender thread; when it is full (a slow or absent receiver), new spans
-/// are dropped and counted, never waited for. A failed request is tried once more, then its
-/// spans are dropped and counted, and the first failure is logged (`log::warn!`). Dropping the
-/// exporter exports what the log holds by then and stops.
+/// are dropped and counted, never waited for. A request that fails for want of a receiver is
+/// tried once more, then its spans are dropped and counted; the first failure is logged
+/// (`log::warn!`). Dropping the exporter exports what the log holds by then, within one
+/// request timeout: what is not sent by then is dropped and counted.
 pub struct OtlpExporter {
-    stop: Arc<AtomicBool>,
-    counters: Arc<Counters>,
+    store: Arc<SqliteEventStore>,
+    shared: Arc<Shared>,
     threads: Vec<std::thread::JoinHandle<()>>,
-    last_error: Arc<Mutex<Option<String>>>,
 }
 
 impl fmt::Debug for OtlpExporter {
@@ -286,10 +336,13 @@ impl OtlpExporter {
         let url = traces_url(endpoint)?;
         let from = store.last_position().map_err(OtlpError::Store)?;
         let mut sub = store.subscribe(from).map_err(OtlpError::Store)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let counters = Arc::new(Counters::default());
-        let last_error = Arc::new(Mutex::new(None));
-        let (tx, rx) = sync_channel::<Span>(config.queue_spans.max(1));
+        let shared = Arc::new(Shared {
+            counters: Counters::default(),
+            stop: AtomicBool::new(false),
+            stop_at: AtomicU64::new(u64::MAX),
+            last_error: Mutex::new(None),
+        });
+        let (tx, rx) = sync_channel::<Span>(config.queue_spans.clamp(1, MAX_QUEUE));
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name.into())
@@ -300,63 +353,66 @@ impl OtlpExporter {
                 })
         };
         let follower = {
-            let (stop, counters) = (stop.clone(), counters.clone());
+            let shared = shared.clone();
             spawn(
                 "correx-otlp-follow",
-                Box::new(move || follow(&mut sub, &tx, &stop, &counters)),
+                Box::new(move || follow(&mut sub, &tx, &shared)),
             )?
         };
         let sender = {
-            let (counters, last_error) = (counters.clone(), last_error.clone());
-            let (service, timeout) = (config.service_name.clone(), config.timeout);
+            let shared = shared.clone();
+            let (service, timeout) = (config.service_name.clone(), config.timeout.min(MAX_TIMEOUT));
             let url = url.clone();
             spawn(
                 "correx-otlp-send",
-                Box::new(move || send_loop(&rx, &url, &service, timeout, &counters, &last_error)),
+                Box::new(move || send_loop(&rx, &url, &service, timeout, &shared)),
             )?
         };
         Ok(Some(OtlpExporter {
-            stop,
-            counters,
+            store: store.clone(),
+            shared,
             threads: vec![follower, sender],
-            last_error,
         }))
     }
 
     /// Spans exported and dropped so far.
     pub fn stats(&self) -> ExportStats {
+        let c = &self.shared.counters;
         ExportStats {
-            exported: self.counters.exported.load(Ordering::Relaxed),
-            dropped: self.counters.dropped.load(Ordering::Relaxed),
-            failed_requests: self.counters.failed.load(Ordering::Relaxed),
+            exported: c.exported.load(Ordering::Relaxed),
+            dropped: c.dropped.load(Ordering::Relaxed),
+            failed_requests: c.failed.load(Ordering::Relaxed),
+            follow_errors: c.follow_errors.load(Ordering::Relaxed),
         }
     }
 
-    /// The last failed request's error, if any.
+    /// The last error (a failed request, a failed read of the log), if any.
     pub fn last_error(&self) -> Option<String> {
-        self.last_error.lock().clone()
+        self.shared.last_error.lock().clone()
     }
 }
 
 impl Drop for OtlpExporter {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        let at = self.store.last_position().unwrap_or(0);
+        self.shared.stop_at.store(at, Ordering::Relaxed);
+        self.shared.stop.store(true, Ordering::Relaxed);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
 }
 
-/// The follower: events in, spans to the queue; on stop, what the log holds is read first.
-fn follow(
-    sub: &mut crate::events::Subscription,
-    tx: &SyncSender<Span>,
-    stop: &AtomicBool,
-    counters: &Counters,
-) {
+/// The follower: events in, spans to the queue. On stop it reads on up to the position the
+/// log had then, and waits for room in the queue (the sender, stopping too, drains it within
+/// its deadline).
+fn follow(sub: &mut crate::events::Subscription, tx: &SyncSender<Span>, shared: &Shared) {
     let mut fold = SpanFold::default();
     loop {
-        let stopping = stop.load(Ordering::Relaxed);
+        let stopping = shared.stop.load(Ordering::Relaxed);
+        if stopping && sub.position() >= shared.stop_at.load(Ordering::Relaxed) {
+            return;
+        }
         let wait = if stopping {
             Duration::ZERO
         } else {
@@ -366,37 +422,54 @@ fn follow(
             Ok(Some(e)) => {
                 fold.fold(&e);
                 for span in fold.take() {
-                    match tx.try_send(span) {
-                        Ok(()) => {}
-                        Err(TrySendError::Full(_)) => {
-                            counters.dropped.fetch_add(1, Ordering::Relaxed);
+                    let sent = if stopping {
+                        tx.send(span).map_err(|_| ())
+                    } else {
+                        match tx.try_send(span) {
+                            Ok(()) => Ok(()),
+                            Err(TrySendError::Full(_)) => {
+                                shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                                Ok(())
+                            }
+                            Err(TrySendError::Disconnected(_)) => Err(()),
                         }
-                        Err(TrySendError::Disconnected(_)) => return,
+                    };
+                    if sent.is_err() {
+                        return;
                     }
                 }
             }
             Ok(None) if stopping => return,
             Ok(None) => {}
             Err(e) => {
-                log::warn!("correx: the OTLP exporter stopped following the log: {e}");
-                return;
+                // A read that failed (a locked or damaged log): noted, and tried again.
+                shared
+                    .counters
+                    .follow_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                shared.failed(format!("reading the log: {e}"));
+                if stopping {
+                    return;
+                }
+                std::thread::sleep(Duration::from_secs(1));
             }
         }
     }
 }
 
 /// The sender: batches from the queue, posted; what is queued is sent as soon as it is there.
-fn send_loop(
-    rx: &Receiver<Span>,
-    url: &str,
-    service: &str,
-    timeout: Duration,
-    counters: &Counters,
-    last_error: &Mutex<Option<String>>,
-) {
+/// Once stopping, each batch gets one try, and past one timeout from the stop what is left is
+/// dropped and counted.
+fn send_loop(rx: &Receiver<Span>, url: &str, service: &str, timeout: Duration, shared: &Shared) {
     let agent = agent(timeout);
+    let counters = &shared.counters;
+    let mut deadline: Option<std::time::Instant> = None;
     loop {
-        let first = match rx.recv_timeout(Duration::from_millis(500)) {
+        let stopping = shared.stop.load(Ordering::Relaxed);
+        if stopping && deadline.is_none() {
+            deadline = Some(std::time::Instant::now() + timeout);
+        }
+        let first = match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(s) => s,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
@@ -408,8 +481,23 @@ fn send_loop(
                 Err(_) => break,
             }
         }
-        let result =
-            send(&agent, url, service, &batch).or_else(|_| send(&agent, url, service, &batch));
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            counters
+                .dropped
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            continue;
+        }
+        let mut result = send(&agent, url, service, &batch);
+        if let Err(e) = &result {
+            counters.failed.fetch_add(1, Ordering::Relaxed);
+            if !stopping && retryable(e) {
+                std::thread::sleep(Duration::from_millis(200));
+                result = send(&agent, url, service, &batch);
+                if result.is_err() {
+                    counters.failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
         match result {
             Ok(()) => {
                 counters
@@ -417,15 +505,10 @@ fn send_loop(
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);
             }
             Err(e) => {
-                counters.failed.fetch_add(1, Ordering::Relaxed);
                 counters
                     .dropped
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                let mut last = last_error.lock();
-                if last.is_none() {
-                    log::warn!("correx: OTLP export failed, spans dropped: {e}");
-                }
-                *last = Some(e.to_string());
+                shared.failed(e.to_string());
             }
         }
     }

@@ -183,8 +183,10 @@ mod tests {
         assert_eq!(out, [0xac, 0x02]);
         let mut out = Vec::new();
         any_value(&mut out, &Value::Int(-1));
-        // Field 3, varint, then ten bytes of -1.
-        assert_eq!(out.len(), 11);
-        assert_eq!(out[0], 0x18);
+        // Field 3, varint, then -1 as ten bytes of two's complement.
+        let mut want = vec![0x18];
+        want.extend([0xff; 9]);
+        want.push(0x01);
+        assert_eq!(out, want);
     }
 }

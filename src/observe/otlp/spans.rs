@@ -48,6 +48,11 @@ fn nanos(ms: i64) -> u64 {
     u64::try_from(ms).unwrap_or(0).saturating_mul(1_000_000)
 }
 
+/// `ms` before `ts`, without overflow.
+fn before(ts: i64, ms: u64) -> i64 {
+    ts.saturating_sub(i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
 fn s(v: &str) -> Value {
     Value::Str(v.to_owned())
 }
@@ -155,7 +160,7 @@ impl SpanFold {
                 wait_ms,
                 ..
             } => {
-                let from = ts - i64::try_from(wait_ms).unwrap_or(0);
+                let from = before(ts, wait_ms);
                 let run = self.run(&invocation_id, &session_id, &tool_name, from, e.position);
                 run.start_ms = run.start_ms.min(from);
                 run.tier = Some(tier);
@@ -280,15 +285,17 @@ impl SpanFold {
                 port,
                 ..
             } => {
-                // A load of a model still open in the log ends the earlier residency here.
-                self.end_residency(&model_id, ts, "replaced");
+                // A load of a model the log still has resident (its host died without the
+                // unload recorded) ends the earlier residency where this load began.
+                let start_ms = before(ts, load_ms);
+                self.end_residency(&model_id, start_ms, "superseded");
                 let position = e.position.to_string();
                 self.residencies.insert(
                     model_id.clone(),
                     OpenResidency {
-                        trace_id: id(&["residency", &model_id, &position]),
-                        span_id: id(&["residency", &model_id, &position]),
-                        start_ms: ts - i64::try_from(load_ms).unwrap_or(0),
+                        trace_id: id(&["residency trace", &model_id, &position]),
+                        span_id: id(&["residency span", &model_id, &position]),
+                        start_ms,
                         pid,
                         port,
                         events: Vec::new(),
@@ -346,7 +353,7 @@ impl SpanFold {
                     ),
                 ];
                 if let Some(url) = endpoint {
-                    attributes.push(("server.address".into(), Value::Str(url)));
+                    attributes.push(("correx.endpoint".into(), Value::Str(url)));
                 }
                 self.ready.push(Span {
                     trace_id,
@@ -354,7 +361,7 @@ impl SpanFold {
                     parent_span_id: parent,
                     name: format!("chat {model_id}"),
                     kind: SpanKind::Client,
-                    start_time_unix_nano: nanos(ts - i64::try_from(latency_ms).unwrap_or(0)),
+                    start_time_unix_nano: nanos(before(ts, latency_ms)),
                     end_time_unix_nano: nanos(ts),
                     attributes,
                     events: Vec::new(),
@@ -383,7 +390,7 @@ impl SpanFold {
         error: Option<(String, String)>,
     ) {
         let ts = e.timestamp_ms;
-        let start = ts - i64::try_from(duration_ms).unwrap_or(0);
+        let start = before(ts, duration_ms);
         let run = match self.runs.remove(inv) {
             Some(r) => r,
             None => OpenRun {
@@ -436,7 +443,7 @@ impl SpanFold {
                 parent_span_id: Some(span_id),
                 name: format!("approval {}", run.tool),
                 kind: SpanKind::Internal,
-                start_time_unix_nano: nanos(a.from_ms),
+                start_time_unix_nano: nanos(a.from_ms.min(a.to_ms)),
                 end_time_unix_nano: nanos(a.to_ms),
                 attributes: vec![
                     ("correx.approval.decision".into(), s(&a.decision)),
@@ -465,6 +472,7 @@ impl SpanFold {
             return;
         };
         let failed = matches!(reason, "crashed" | "unresponsive");
+        let end_ms = end_ms.max(r.start_ms);
         if failed {
             r.events.push(SpanEvent {
                 time_unix_nano: nanos(end_ms),
