@@ -794,7 +794,10 @@ int32_t correx_models_status(const struct correx_runtime *rt,
  *   "max_tier": 2, "rules": [{"tool", "argv_prefix", "action": "allow"|"ask"|"forbid"}]},
  *   "mcp_servers": {"name": {"command": ["/path/server", "arg"], "env", "working_dirs",
  *   "isolation", "tier", "tools": {"tool": {"tier"}}, "start": "lazy"|"open",
- *   "startup_timeout_ms", "call_timeout_ms", "max_line_bytes"}}}`. Every tool is disabled
+ *   "startup_timeout_ms", "call_timeout_ms", "max_line_bytes"}},
+ *   "seal": {"file": "/path/log.seals", "interval_ms": 60000, "key_file": "/path/key"},
+ *   "otlp": {"endpoint": "http://127.0.0.1:4318", "service_name": "correx",
+ *   "queue_spans": 2048, "timeout_ms": 5000}}`. Every tool is disabled
  *   unless `"enabled": true`; empty allowlists deny everything; an MCP server's tools are
  *   `name.tool` in `correx_tools_list` and `correx_tool_execute`. See the README for every
  *   field.
