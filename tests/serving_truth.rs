@@ -300,8 +300,14 @@ fn status_answers_while_the_log_stalls() -> TestResult {
     unload.join().map_err(|_| "the unload panicked")??;
 
     let events = store.read_stream(correx::MODEL_STREAM, 1, 100)?;
+    let mut kinds = kinds(&events);
+    // The completion and the load stalled together and were let go together: either may be
+    // appended first.
+    if let Some(middle) = kinds.get_mut(1..3) {
+        middle.sort();
+    }
     assert_eq!(
-        kinds(&events),
+        kinds,
         [
             "loaded:m",
             "inference.completed",
