@@ -109,10 +109,8 @@ pub fn verify_log_with(
     seals: &[Seal],
 ) -> Result<LogReport> {
     let conn = open_log_read_only(path)?;
-    let has_hash = conn
-        .prepare("SELECT 1 FROM pragma_table_info('events') WHERE name = 'hash'")
-        .and_then(|mut st| st.exists([]))
-        .map_err(|source| EventStoreError::Sqlite {
+    let has_hash =
+        super::sqlite::has_hash_column(&conn).map_err(|source| EventStoreError::Sqlite {
             operation: "verify",
             source,
         })?;
@@ -178,20 +176,7 @@ pub fn verify_log_with(
             )),
             Err(e) => Stored::Damaged(e.to_string()),
         };
-        let link = (|| {
-            Ok::<_, rusqlite::Error>(Link {
-                position: last_position,
-                event_id: row.get_ref(1)?.as_str()?,
-                stream_id: row.get_ref(2)?.as_str()?,
-                stream_version: row.get::<_, i64>(3)?.max(0) as u64,
-                type_id: row.get_ref(4)?.as_str()?,
-                schema_version: row.get(5)?,
-                timestamp_ms: row.get(6)?,
-                correlation_id: row.get_ref(7)?.as_str_or_null()?,
-                causation_id: row.get_ref(8)?.as_str_or_null()?,
-                payload: row.get_ref(9)?.as_str()?,
-            })
-        })();
+        let link = super::sqlite::link_of(row);
         match link {
             Ok(link) => {
                 if let Some(p) = chain.follow(&link, &stored) {

@@ -10,6 +10,8 @@ mod connection;
 mod group;
 mod sql;
 
+pub(super) use sql::{has_hash_column, link_of};
+
 use super::time::now_ms;
 use super::{
     AppendResult, EventStore, EventStoreError, ExpectedVersion, NewEvent, RecordedEvent, Result,
@@ -366,10 +368,7 @@ pub(super) fn read_chain_head(
         operation: "read the chain head",
         source,
     };
-    let has_hash = conn
-        .prepare("SELECT 1 FROM pragma_table_info('events') WHERE name = 'hash'")
-        .and_then(|mut st| st.exists([]))
-        .map_err(sqlite)?;
+    let has_hash = sql::has_hash_column(conn).map_err(sqlite)?;
     let sql = if has_hash {
         "SELECT position, hash FROM events ORDER BY position DESC LIMIT 1"
     } else {

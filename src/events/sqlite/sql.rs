@@ -59,10 +59,7 @@ pub(super) fn prepare_schema(
     }
     conn.execute_batch(SCHEMA)
         .map_err(sqlite("create schema"))?;
-    let has_hash = conn
-        .prepare("SELECT 1 FROM pragma_table_info('events') WHERE name = 'hash'")
-        .and_then(|mut st| st.exists([]))
-        .map_err(sqlite("read the schema"))?;
+    let has_hash = has_hash_column(conn).map_err(sqlite("read the schema"))?;
     if !has_hash {
         conn.execute_batch("ALTER TABLE events ADD COLUMN hash BLOB")
             .map_err(sqlite("add the hash column"))?;
@@ -85,6 +82,29 @@ pub(super) fn prepare_schema(
             .map_err(sqlite("write the schema version"))?;
     }
     Ok(())
+}
+
+/// What the chain covers of a row selected as [`COLUMNS`] (position first, payload tenth):
+/// the one reading of a row both the writer and `verify` hash, so they cannot disagree.
+pub(crate) fn link_of<'r>(r: &'r rusqlite::Row<'_>) -> rusqlite::Result<Link<'r>> {
+    Ok(Link {
+        position: r.get::<_, i64>(0)?.max(0) as u64,
+        event_id: r.get_ref(1)?.as_str()?,
+        stream_id: r.get_ref(2)?.as_str()?,
+        stream_version: r.get::<_, i64>(3)?.max(0) as u64,
+        type_id: r.get_ref(4)?.as_str()?,
+        schema_version: r.get(5)?,
+        timestamp_ms: r.get(6)?,
+        correlation_id: r.get_ref(7)?.as_str_or_null()?,
+        causation_id: r.get_ref(8)?.as_str_or_null()?,
+        payload: r.get_ref(9)?.as_str()?,
+    })
+}
+
+/// Whether the `events` table has a `hash` column (a log from before the chain has none).
+pub(crate) fn has_hash_column(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.prepare("SELECT 1 FROM pragma_table_info('events') WHERE name = 'hash'")
+        .and_then(|mut st| st.exists([]))
 }
 
 /// The last event's position and the hash the next event follows.
@@ -135,28 +155,10 @@ pub(super) fn read_head(conn: &Connection) -> Result<Head> {
         .map_err(sqlite)?;
     let mut rows = st.query([head.position as i64]).map_err(sqlite)?;
     while let Some(r) = rows.next().map_err(sqlite)? {
-        let position = r.get::<_, i64>(0).map_err(sqlite)?.max(0) as u64;
-        let text = |i| r.get_ref(i).and_then(|v| Ok(v.as_str()?)).map_err(sqlite);
-        let maybe = |i| {
-            r.get_ref(i)
-                .and_then(|v| Ok(v.as_str_or_null()?))
-                .map_err(sqlite)
-        };
+        let link = link_of(r).map_err(sqlite)?;
         head = Head {
-            position,
-            hash: Link {
-                position,
-                event_id: text(1)?,
-                stream_id: text(2)?,
-                stream_version: r.get::<_, i64>(3).map_err(sqlite)?.max(0) as u64,
-                type_id: text(4)?,
-                schema_version: r.get(5).map_err(sqlite)?,
-                timestamp_ms: r.get(6).map_err(sqlite)?,
-                correlation_id: maybe(7)?,
-                causation_id: maybe(8)?,
-                payload: text(9)?,
-            }
-            .hash(&head.hash),
+            position: link.position,
+            hash: link.hash(&head.hash),
         };
     }
     Ok(head)
