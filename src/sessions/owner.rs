@@ -19,6 +19,7 @@ struct Me {
     pid: u32,
     start: Option<u64>,
     boot: Option<String>,
+    machine: Option<String>,
     ns: Option<String>,
 }
 
@@ -34,6 +35,7 @@ fn me() -> Me {
                 pid,
                 start: sys::process_start(pid).ok().map(|(start, _)| start),
                 boot: sys::boot_id(),
+                machine: sys::machine_id(),
                 ns: sys::pid_namespace(pid),
             };
             *cached = Some(me.clone());
@@ -58,7 +60,8 @@ impl Claim {
     /// The owner recorded in `session.step_started`.
     pub(super) fn owner(&self) -> Value {
         let me = me();
-        json!({"pid": me.pid, "start": me.start, "boot": me.boot, "ns": me.ns, "claim": self.id})
+        json!({"pid": me.pid, "start": me.start, "boot": me.boot, "machine": me.machine,
+               "ns": me.ns, "claim": self.id})
     }
 }
 
@@ -75,7 +78,8 @@ pub(super) enum Liveness {
     Alive,
     /// It is gone: the step will not get a result from it.
     Dead,
-    /// Another pid namespace or a machine without `/proc`: nothing can be told.
+    /// Another pid namespace, another machine sharing the log, or a machine without `/proc`:
+    /// nothing can be told.
     Unknown,
 }
 
@@ -85,6 +89,13 @@ pub(super) fn judge(owner: &Value) -> Liveness {
     let (Some(pid), Some(boot)) = (owner["pid"].as_u64(), owner["boot"].as_str()) else {
         return Liveness::Unknown;
     };
+    // A claim of another machine (a log shared through PostgreSQL) cannot be judged from here;
+    // one of this machine before its last boot is dead.
+    if let (Some(theirs), Some(mine)) = (owner["machine"].as_str(), &me.machine) {
+        if theirs != mine {
+            return Liveness::Unknown;
+        }
+    }
     match &me.boot {
         Some(mine) if mine != boot => return Liveness::Dead,
         Some(_) => {}
@@ -145,5 +156,17 @@ mod tests {
         other["boot"] = owner["boot"].clone();
         other["ns"] = json!("pid:[1]");
         assert_eq!(judge(&other), Liveness::Unknown);
+
+        // Another host sharing the log: its boot differs from ours, yet it may live.
+        let mut remote = owner.clone();
+        remote["boot"] = json!("another-boot");
+        remote["machine"] = json!("another-machine");
+        if owner["machine"].is_string() {
+            assert_eq!(
+                judge(&remote),
+                Liveness::Unknown,
+                "a claim of another machine"
+            );
+        }
     }
 }

@@ -232,6 +232,16 @@ pub(crate) fn boot_id() -> Option<String> {
         .map(|s| s.trim().to_owned())
 }
 
+/// This machine's id (`/etc/machine-id`, else D-Bus's copy): what tells a claim made on another
+/// host sharing the log (PostgreSQL) from one made here before a reboot.
+pub(crate) fn machine_id() -> Option<String> {
+    ["/etc/machine-id", "/var/lib/dbus/machine-id"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
 /// The pid namespace process `pid` lives in, as the kernel names it (`pid:[4026531836]`).
 pub(crate) fn pid_namespace(pid: u32) -> Option<String> {
     std::fs::read_link(format!("/proc/{pid}/ns/pid"))
