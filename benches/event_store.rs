@@ -1,5 +1,6 @@
 //! `cargo bench --bench event_store`: correx's event store against a raw rusqlite loop doing the
-//! same inserts with the same pragmas and durability, on the same temp filesystem, in one run.
+//! same inserts with the same pragmas and durability, on the same temp filesystem, in one run;
+//! then the PostgreSQL store against a bare client on the test server (`common/pg.rs`).
 
 use correx::{Checkpoints, EventStore, ExpectedVersion, NewEvent, SqliteEventStore, StoreOptions};
 use rusqlite::{params, Connection};
@@ -329,9 +330,10 @@ fn export_lags(dir: &Path, n: usize) -> Vec<f64> {
         endpoint: Some(format!("http://127.0.0.1:{port}")),
         ..correx::OtlpConfig::default()
     };
-    let exporter = correx::OtlpExporter::start(&store, &config)
-        .expect("exporter")
-        .expect("an endpoint");
+    let exporter =
+        correx::OtlpExporter::start(&Arc::new(correx::EventLog::from(store.clone())), &config)
+            .expect("exporter")
+            .expect("an endpoint");
     let mut lags = Vec::with_capacity(n);
     for i in 0..n {
         let inv = format!("bench-inv-{i:06}");
@@ -359,8 +361,16 @@ fn export_lags(dir: &Path, n: usize) -> Vec<f64> {
     lags
 }
 
+#[path = "common/pg.rs"]
+mod pg;
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("pg-writer") {
+        // The cross-process writer of the PostgreSQL lag figure.
+        pg::writer(&args[2], args[3].parse().expect("count"));
+        return;
+    }
     if args.get(1).map(String::as_str) == Some("writer") {
         // The cross-process writer, started by the subscription bench below.
         let store = SqliteEventStore::open(&args[2]).expect("open");
@@ -541,4 +551,5 @@ fn main() {
     println!("batch_ratio_vs_raw: {batch_ratio:.3}");
     println!("chain_append_ratio: {:.3}", median(chain1));
     println!("chain_batch_ratio: {:.3}", median(chainb));
+    pg::run();
 }

@@ -800,7 +800,9 @@ int32_t correx_models_status(const struct correx_runtime *rt,
  *   "queue_spans": 2048, "timeout_ms": 5000}}`. Every tool is disabled
  *   unless `"enabled": true`; empty allowlists deny everything; an MCP server's tools are
  *   `name.tool` in `correx_tools_list` and `correx_tool_execute`. See the README for every
- *   field.
+ *   field. `event_log` may instead be `"postgres://USER@HOST:PORT/DB"` in a library built
+ *   with the cargo feature `postgres` (the password from `PGPASSWORD` or a password file,
+ *   never the URL); a library without it refuses one with `CORREX_E_CONFIG`.
  * - `out`: receives the new runtime.
  * - `err`: optional; receives an error on failure.
  *

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (llama-server and the Gemma model, into a cache
-# outside the repo; the MCP servers and the Prometheus and OTLP parsers the tests check with), then
+# outside the repo; the MCP servers and the Prometheus and OTLP parsers the tests check with; a
+# PostgreSQL server from the distribution's packages, started in a temp dir), then
 # runs every test: the Rust suites, the C hosts (plain, under valgrind,
 # under ASan/UBSan, and built through pkg-config), the Rust embedding example, the Java library
 # (its tests and demo on JDK 17 and on a JDK >= 22 when present) and the Java (Panama) demo when
@@ -8,6 +9,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A throwaway PostgreSQL cluster for the PostgreSQL store's tests (unless the caller, such as
+# .ci/run, started one and exported its CORREX_TEST_PG_* variables).
+if [ -z "${CORREX_TEST_PG_URL:-}" ]; then
+  pgdir=$(mktemp -d /tmp/correx-pg-XXXXXX)
+  trap 'bash scripts/postgres.sh stop "$pgdir"' EXIT
+  eval "$(bash scripts/postgres.sh start "$pgdir")"
+  export PGPASSFILE=$CORREX_TEST_PG_PASSFILE
+fi
 bash scripts/install-llama.sh >/dev/null
 bash scripts/install-mcp.sh >/dev/null
 bash scripts/install-checkers.sh >/dev/null

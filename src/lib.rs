@@ -35,15 +35,18 @@ pub use approvals::{
 };
 pub use cancel::CancelToken;
 pub use domain::{
-    append_domain, verify_log, verify_log_sealed, DomainEvent, EventType, UnloadReason,
+    append_domain, check_domain_event, verify_log, verify_log_sealed, DomainEvent, EventType,
+    UnloadReason,
 };
 pub use events::chain;
 pub use events::{
-    format_rfc3339_ms, verify_log_with, AppendResult, Checkpoints, Durability, EventStore,
-    EventStoreError, ExpectedVersion, LatencySnapshot, LogProblem, LogReport, NewEvent,
+    format_rfc3339_ms, verify_log_with, AppendResult, Checkpoints, Durability, EventLog,
+    EventStore, EventStoreError, ExpectedVersion, LatencySnapshot, LogProblem, LogReport, NewEvent,
     RecordedEvent, Seal, SealConfig, SealError, SealKey, SealOptions, SealWriter, SqliteEventStore,
     StoreOptions, Subscription,
 };
+#[cfg(feature = "postgres")]
+pub use events::{is_postgres_url, PostgresEventStore};
 pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
 pub use inference::{
     capabilities_for, chat_body, stream_body, CapabilityScore, ChunkKind, ContextEntry,

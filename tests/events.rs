@@ -1,4 +1,8 @@
-use crate::util::{child_test, is_child, TempDir};
+//! The event store's promises, each test run against every store: the SQLite file and, when a
+//! test server is configured, a PostgreSQL database (see [`log_locations`]); then what only
+//! the SQLite file has (its pragmas, WAL checkpoints, descriptors).
+
+use crate::util::{child_test, is_child, log_locations, open_log, TempDir};
 use correx::{
     DomainEvent, EventStore, EventStoreError, ExpectedVersion, NewEvent, SqliteEventStore,
     TokenUsage, UnloadReason,
@@ -12,7 +16,16 @@ use std::time::Duration;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-fn all_events(store: &SqliteEventStore) -> Result<Vec<correx::RecordedEvent>, EventStoreError> {
+/// Which store a location names, for assertion messages.
+fn kind(loc: &str) -> &'static str {
+    if loc.contains("://") {
+        "postgres"
+    } else {
+        "sqlite"
+    }
+}
+
+fn all_events(store: &dyn EventStore) -> Result<Vec<correx::RecordedEvent>, EventStoreError> {
     let mut out = Vec::new();
     let mut from = 1;
     loop {
@@ -25,8 +38,9 @@ fn all_events(store: &SqliteEventStore) -> Result<Vec<correx::RecordedEvent>, Ev
     }
 }
 
-/// Every stream's versions run 1, 2, 3, ... in position order, with no gap.
-fn assert_gapless(all: &[correx::RecordedEvent]) {
+/// Every stream's versions run 1, 2, 3, ... in position order, with no gap; `what` names the
+/// store in the failure.
+fn assert_gapless(all: &[correx::RecordedEvent], what: &str) {
     let mut by_stream: HashMap<&str, Vec<u64>> = HashMap::new();
     for e in all {
         by_stream
@@ -36,7 +50,7 @@ fn assert_gapless(all: &[correx::RecordedEvent]) {
     }
     for (stream, versions) in by_stream {
         let want: Vec<u64> = (1..=versions.len() as u64).collect();
-        assert_eq!(versions, want, "stream {stream} has gaps");
+        assert_eq!(versions, want, "{what}: stream {stream} has gaps");
     }
 }
 
@@ -145,19 +159,22 @@ fn every_domain_event() -> Vec<DomainEvent> {
 fn every_domain_event_round_trips_through_the_file() -> TestResult {
     let dir = TempDir::new("roundtrip");
     let events = every_domain_event();
-    {
-        let store = SqliteEventStore::open(dir.join("e.db"))?;
-        for e in &events {
-            correx::append_domain(&store, "mixed", e)?;
+    for loc in log_locations(&dir, "roundtrip") {
+        let what = kind(&loc);
+        {
+            let store = open_log(&loc)?;
+            for e in &events {
+                correx::append_domain(&*store, "mixed", e)?;
+            }
         }
-    }
-    // Reopen: what comes back was read from disk, not from a cache.
-    let store = SqliteEventStore::open(dir.join("e.db"))?;
-    let back = store.read_stream("mixed", 1, 100)?;
-    assert_eq!(back.len(), events.len());
-    for (want, got) in events.iter().zip(&back) {
-        assert_eq!(got.type_id, want.type_id());
-        assert_eq!(got.domain()?.as_ref(), Some(want));
+        // Reopen: what comes back was read from disk, not from a cache.
+        let store = open_log(&loc)?;
+        let back = store.read_stream("mixed", 1, 100)?;
+        assert_eq!(back.len(), events.len(), "{what}");
+        for (want, got) in events.iter().zip(&back) {
+            assert_eq!(got.type_id, want.type_id(), "{what}");
+            assert_eq!(got.domain()?.as_ref(), Some(want), "{what}");
+        }
     }
     Ok(())
 }
@@ -165,243 +182,276 @@ fn every_domain_event_round_trips_through_the_file() -> TestResult {
 #[test]
 fn versions_are_gapless_and_positions_strictly_increase_across_threads() -> TestResult {
     let dir = TempDir::new("gapless");
-    let store = Arc::new(SqliteEventStore::open(dir.join("e.db"))?);
-    let threads: Vec<_> = (0..4)
-        .map(|t| {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || -> Result<(), EventStoreError> {
-                for i in 0..50 {
-                    let stream = format!("stream-{}", (t + i) % 3);
-                    let batch = vec![NewEvent::new("n", 1, json!({"t": t, "i": i})); 1 + i % 3]
-                        .into_iter()
-                        .map(|mut e| {
-                            e.event_id = correx::EventId::random();
-                            e
-                        })
-                        .collect::<Vec<_>>();
-                    store.append(&stream, ExpectedVersion::Any, &batch)?;
-                }
-                Ok(())
+    for loc in log_locations(&dir, "gapless") {
+        let what = kind(&loc);
+        let store = open_log(&loc)?;
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || -> Result<(), EventStoreError> {
+                    for i in 0..50 {
+                        let stream = format!("stream-{}", (t + i) % 3);
+                        let batch = vec![NewEvent::new("n", 1, json!({"t": t, "i": i})); 1 + i % 3]
+                            .into_iter()
+                            .map(|mut e| {
+                                e.event_id = correx::EventId::random();
+                                e
+                            })
+                            .collect::<Vec<_>>();
+                        store.append(&stream, ExpectedVersion::Any, &batch)?;
+                    }
+                    Ok(())
+                })
             })
-        })
-        .collect();
-    for t in threads {
-        t.join().map_err(|_| "thread panicked")??;
+            .collect();
+        for t in threads {
+            t.join().map_err(|_| "thread panicked")??;
+        }
+        let all = all_events(&*store)?;
+        assert_eq!(all.len(), 4 * (17 + 17 * 2 + 16 * 3), "{what}");
+        for pair in all.windows(2) {
+            assert!(
+                pair[0].position < pair[1].position,
+                "{what}: {} then {}",
+                pair[0].position,
+                pair[1].position
+            );
+        }
+        assert_gapless(&all, what);
+        assert_eq!(
+            store.last_position()?,
+            all.last().map(|e| e.position).unwrap_or(0),
+            "{what}"
+        );
     }
-    let all = all_events(&store)?;
-    assert_eq!(all.len(), 4 * (17 + 17 * 2 + 16 * 3));
-    for pair in all.windows(2) {
-        assert!(pair[0].position < pair[1].position);
-    }
-    assert_gapless(&all);
-    assert_eq!(
-        store.last_position()?,
-        all.last().map(|e| e.position).unwrap_or(0)
-    );
     Ok(())
 }
 
 #[test]
 fn batch_appends_are_atomic_and_expected_version_is_checked() -> TestResult {
     let dir = TempDir::new("expected");
-    let store = SqliteEventStore::open(dir.join("e.db"))?;
-    let r = store.append(
-        "s",
-        ExpectedVersion::NoStream,
-        &[NewEvent::new("a", 1, json!(1))],
-    )?;
-    assert_eq!(r.stream_version, 1);
-    let err = store
-        .append(
+    for loc in log_locations(&dir, "expected") {
+        let what = kind(&loc);
+        let store = open_log(&loc)?;
+        let r = store.append(
             "s",
             ExpectedVersion::NoStream,
-            &[NewEvent::new("a", 1, json!(2))],
-        )
-        .unwrap_err();
-    assert!(matches!(
-        err,
-        EventStoreError::WrongExpectedVersion {
-            actual: Some(1),
-            expected: None,
-            ..
-        }
-    ));
-    let err = store
-        .append(
-            "s",
-            ExpectedVersion::Exact(5),
-            &[NewEvent::new("a", 1, json!(2))],
-        )
-        .unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("expected version 5 but holds version 1"),
-        "{err}"
-    );
-    let batch = [
-        NewEvent::new("a", 1, json!(2)),
-        NewEvent::new("a", 1, json!(3)),
-    ];
-    let r = store.append("s", ExpectedVersion::Exact(1), &batch)?;
-    assert_eq!(
-        (r.stream_version, r.last_position - r.first_position),
-        (3, 1)
-    );
-    // A batch that repeats an id inside itself fails whole: nothing of it is stored.
-    let dup = NewEvent::new("a", 1, json!(4));
-    let err = store
-        .append("s", ExpectedVersion::Any, &[dup.clone(), dup])
-        .unwrap_err();
-    assert!(
-        matches!(err, EventStoreError::IdempotencyConflict { .. }),
-        "{err}"
-    );
-    assert_eq!(store.read_stream("s", 1, 100)?.len(), 3);
-    assert!(matches!(
-        store.append("s", ExpectedVersion::Any, &[]),
-        Err(EventStoreError::InvalidAppend { .. })
-    ));
-    // An event must say what happened: an empty type id fails the whole batch.
-    let err = store
-        .append(
-            "s",
-            ExpectedVersion::Any,
-            &[
-                NewEvent::new("ok", 1, json!(1)),
-                NewEvent::new(" ", 1, json!(2)),
-            ],
-        )
-        .unwrap_err();
-    assert!(err.to_string().contains("empty type_id"), "{err}");
-    assert_eq!(store.read_stream("s", 1, 100)?.len(), 3);
+            &[NewEvent::new("a", 1, json!(1))],
+        )?;
+        assert_eq!(r.stream_version, 1, "{what}");
+        let err = store
+            .append(
+                "s",
+                ExpectedVersion::NoStream,
+                &[NewEvent::new("a", 1, json!(2))],
+            )
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                EventStoreError::WrongExpectedVersion {
+                    actual: Some(1),
+                    expected: None,
+                    ..
+                }
+            ),
+            "{what}: {err}"
+        );
+        let err = store
+            .append(
+                "s",
+                ExpectedVersion::Exact(5),
+                &[NewEvent::new("a", 1, json!(2))],
+            )
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("expected version 5 but holds version 1"),
+            "{what}: {err}"
+        );
+        let batch = [
+            NewEvent::new("a", 1, json!(2)),
+            NewEvent::new("a", 1, json!(3)),
+        ];
+        let r = store.append("s", ExpectedVersion::Exact(1), &batch)?;
+        assert_eq!(
+            (r.stream_version, r.last_position - r.first_position),
+            (3, 1),
+            "{what}"
+        );
+        // A batch that repeats an id inside itself fails whole: nothing of it is stored.
+        let dup = NewEvent::new("a", 1, json!(4));
+        let err = store
+            .append("s", ExpectedVersion::Any, &[dup.clone(), dup])
+            .unwrap_err();
+        assert!(
+            matches!(err, EventStoreError::IdempotencyConflict { .. }),
+            "{what}: {err}"
+        );
+        assert_eq!(store.read_stream("s", 1, 100)?.len(), 3, "{what}");
+        let empty = store.append("s", ExpectedVersion::Any, &[]);
+        assert!(
+            matches!(empty, Err(EventStoreError::InvalidAppend { .. })),
+            "{what}: {empty:?}"
+        );
+        // An event must say what happened: an empty type id fails the whole batch.
+        let err = store
+            .append(
+                "s",
+                ExpectedVersion::Any,
+                &[
+                    NewEvent::new("ok", 1, json!(1)),
+                    NewEvent::new(" ", 1, json!(2)),
+                ],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("empty type_id"), "{what}: {err}");
+        assert_eq!(store.read_stream("s", 1, 100)?.len(), 3, "{what}");
+    }
     Ok(())
 }
 
 #[test]
 fn appending_an_event_id_twice_stores_it_once() -> TestResult {
     let dir = TempDir::new("idem");
-    let store = SqliteEventStore::open(dir.join("e.db"))?;
-    let batch = [
-        NewEvent::new("a", 1, json!(1)),
-        NewEvent::new("a", 1, json!(2)),
-    ];
-    let first = store.append("s", ExpectedVersion::NoStream, &batch)?;
-    // The retry of an append whose answer was lost: same ids, same stream.
-    let retry = store.append("s", ExpectedVersion::NoStream, &batch)?;
-    assert_eq!(first, retry);
-    assert_eq!(store.read_stream("s", 1, 10)?.len(), 2);
-    let err = store
-        .append("other", ExpectedVersion::Any, &batch)
-        .unwrap_err();
-    assert!(matches!(err, EventStoreError::IdempotencyConflict { .. }));
-    // The same id with other content is not a retry: refused, and the first content stays.
-    let mut changed = batch.clone();
-    changed[1].payload = json!(3);
-    let err = store
-        .append("s", ExpectedVersion::Any, &changed)
-        .unwrap_err();
-    assert!(
-        matches!(&err, EventStoreError::IdempotencyConflict { detail, .. } if detail.contains("payload")),
-        "{err}"
-    );
-    let mut retyped = batch.clone();
-    retyped[0].type_id = "b".into();
-    let err = store
-        .append("s", ExpectedVersion::Any, &retyped)
-        .unwrap_err();
-    assert!(err.to_string().contains("type_id"), "{err}");
-    let stored = store.read_stream("s", 1, 10)?;
-    assert_eq!((stored.len(), &stored[1].payload), (2, &json!(2)));
-    // Content equal as JSON is the same content (key order is not content).
-    let keyed = [NewEvent::new("k", 1, json!({"a": 1, "b": [1, 2]}))];
-    let first = store.append("k", ExpectedVersion::Any, &keyed)?;
-    let mut reordered = keyed.clone();
-    reordered[0].payload = serde_json::from_str(r#"{"b": [1, 2], "a": 1}"#)?;
-    assert_eq!(store.append("k", ExpectedVersion::Any, &reordered)?, first);
+    for loc in log_locations(&dir, "idem") {
+        let what = kind(&loc);
+        let store = open_log(&loc)?;
+        let batch = [
+            NewEvent::new("a", 1, json!(1)),
+            NewEvent::new("a", 1, json!(2)),
+        ];
+        let first = store.append("s", ExpectedVersion::NoStream, &batch)?;
+        // The retry of an append whose answer was lost: same ids, same stream.
+        let retry = store.append("s", ExpectedVersion::NoStream, &batch)?;
+        assert_eq!(first, retry, "{what}");
+        assert_eq!(store.read_stream("s", 1, 10)?.len(), 2, "{what}");
+        let err = store
+            .append("other", ExpectedVersion::Any, &batch)
+            .unwrap_err();
+        assert!(
+            matches!(err, EventStoreError::IdempotencyConflict { .. }),
+            "{what}: {err}"
+        );
+        // The same id with other content is not a retry: refused, and the first content stays.
+        let mut changed = batch.clone();
+        changed[1].payload = json!(3);
+        let err = store
+            .append("s", ExpectedVersion::Any, &changed)
+            .unwrap_err();
+        assert!(
+            matches!(&err, EventStoreError::IdempotencyConflict { detail, .. } if detail.contains("payload")),
+            "{what}: {err}"
+        );
+        let mut retyped = batch.clone();
+        retyped[0].type_id = "b".into();
+        let err = store
+            .append("s", ExpectedVersion::Any, &retyped)
+            .unwrap_err();
+        assert!(err.to_string().contains("type_id"), "{what}: {err}");
+        let stored = store.read_stream("s", 1, 10)?;
+        assert_eq!((stored.len(), &stored[1].payload), (2, &json!(2)), "{what}");
+        // Content equal as JSON is the same content (key order is not content).
+        let keyed = [NewEvent::new("k", 1, json!({"a": 1, "b": [1, 2]}))];
+        let first = store.append("k", ExpectedVersion::Any, &keyed)?;
+        let mut reordered = keyed.clone();
+        reordered[0].payload = serde_json::from_str(r#"{"b": [1, 2], "a": 1}"#)?;
+        assert_eq!(
+            store.append("k", ExpectedVersion::Any, &reordered)?,
+            first,
+            "{what}"
+        );
+    }
     Ok(())
 }
 
 #[test]
 fn two_threads_racing_one_expected_version_exactly_one_wins() -> TestResult {
     let dir = TempDir::new("race");
-    let store = Arc::new(SqliteEventStore::open(dir.join("e.db"))?);
-    store.append(
-        "s",
-        ExpectedVersion::NoStream,
-        &[NewEvent::new("a", 1, json!(0))],
-    )?;
-    for round in 1..=20u64 {
-        let barrier = Arc::new(std::sync::Barrier::new(2));
-        let handles: Vec<_> = (0..2)
-            .map(|t| {
-                let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
-                std::thread::spawn(move || {
-                    barrier.wait();
-                    store.append(
-                        "s",
-                        ExpectedVersion::Exact(round),
-                        &[NewEvent::new("a", 1, json!({"round": round, "t": t}))],
-                    )
+    for loc in log_locations(&dir, "race") {
+        let what = kind(&loc);
+        let store = open_log(&loc)?;
+        store.append(
+            "s",
+            ExpectedVersion::NoStream,
+            &[NewEvent::new("a", 1, json!(0))],
+        )?;
+        for round in 1..=20u64 {
+            let barrier = Arc::new(std::sync::Barrier::new(2));
+            let handles: Vec<_> = (0..2)
+                .map(|t| {
+                    let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        store.append(
+                            "s",
+                            ExpectedVersion::Exact(round),
+                            &[NewEvent::new("a", 1, json!({"round": round, "t": t}))],
+                        )
+                    })
                 })
-            })
-            .collect();
-        let results: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
-        let mut wins = 0;
-        for r in results {
-            match r.map_err(|_| "thread panicked")? {
-                Ok(_) => wins += 1,
-                Err(EventStoreError::WrongExpectedVersion { actual, .. }) => {
-                    assert_eq!(actual, Some(round + 1))
+                .collect();
+            let results: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+            let mut wins = 0;
+            for r in results {
+                match r.map_err(|_| "thread panicked")? {
+                    Ok(_) => wins += 1,
+                    Err(EventStoreError::WrongExpectedVersion { actual, .. }) => {
+                        assert_eq!(actual, Some(round + 1), "{what}: round {round}")
+                    }
+                    Err(e) => return Err(e.into()),
                 }
-                Err(e) => return Err(e.into()),
             }
+            assert_eq!(wins, 1, "{what}: round {round}");
         }
-        assert_eq!(wins, 1, "round {round}");
+        assert_eq!(store.read_stream("s", 1, 100)?.len(), 21, "{what}");
     }
-    assert_eq!(store.read_stream("s", 1, 100)?.len(), 21);
     Ok(())
 }
 
 #[test]
 fn a_conflicting_append_in_a_group_fails_alone() -> TestResult {
     let dir = TempDir::new("group");
-    let store = Arc::new(SqliteEventStore::open(dir.join("e.db"))?);
-    // Many threads at once make groups; half of them expect a version that cannot hold.
-    let handles: Vec<_> = (0..16)
-        .map(|t| {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || {
-                let expected = if t % 2 == 0 {
-                    ExpectedVersion::Any
-                } else {
-                    ExpectedVersion::Exact(1_000_000)
-                };
-                let mut outcomes = Vec::new();
-                for i in 0..20 {
-                    outcomes.push(store.append(
-                        &format!("g{}", t % 4),
-                        expected,
-                        &[NewEvent::new("a", 1, json!({"t": t, "i": i}))],
-                    ));
-                }
-                (t, outcomes)
+    for loc in log_locations(&dir, "group") {
+        let what = kind(&loc);
+        let store = open_log(&loc)?;
+        // Many threads at once make groups; half of them expect a version that cannot hold.
+        let handles: Vec<_> = (0..16)
+            .map(|t| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || {
+                    let expected = if t % 2 == 0 {
+                        ExpectedVersion::Any
+                    } else {
+                        ExpectedVersion::Exact(1_000_000)
+                    };
+                    let mut outcomes = Vec::new();
+                    for i in 0..20 {
+                        outcomes.push(store.append(
+                            &format!("g{}", t % 4),
+                            expected,
+                            &[NewEvent::new("a", 1, json!({"t": t, "i": i}))],
+                        ));
+                    }
+                    (t, outcomes)
+                })
             })
-        })
-        .collect();
-    for h in handles {
-        let (t, outcomes) = h.join().map_err(|_| "thread panicked")?;
-        for o in outcomes {
-            if t % 2 == 0 {
-                o?;
-            } else {
-                assert!(matches!(
-                    o,
-                    Err(EventStoreError::WrongExpectedVersion { .. })
-                ));
+            .collect();
+        for h in handles {
+            let (t, outcomes) = h.join().map_err(|_| "thread panicked")?;
+            for o in outcomes {
+                if t % 2 == 0 {
+                    o?;
+                } else {
+                    assert!(
+                        matches!(o, Err(EventStoreError::WrongExpectedVersion { .. })),
+                        "{what}: {o:?}"
+                    );
+                }
             }
         }
+        assert_eq!(all_events(&*store)?.len(), 8 * 20, "{what}");
     }
-    assert_eq!(all_events(&store)?.len(), 8 * 20);
     Ok(())
 }
 
@@ -410,98 +460,107 @@ fn two_handles_on_one_file_see_each_others_stream_versions() -> TestResult {
     // Each handle's writer remembers the versions it wrote; a commit by the other handle must
     // make it look again, or it would hand out a version the other already used.
     let dir = TempDir::new("handles");
-    let a = SqliteEventStore::open(dir.join("e.db"))?;
-    let b = SqliteEventStore::open(dir.join("e.db"))?;
-    let mut version = 0;
-    for i in 0..20u64 {
-        let store = if i % 3 == 0 { &b } else { &a };
-        let expected = if i % 2 == 0 {
-            ExpectedVersion::Exact(version)
-        } else {
-            ExpectedVersion::Any
-        };
-        let expected = if version == 0 {
-            ExpectedVersion::NoStream
-        } else {
-            expected
-        };
-        let r = store.append("shared", expected, &[NewEvent::new("a", 1, json!(i))])?;
-        version += 1;
-        assert_eq!(r.stream_version, version, "append {i}");
-        // The other handle's idea of the stream is stale now: a stale exact version fails.
-        let other = if i % 3 == 0 { &a } else { &b };
-        let err = other
-            .append(
-                "shared",
-                ExpectedVersion::Exact(version - 1),
-                &[NewEvent::new("a", 1, json!("stale"))],
-            )
-            .unwrap_err();
-        assert!(
-            matches!(err, EventStoreError::WrongExpectedVersion { actual: Some(v), .. } if v == version),
-            "{err}"
-        );
+    for loc in log_locations(&dir, "handles") {
+        let what = kind(&loc);
+        let a = open_log(&loc)?;
+        let b = open_log(&loc)?;
+        let mut version = 0;
+        for i in 0..20u64 {
+            let store = if i % 3 == 0 { &b } else { &a };
+            let expected = if i % 2 == 0 {
+                ExpectedVersion::Exact(version)
+            } else {
+                ExpectedVersion::Any
+            };
+            let expected = if version == 0 {
+                ExpectedVersion::NoStream
+            } else {
+                expected
+            };
+            let r = store.append("shared", expected, &[NewEvent::new("a", 1, json!(i))])?;
+            version += 1;
+            assert_eq!(r.stream_version, version, "{what}: append {i}");
+            // The other handle's idea of the stream is stale now: a stale exact version fails.
+            let other = if i % 3 == 0 { &a } else { &b };
+            let err = other
+                .append(
+                    "shared",
+                    ExpectedVersion::Exact(version - 1),
+                    &[NewEvent::new("a", 1, json!("stale"))],
+                )
+                .unwrap_err();
+            assert!(
+                matches!(err, EventStoreError::WrongExpectedVersion { actual: Some(v), .. } if v == version),
+                "{what}: {err}"
+            );
+        }
+        let all = all_events(&*a)?;
+        assert_eq!(all.len(), 20, "{what}");
+        assert_gapless(&all, what);
     }
-    let all = all_events(&a)?;
-    assert_eq!(all.len(), 20);
-    assert_gapless(&all);
     Ok(())
 }
 
 #[test]
 fn a_batch_repeating_a_stored_id_fails_alone_and_leaves_nothing_in_its_group() -> TestResult {
     let dir = TempDir::new("partial");
-    let store = Arc::new(SqliteEventStore::open(dir.join("e.db"))?);
-    let seed = NewEvent::new("a", 1, json!("seed"));
-    store.append(
-        "seed",
-        ExpectedVersion::NoStream,
-        std::slice::from_ref(&seed),
-    )?;
-    // Threads append at once, so batches share groups; odd threads' batches end with the
-    // stored id, which makes the whole batch a conflict: its fresh first event must not stay.
-    let handles: Vec<_> = (0..8)
-        .map(|t| {
-            let store = Arc::clone(&store);
-            let seed = seed.clone();
-            std::thread::spawn(move || {
-                let mut out = Vec::new();
-                for i in 0..20 {
-                    let fresh = NewEvent::new("a", 1, json!({"t": t, "i": i}));
-                    let second = if t % 2 == 1 {
-                        seed.clone()
-                    } else {
-                        NewEvent::new("a", 1, json!({"t": t, "i": i, "second": true}))
-                    };
-                    let id = fresh.event_id.to_string();
-                    let r = store.append(&format!("p{t}"), ExpectedVersion::Any, &[fresh, second]);
-                    out.push((id, r));
-                }
-                (t, out)
+    for loc in log_locations(&dir, "partial") {
+        let what = kind(&loc);
+        let store = open_log(&loc)?;
+        let seed = NewEvent::new("a", 1, json!("seed"));
+        store.append(
+            "seed",
+            ExpectedVersion::NoStream,
+            std::slice::from_ref(&seed),
+        )?;
+        // Threads append at once, so batches share groups; odd threads' batches end with the
+        // stored id, which makes the whole batch a conflict: its fresh first event must not stay.
+        let handles: Vec<_> = (0..8)
+            .map(|t| {
+                let store = Arc::clone(&store);
+                let seed = seed.clone();
+                std::thread::spawn(move || {
+                    let mut out = Vec::new();
+                    for i in 0..20 {
+                        let fresh = NewEvent::new("a", 1, json!({"t": t, "i": i}));
+                        let second = if t % 2 == 1 {
+                            seed.clone()
+                        } else {
+                            NewEvent::new("a", 1, json!({"t": t, "i": i, "second": true}))
+                        };
+                        let id = fresh.event_id.to_string();
+                        let r =
+                            store.append(&format!("p{t}"), ExpectedVersion::Any, &[fresh, second]);
+                        out.push((id, r));
+                    }
+                    (t, out)
+                })
             })
-        })
-        .collect();
-    let mut refused = HashSet::new();
-    for h in handles {
-        let (t, out) = h.join().map_err(|_| "thread panicked")?;
-        for (id, r) in out {
-            if t % 2 == 1 {
-                assert!(
-                    matches!(r, Err(EventStoreError::IdempotencyConflict { .. })),
-                    "{r:?}"
-                );
-                refused.insert(id);
-            } else {
-                r?;
+            .collect();
+        let mut refused = HashSet::new();
+        for h in handles {
+            let (t, out) = h.join().map_err(|_| "thread panicked")?;
+            for (id, r) in out {
+                if t % 2 == 1 {
+                    assert!(
+                        matches!(r, Err(EventStoreError::IdempotencyConflict { .. })),
+                        "{what}: {r:?}"
+                    );
+                    refused.insert(id);
+                } else {
+                    r?;
+                }
             }
         }
+        let all = all_events(&*store)?;
+        assert_eq!(all.len(), 1 + 4 * 20 * 2, "{what}");
+        assert!(
+            all.iter()
+                .all(|e| !refused.contains(&e.event_id.to_string())),
+            "{what}: a refused batch's event was stored"
+        );
+        assert_gapless(&all, what);
     }
-    let all = all_events(&store)?;
-    assert_eq!(all.len(), 1 + 4 * 20 * 2);
-    assert!(all
-        .iter()
-        .all(|e| !refused.contains(&e.event_id.to_string())));
-    assert_gapless(&all);
     Ok(())
 }
 
@@ -579,9 +638,9 @@ fn child_append_worker() -> TestResult {
     if !is_child() {
         return Ok(());
     }
-    let path = std::env::var("CORREX_CHILD_DB")?;
+    let loc = std::env::var("CORREX_CHILD_DB")?;
     let tag = std::env::var("CORREX_CHILD_TAG")?;
-    let store = Arc::new(SqliteEventStore::open(path)?);
+    let store = open_log(&loc)?;
     let handles: Vec<_> = (0..4)
         .map(|t| {
             let (store, tag) = (Arc::clone(&store), tag.clone());
@@ -601,15 +660,13 @@ fn child_append_worker() -> TestResult {
     Ok(())
 }
 
-/// Starts one `child_append_worker` process per tag, each appending 1,000 events to `path`.
-fn spawn_append_workers(
-    path: &std::path::Path,
-    tags: &[&str],
-) -> std::io::Result<Vec<std::process::Child>> {
+/// Starts one `child_append_worker` process per tag, each appending 1,000 events to the log
+/// at `loc` (a path or a URL).
+fn spawn_append_workers(loc: &str, tags: &[&str]) -> std::io::Result<Vec<std::process::Child>> {
     tags.iter()
         .map(|tag| {
             child_test("events::child_append_worker")
-                .env("CORREX_CHILD_DB", path)
+                .env("CORREX_CHILD_DB", loc)
                 .env("CORREX_CHILD_TAG", tag)
                 .stdout(Stdio::null())
                 .spawn()
@@ -620,21 +677,26 @@ fn spawn_append_workers(
 #[test]
 fn multi_process_appends_are_each_stored_once() -> TestResult {
     let dir = TempDir::new("multiproc");
-    let path = dir.join("e.db");
-    drop(SqliteEventStore::open(&path)?);
-    let children = spawn_append_workers(&path, &["a", "b"])?;
-    for mut c in children {
-        assert!(c.wait()?.success(), "a child failed to append");
-    }
-    let store = SqliteEventStore::open(&path)?;
-    let all = all_events(&store)?;
-    let ids: HashSet<String> = all.iter().map(|e| e.event_id.to_string()).collect();
-    assert_eq!(all.len(), 2000);
-    assert_eq!(ids.len(), 2000);
-    for tag in ["a", "b"] {
-        for t in 0..4 {
-            for i in 0..250 {
-                assert!(ids.contains(&format!("{tag}-{t}-{i}")));
+    for loc in log_locations(&dir, "multiproc") {
+        let what = kind(&loc);
+        drop(open_log(&loc)?);
+        let children = spawn_append_workers(&loc, &["a", "b"])?;
+        for mut c in children {
+            assert!(c.wait()?.success(), "{what}: a child failed to append");
+        }
+        let store = open_log(&loc)?;
+        let all = all_events(&*store)?;
+        let ids: HashSet<String> = all.iter().map(|e| e.event_id.to_string()).collect();
+        assert_eq!(all.len(), 2000, "{what}");
+        assert_eq!(ids.len(), 2000, "{what}");
+        for tag in ["a", "b"] {
+            for t in 0..4 {
+                for i in 0..250 {
+                    assert!(
+                        ids.contains(&format!("{tag}-{t}-{i}")),
+                        "{what}: {tag}-{t}-{i} missing"
+                    );
+                }
             }
         }
     }
@@ -649,7 +711,7 @@ fn child_append_until_killed() -> TestResult {
         return Ok(());
     }
     use std::io::Write;
-    let store = Arc::new(SqliteEventStore::open(std::env::var("CORREX_CHILD_DB")?)?);
+    let store = open_log(&std::env::var("CORREX_CHILD_DB")?)?;
     // Several threads so that the kill lands during group commits too.
     let handles: Vec<_> = (0..4)
         .map(|t| {
@@ -679,115 +741,137 @@ fn child_append_until_killed() -> TestResult {
 #[test]
 fn a_sigkill_loses_no_acknowledged_append() -> TestResult {
     let dir = TempDir::new("sigkill");
-    let path = dir.join("e.db");
-    let mut child = child_test("events::child_append_until_killed")
-        .env("CORREX_CHILD_DB", &path)
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut acknowledged = Vec::new();
-    for line in BufReader::new(stdout).lines() {
-        let line = line?;
-        if line.len() == 36 {
-            acknowledged.push(line);
+    for loc in log_locations(&dir, "sigkill") {
+        let what = kind(&loc);
+        let mut child = child_test("events::child_append_until_killed")
+            .env("CORREX_CHILD_DB", &loc)
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut acknowledged = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line?;
+            if line.len() == 36 {
+                acknowledged.push(line);
+            }
+            if acknowledged.len() == 300 {
+                // SAFETY: plain kill(2) on our own child's pid.
+                unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+                break;
+            }
         }
-        if acknowledged.len() == 300 {
-            // SAFETY: plain kill(2) on our own child's pid.
-            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-            break;
+        child.wait()?;
+        assert_eq!(
+            acknowledged.len(),
+            300,
+            "{what}: the child stopped appending early"
+        );
+        let store = open_log(&loc)?;
+        let all = all_events(&*store)?;
+        let stored: HashSet<String> = all.iter().map(|e| e.event_id.to_string()).collect();
+        for id in &acknowledged {
+            assert!(
+                stored.contains(id),
+                "{what}: acknowledged event {id} was lost"
+            );
+        }
+        assert_gapless(&all, what);
+        if let Some(sqlite) = store.as_sqlite() {
+            let raw = rusqlite::Connection::open(sqlite.path())?;
+            let check: String = raw.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
+            assert_eq!(check, "ok");
         }
     }
-    child.wait()?;
-    assert_eq!(acknowledged.len(), 300, "the child stopped appending early");
-    let store = SqliteEventStore::open(&path)?;
-    let all = all_events(&store)?;
-    let stored: HashSet<String> = all.iter().map(|e| e.event_id.to_string()).collect();
-    for id in &acknowledged {
-        assert!(stored.contains(id), "acknowledged event {id} was lost");
-    }
-    assert_gapless(&all);
-    let raw = rusqlite::Connection::open(&path)?;
-    let check: String = raw.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
-    assert_eq!(check, "ok");
     Ok(())
 }
 
 #[test]
 fn eight_threads_of_a_thousand_durable_appends_are_all_stored_once_and_gapless() -> TestResult {
     let dir = TempDir::new("eight-k");
-    let store = Arc::new(SqliteEventStore::open(dir.join("e.db"))?);
-    assert_eq!(store.durability(), correx::Durability::Full);
-    let handles: Vec<_> = (0..8)
-        .map(|t| {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || -> Result<(), EventStoreError> {
-                for i in 0..1000 {
-                    let mut e = NewEvent::new("tick", 1, json!({"t": t, "i": i}));
-                    e.event_id = correx::EventId::from_string(format!("{t}-{i}"));
-                    store.append(
-                        &format!("mixed-{}", (t + i) % 5),
-                        ExpectedVersion::Any,
-                        &[e],
-                    )?;
-                }
-                Ok(())
+    for loc in log_locations(&dir, "eight-k") {
+        let what = kind(&loc);
+        let store = open_log(&loc)?;
+        // The file store chooses its own durability; a PostgreSQL commit's is the server's
+        // settings (fsync, synchronous_commit), which the store does not set.
+        if let Some(sqlite) = store.as_sqlite() {
+            assert_eq!(sqlite.durability(), correx::Durability::Full);
+        }
+        let handles: Vec<_> = (0..8)
+            .map(|t| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || -> Result<(), EventStoreError> {
+                    for i in 0..1000 {
+                        let mut e = NewEvent::new("tick", 1, json!({"t": t, "i": i}));
+                        e.event_id = correx::EventId::from_string(format!("{t}-{i}"));
+                        store.append(
+                            &format!("mixed-{}", (t + i) % 5),
+                            ExpectedVersion::Any,
+                            &[e],
+                        )?;
+                    }
+                    Ok(())
+                })
             })
-        })
-        .collect();
-    for h in handles {
-        h.join().map_err(|_| "thread panicked")??;
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| "thread panicked")??;
+        }
+        let all = all_events(&*store)?;
+        assert_eq!(all.len(), 8000, "{what}");
+        let ids: HashSet<String> = all.iter().map(|e| e.event_id.to_string()).collect();
+        assert_eq!(ids.len(), 8000, "{what}");
+        assert_gapless(&all, what);
     }
-    let all = all_events(&store)?;
-    assert_eq!(all.len(), 8000);
-    let ids: HashSet<String> = all.iter().map(|e| e.event_id.to_string()).collect();
-    assert_eq!(ids.len(), 8000);
-    assert_gapless(&all);
     Ok(())
 }
 
 #[test]
 fn a_subscription_catches_up_then_follows_live_appends_in_order() -> TestResult {
     let dir = TempDir::new("sub");
-    let store = Arc::new(SqliteEventStore::open(dir.join("e.db"))?);
-    for i in 0..700 {
-        store.append(
-            "h",
-            ExpectedVersion::Any,
-            &[NewEvent::new("old", 1, json!(i))],
-        )?;
-    }
-    let mut sub = store.subscribe(0)?;
-    let writer = {
-        let store = Arc::clone(&store);
-        std::thread::spawn(move || -> Result<(), EventStoreError> {
-            for i in 0..300 {
-                store.append(
-                    "live",
-                    ExpectedVersion::Any,
-                    &[NewEvent::new("new", 1, json!(i))],
-                )?;
-            }
-            Ok(())
-        })
-    };
-    let mut seen = Vec::new();
-    while seen.len() < 1000 {
-        match sub.next_timeout(Duration::from_secs(10))? {
-            Some(e) => seen.push(e.position),
-            None => return Err(format!("stalled after {} events", seen.len()).into()),
+    for loc in log_locations(&dir, "sub") {
+        let what = kind(&loc);
+        let store = open_log(&loc)?;
+        for i in 0..700 {
+            store.append(
+                "h",
+                ExpectedVersion::Any,
+                &[NewEvent::new("old", 1, json!(i))],
+            )?;
         }
+        let mut sub = store.subscribe(0)?;
+        let writer = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || -> Result<(), EventStoreError> {
+                for i in 0..300 {
+                    store.append(
+                        "live",
+                        ExpectedVersion::Any,
+                        &[NewEvent::new("new", 1, json!(i))],
+                    )?;
+                }
+                Ok(())
+            })
+        };
+        let mut seen = Vec::new();
+        while seen.len() < 1000 {
+            match sub.next_timeout(Duration::from_secs(10))? {
+                Some(e) => seen.push(e.position),
+                None => return Err(format!("{what}: stalled after {} events", seen.len()).into()),
+            }
+        }
+        writer.join().map_err(|_| "writer panicked")??;
+        assert_eq!(seen, (1..=1000).collect::<Vec<u64>>(), "{what}");
+        assert_eq!(sub.next_timeout(Duration::from_millis(50))?, None, "{what}");
+        // Resume from a saved position: only what came after it.
+        let mut resumed = store.subscribe(990)?;
+        assert_eq!(
+            resumed
+                .next_timeout(Duration::from_secs(1))?
+                .map(|e| e.position),
+            Some(991),
+            "{what}"
+        );
     }
-    writer.join().map_err(|_| "writer panicked")??;
-    assert_eq!(seen, (1..=1000).collect::<Vec<u64>>());
-    assert_eq!(sub.next_timeout(Duration::from_millis(50))?, None);
-    // Resume from a saved position: only what came after it.
-    let mut resumed = store.subscribe(990)?;
-    assert_eq!(
-        resumed
-            .next_timeout(Duration::from_secs(1))?
-            .map(|e| e.position),
-        Some(991)
-    );
     Ok(())
 }
 
@@ -800,7 +884,7 @@ fn child_subscriber() -> TestResult {
         return Ok(());
     }
     use std::io::Write;
-    let store = Arc::new(SqliteEventStore::open(std::env::var("CORREX_CHILD_DB")?)?);
+    let store = open_log(&std::env::var("CORREX_CHILD_DB")?)?;
     let from: u64 = std::env::var("CORREX_CHILD_FROM")?.parse()?;
     let count: usize = std::env::var("CORREX_CHILD_COUNT")?.parse()?;
     let mut sub = store.subscribe(from)?;
@@ -816,19 +900,20 @@ fn child_subscriber() -> TestResult {
 }
 
 fn subscriber_run(
-    path: &std::path::Path,
+    loc: &str,
     from: u64,
     count: usize,
 ) -> Result<Vec<(u64, String)>, Box<dyn std::error::Error>> {
     let out = child_test("events::child_subscriber")
-        .env("CORREX_CHILD_DB", path)
+        .env("CORREX_CHILD_DB", loc)
         .env("CORREX_CHILD_FROM", from.to_string())
         .env("CORREX_CHILD_COUNT", count.to_string())
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "subscriber failed: {text}{}",
+        "{}: subscriber failed: {text}{}",
+        kind(loc),
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(text
@@ -844,24 +929,30 @@ fn subscriber_run(
 #[test]
 fn two_appending_processes_and_a_restarted_subscriber_see_everything_once() -> TestResult {
     let dir = TempDir::new("sub-procs");
-    let path = dir.join("e.db");
-    drop(SqliteEventStore::open(&path)?);
-    let writers = spawn_append_workers(&path, &["p", "q"])?;
-    // The subscriber stops half-way, saving its position, and a new one resumes from it while
-    // the writers are still going.
-    let first = subscriber_run(&path, 0, 1000)?;
-    let saved = first.last().map(|(p, _)| *p).ok_or("nothing delivered")?;
-    let second = subscriber_run(&path, saved, 1000)?;
-    for mut w in writers {
-        assert!(w.wait()?.success());
+    for loc in log_locations(&dir, "sub-procs") {
+        let what = kind(&loc);
+        drop(open_log(&loc)?);
+        let writers = spawn_append_workers(&loc, &["p", "q"])?;
+        // The subscriber stops half-way, saving its position, and a new one resumes from it while
+        // the writers are still going.
+        let first = subscriber_run(&loc, 0, 1000)?;
+        let saved = first.last().map(|(p, _)| *p).ok_or("nothing delivered")?;
+        let second = subscriber_run(&loc, saved, 1000)?;
+        for mut w in writers {
+            assert!(w.wait()?.success(), "{what}: a writer failed");
+        }
+        let all: Vec<(u64, String)> = first.into_iter().chain(second).collect();
+        assert_eq!(all.len(), 2000, "{what}");
+        for pair in all.windows(2) {
+            assert!(pair[0].0 < pair[1].0, "{what}: out of order: {pair:?}");
+        }
+        let ids: HashSet<&str> = all.iter().map(|(_, id)| id.as_str()).collect();
+        assert_eq!(
+            ids.len(),
+            2000,
+            "{what}: an event was delivered twice or missed"
+        );
     }
-    let all: Vec<(u64, String)> = first.into_iter().chain(second).collect();
-    assert_eq!(all.len(), 2000);
-    for pair in all.windows(2) {
-        assert!(pair[0].0 < pair[1].0, "out of order: {pair:?}");
-    }
-    let ids: HashSet<&str> = all.iter().map(|(_, id)| id.as_str()).collect();
-    assert_eq!(ids.len(), 2000, "an event was delivered twice or missed");
     Ok(())
 }
 
@@ -923,7 +1014,7 @@ fn checkpoints_keep_the_wal_bounded_in_both_modes() -> TestResult {
             "{mode:?}: nothing was checkpointed ({db} bytes)"
         );
         assert_eq!(store.last_position()?, 6000);
-        assert_gapless(&all_events(&store)?);
+        assert_gapless(&all_events(&*store)?, &format!("{mode:?}"));
     }
     Ok(())
 }

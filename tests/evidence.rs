@@ -27,7 +27,7 @@ fn write_log(path: &Path, n: u64) -> Result<Arc<SqliteEventStore>, Box<dyn std::
     Ok(store)
 }
 
-fn append(store: &Arc<SqliteEventStore>, n: u64) -> TestResult {
+fn append<S: correx::EventStore + ?Sized + 'static>(store: &Arc<S>, n: u64) -> TestResult {
     let threads: Vec<_> = (0..3)
         .map(|t| {
             let store = store.clone();

@@ -116,7 +116,7 @@ fn value(
 /// A model id that needs every escape the format has.
 const ODD_MODEL: &str = "gem\"ma\\2\nq4";
 
-fn write_log(store: &SqliteEventStore) -> TestResult {
+fn write_log(store: &dyn correx::EventStore) -> TestResult {
     let ev = |e: DomainEvent, stream: &str| append_domain(store, stream, &e).map(|_| ());
     for (i, (outcome, wait_ms)) in [("completed", 40), ("completed", 2_000), ("failed", 0)]
         .into_iter()
@@ -335,7 +335,7 @@ fn a_runtimes_metrics_add_live_append_latency_and_follow_the_log() -> TestResult
     let appends = |m: &HashMap<String, Vec<Sample>>| {
         value(m, "correx_log_append_duration_seconds_count", &[]).unwrap_or(-1.0)
     };
-    write_log(rt.events())?;
+    write_log(rt.events().as_ref())?;
     let after = parse(&python, &rt.metrics()?)?;
     // 3 approvals, 3 runs, a rejection, 2 loads, 2 inferences, an unload.
     assert_eq!(appends(&after) - appends(&before), 12.0);
@@ -684,7 +684,7 @@ fn a_runtime_exports_live_and_counts_what_it_cannot_deliver() -> TestResult {
             &config(&receiver.url(), "live.db", 2048)?,
             Arc::new(correx::DenyAll),
         )?;
-        write_log(rt.events())?;
+        write_log(rt.events().as_ref())?;
         // 4 runs (one rejected) + 3 approvals + 2 chats + the evicted residency.
         let spans = receiver.wait_for(10)?;
         assert_eq!(spans.len(), 10, "{spans:#?}");
@@ -711,7 +711,7 @@ fn a_runtime_exports_live_and_counts_what_it_cannot_deliver() -> TestResult {
         Arc::new(correx::DenyAll),
     )?;
     for _ in 0..5 {
-        write_log(rt.events())?;
+        write_log(rt.events().as_ref())?;
     }
     // What the log holds, as spans: the same log exported at once to the live receiver.
     let before = receiver.spans()?.len();
@@ -786,7 +786,7 @@ fn closing_a_runtime_does_not_wait_long_on_a_receiver_that_never_answers() -> Te
     ))?;
     let rt = correx::Runtime::new(&config, Arc::new(correx::DenyAll))?;
     for _ in 0..3 {
-        write_log(rt.events())?;
+        write_log(rt.events().as_ref())?;
     }
     let stats = rt.otlp_stats().ok_or("an exporter")?;
     assert_eq!(stats.exported, 0);

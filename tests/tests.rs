@@ -19,6 +19,7 @@ mod mcp;
 mod network;
 mod observe;
 mod openai;
+mod postgres;
 mod sandbox;
 mod scheduler;
 mod server_confined;

@@ -272,3 +272,62 @@ impl<H: BeforeAppend> correx::EventStore for HookedStore<H> {
         self.inner.last_position()
     }
 }
+
+/// A fresh, empty PostgreSQL database on the test server, as a `postgres://` URL over loopback
+/// TCP (password from `PGPASSFILE`, which the test script exports). `None` when no test server
+/// is configured (`CORREX_TEST_PG_URL` unset), after saying so on stderr; in CI (`CI` set) a
+/// missing server fails the test instead, so a green run never skipped it silently.
+pub fn fresh_pg(tag: &str) -> Option<String> {
+    let Ok(base) = std::env::var("CORREX_TEST_PG_URL") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run the PostgreSQL tests: scripts/test.sh starts the server"
+        );
+        eprintln!(
+            "SKIPPED (PostgreSQL part of {tag}): no test server; run scripts/test.sh, or set \
+             CORREX_TEST_PG_URL, CORREX_TEST_PG_SOCKET_URL and PGPASSFILE"
+        );
+        return None;
+    };
+    let admin = std::env::var("CORREX_TEST_PG_SOCKET_URL").expect("CORREX_TEST_PG_SOCKET_URL");
+    let name = format!(
+        "t_{}_{}",
+        tag.chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .take(30)
+            .collect::<String>(),
+        correx::EventId::random().to_string().replace('-', "")
+    )
+    .to_ascii_lowercase();
+    let mut client = <postgres::Config as std::str::FromStr>::from_str(&admin)
+        .expect("the socket URL")
+        .connect(postgres::NoTls)
+        .expect("connect to the test server's socket");
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .expect("create a test database");
+    let (server, _db) = base.rsplit_once('/').expect("a URL with a database");
+    Some(format!("{server}/{name}"))
+}
+
+/// The same database as `url` reached through the test server's UNIX socket.
+pub fn pg_socket_url(url: &str) -> String {
+    let db = url.rsplit('/').next().unwrap_or("correx");
+    let socket = std::env::var("CORREX_TEST_PG_SOCKET_URL").expect("CORREX_TEST_PG_SOCKET_URL");
+    socket.replacen("@/correx?", &format!("@/{db}?"), 1)
+}
+
+/// Every log location a conformance test runs against: a SQLite file in `dir`, and a fresh
+/// PostgreSQL database when a test server is there (see [`fresh_pg`]).
+pub fn log_locations(dir: &TempDir, tag: &str) -> Vec<String> {
+    let mut out = vec![dir.join("e.db").display().to_string()];
+    out.extend(fresh_pg(tag));
+    out
+}
+
+/// Opens the log at `location` (a path or a URL) with the default options.
+pub fn open_log(
+    location: &str,
+) -> Result<std::sync::Arc<correx::EventLog>, correx::EventStoreError> {
+    correx::EventLog::open(location, correx::StoreOptions::default()).map(std::sync::Arc::new)
+}

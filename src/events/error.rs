@@ -75,6 +75,30 @@ pub enum EventStoreError {
         /// The newest this build reads and writes.
         supported: i64,
     },
+    /// The PostgreSQL server could not be reached, or refused the connection (authentication,
+    /// no such database).
+    Connect {
+        /// The server and database, without any password.
+        target: String,
+        /// What the client library or the server said.
+        detail: String,
+    },
+    /// A PostgreSQL call failed.
+    Postgres {
+        /// What the store was doing.
+        operation: &'static str,
+        /// The server's SQLSTATE code, when the server answered with one.
+        code: Option<String>,
+        /// The server's (or the client library's) message.
+        detail: String,
+    },
+    /// The log's location is neither a file path nor a `postgres://` URL this build can use.
+    InvalidLocation {
+        /// The location as given (any password left out).
+        location: String,
+        /// What is wrong and what to do.
+        detail: String,
+    },
     /// SQLite did not accept the durability or journal settings the store needs.
     Settings {
         /// The pragma.
@@ -101,6 +125,9 @@ impl EventStoreError {
             | EventStoreError::CorruptEvent { .. }
             | EventStoreError::NotALog { .. }
             | EventStoreError::SchemaTooNew { .. }
+            | EventStoreError::Connect { .. }
+            | EventStoreError::Postgres { .. }
+            | EventStoreError::InvalidLocation { .. }
             | EventStoreError::Settings { .. } => false,
         }
     }
@@ -125,6 +152,12 @@ impl EventStoreError {
         match self {
             EventStoreError::Busy { .. } => true,
             EventStoreError::Sqlite { .. } | EventStoreError::Open { .. } => self.is_sqlite_busy(),
+            EventStoreError::Connect { .. } => true,
+            // Connection lost (class 08), serialization failure, deadlock, shutdown, too
+            // many connections.
+            EventStoreError::Postgres { code, .. } => code.as_deref().is_some_and(|c| {
+                c.starts_with("08") || matches!(c, "40001" | "40P01" | "57P01" | "53300")
+            }),
             EventStoreError::WrongExpectedVersion { .. }
             | EventStoreError::CommitFailed { .. }
             | EventStoreError::InvalidAppend { .. }
@@ -132,6 +165,7 @@ impl EventStoreError {
             | EventStoreError::CorruptEvent { .. }
             | EventStoreError::NotALog { .. }
             | EventStoreError::SchemaTooNew { .. }
+            | EventStoreError::InvalidLocation { .. }
             | EventStoreError::Settings { .. } => false,
         }
     }
@@ -195,6 +229,23 @@ impl fmt::Display for EventStoreError {
                  knows up to {supported}: open it with that correx or a newer one",
                 path.display()
             ),
+            EventStoreError::Connect { target, detail } => write!(
+                f,
+                "cannot connect to the event log at {target}: {detail}; check that the server \
+                 runs, the database exists, and the password is in PGPASSWORD or a password \
+                 file (PGPASSFILE, ~/.pgpass)"
+            ),
+            EventStoreError::Postgres {
+                operation,
+                code,
+                detail,
+            } => match code {
+                Some(code) => write!(f, "event log {operation} failed: {detail} (SQLSTATE {code})"),
+                None => write!(f, "event log {operation} failed: {detail}"),
+            },
+            EventStoreError::InvalidLocation { location, detail } => {
+                write!(f, "event log location {location:?}: {detail}")
+            }
             EventStoreError::Settings {
                 pragma,
                 wanted,
@@ -221,6 +272,9 @@ impl std::error::Error for EventStoreError {
             | EventStoreError::CorruptEvent { .. }
             | EventStoreError::NotALog { .. }
             | EventStoreError::SchemaTooNew { .. }
+            | EventStoreError::Connect { .. }
+            | EventStoreError::Postgres { .. }
+            | EventStoreError::InvalidLocation { .. }
             | EventStoreError::Settings { .. } => None,
         }
     }

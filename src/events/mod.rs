@@ -23,14 +23,21 @@
 pub mod chain;
 mod error;
 mod latency;
+mod log;
+#[cfg(feature = "postgres")]
+mod postgres;
+mod rows;
 mod seal;
 mod sqlite;
 mod subscription;
 mod time;
-mod verify;
+pub(crate) mod verify;
 
 pub use error::EventStoreError;
 pub use latency::LatencySnapshot;
+pub use log::EventLog;
+#[cfg(feature = "postgres")]
+pub use postgres::{is_postgres_url, PostgresEventStore};
 pub use seal::{Seal, SealConfig, SealError, SealKey, SealOptions, SealWriter};
 pub use sqlite::{Checkpoints, Durability, SqliteEventStore, StoreOptions};
 pub use subscription::Subscription;

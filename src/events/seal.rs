@@ -295,7 +295,7 @@ impl Seal {
         Self::of_head(head)
     }
 
-    fn of_head((position, hash): (u64, Option<ChainHash>)) -> Result<Seal, SealError> {
+    pub(crate) fn of_head((position, hash): (u64, Option<ChainHash>)) -> Result<Seal, SealError> {
         let hash = match (position, hash) {
             (0, _) => super::chain::GENESIS,
             (_, Some(h)) => h,
@@ -357,7 +357,7 @@ impl SealWriter {
     /// # Errors
     /// [`SealError`] when the first seal cannot be made or written (an unchained log is not an
     /// error: its first seal comes after the next append).
-    pub fn start(store: Arc<SqliteEventStore>, options: SealOptions) -> Result<Self, SealError> {
+    pub fn start(store: Arc<super::EventLog>, options: SealOptions) -> Result<Self, SealError> {
         let mut last = None;
         let mut options = options;
         options.every = options.every.max(Duration::from_millis(10));
@@ -410,7 +410,7 @@ impl Drop for SealWriter {
 
 /// Seals once if the log moved since `last`.
 fn seal_once(
-    store: &SqliteEventStore,
+    store: &super::EventLog,
     options: &SealOptions,
     last: &mut Option<u64>,
 ) -> Result<(), SealError> {

@@ -9,9 +9,16 @@ use std::time::{Duration, Instant};
 
 /// Rows fetched per read: short, so a reader never pins a WAL snapshot for long.
 const PAGE: usize = 256;
-/// How often a subscription looks for commits made by other processes when nothing in this
-/// process woke it. Commits in this process wake it at once.
-const CROSS_PROCESS_POLL: Duration = Duration::from_millis(2);
+
+/// A store a subscription can follow: it counts the commits it knows of (its own, and where
+/// the engine tells, other processes') and waits for the next.
+pub(crate) trait Follow: EventStore {
+    /// Commits known so far; any change means new events may be there.
+    fn commit_count(&self) -> u64;
+    /// Waits until the count moves past `seen`, or `timeout` passes, or the store's own
+    /// polling interval for commits it is not told of passes, whichever is first.
+    fn wait_for_commit(&self, seen: u64, timeout: Duration);
+}
 
 /// Delivers every event after a position, in position order, exactly once: first what is
 /// stored, then what is appended later by any thread or process.
@@ -24,7 +31,7 @@ const CROSS_PROCESS_POLL: Duration = Duration::from_millis(2);
 /// open until the store closed: SQLite defers a close while another connection of the process
 /// holds a lock on the same file, and the store's writer always does in WAL mode.)
 pub struct Subscription {
-    store: Arc<SqliteEventStore>,
+    store: Arc<dyn Follow>,
     position: u64,
     buffer: VecDeque<RecordedEvent>,
 }
@@ -44,15 +51,22 @@ impl SqliteEventStore {
     /// None today (reads open their connections as they need them); kept for stores that
     /// must connect first.
     pub fn subscribe(self: &Arc<Self>, after: u64) -> Result<Subscription> {
-        Ok(Subscription {
-            store: Arc::clone(self),
-            position: after,
-            buffer: VecDeque::new(),
-        })
+        Ok(Subscription::new(
+            Arc::clone(self) as Arc<dyn Follow>,
+            after,
+        ))
     }
 }
 
 impl Subscription {
+    pub(crate) fn new(store: Arc<dyn Follow>, after: u64) -> Subscription {
+        Subscription {
+            store,
+            position: after,
+            buffer: VecDeque::new(),
+        }
+    }
+
     /// The position of the last event delivered (or the starting position).
     pub fn position(&self) -> u64 {
         self.position
@@ -78,8 +92,8 @@ impl Subscription {
                 return Ok(Some(e));
             }
             // Note the commit counter before reading, so a commit that lands after the read
-            // still wakes the wait below. Each wake reads: at once after a commit of this
-            // process, every CROSS_PROCESS_POLL for another's.
+            // still wakes the wait below. Each wake reads: at once after a commit the store
+            // hears of, at the store's polling interval for others.
             let commits = self.store.commit_count();
             self.fill()?;
             if !self.buffer.is_empty() {
@@ -89,8 +103,7 @@ impl Subscription {
             if now >= deadline {
                 return Ok(None);
             }
-            self.store
-                .wait_for_commit(commits, (deadline - now).min(CROSS_PROCESS_POLL));
+            self.store.wait_for_commit(commits, deadline - now);
         }
     }
 }

@@ -114,17 +114,11 @@ pub fn verify_log_with(
             operation: "verify",
             source,
         })?;
-    let sealed: std::collections::HashSet<u64> = seals.iter().map(|s| s.position).collect();
-    let mut stored_at: HashMap<u64, Option<ChainHash>> = HashMap::new();
-    let mut chain = Chain {
-        expected_from: chain_start(&conn),
-        ..Chain::default()
-    };
     let sqlite = |source| EventStoreError::Sqlite {
         operation: "verify",
         source,
     };
-    let mut report = LogReport::default();
+    let mut walk = Walk::new(check, seals, chain_start(&conn));
     let integrity: Vec<String> = conn
         .prepare("PRAGMA integrity_check")
         .and_then(|mut st| {
@@ -133,7 +127,7 @@ pub fn verify_log_with(
         })
         .map_err(sqlite)?;
     for line in integrity.into_iter().filter(|l| l != "ok") {
-        report.problems.push(LogProblem {
+        walk.report.problems.push(LogProblem {
             position: None,
             detail: format!("SQLite integrity check: {line}"),
         });
@@ -147,118 +141,213 @@ pub fn verify_log_with(
         ))
         .map_err(sqlite)?;
     let mut rows = stmt.query([]).map_err(sqlite)?;
-    let mut last_position = 0u64;
-    let mut versions: HashMap<String, u64> = HashMap::new();
     while let Some(row) = rows.next().map_err(sqlite)? {
-        report.events += 1;
-        let position = row.get::<_, i64>(0).unwrap_or(0);
-        let mut problem = |detail: String| {
-            report.problems.push(LogProblem {
-                position: u64::try_from(position).ok(),
-                detail,
-            })
-        };
-        if position <= last_position as i64 {
-            problem(format!(
-                "position {position} does not follow position {last_position}"
-            ));
-        }
-        last_position = position.max(0) as u64;
         let stored = match row.get_ref(10) {
             Ok(rusqlite::types::ValueRef::Null) => Stored::Missing,
-            Ok(rusqlite::types::ValueRef::Blob(b)) => match ChainHash::try_from(b) {
-                Ok(h) => Stored::Hash(h),
-                Err(_) => Stored::Damaged(format!("{} bytes, not 32", b.len())),
-            },
+            Ok(rusqlite::types::ValueRef::Blob(b)) => Stored::of_bytes(b),
             Ok(other) => Stored::Damaged(format!(
                 "{}, not 32 bytes",
                 other.data_type().to_string().to_lowercase()
             )),
             Err(e) => Stored::Damaged(e.to_string()),
         };
-        let link = super::sqlite::link_of(row);
-        match link {
+        walk.row(WalkRow {
+            position: row.get::<_, i64>(0).unwrap_or(0),
+            link: super::sqlite::link_of(row).map_err(|e| e.to_string()),
+            stored,
+            event_id: row.get::<_, String>(1).unwrap_or_default(),
+            stream: row.get(2).unwrap_or_default(),
+            version: row.get::<_, i64>(3).unwrap_or(-1),
+            type_id: row.get(4).unwrap_or_default(),
+            schema_version: row.get(5).unwrap_or(0),
+            timestamp_ms: row.get(6).unwrap_or(0),
+            correlation_id: row.get(7).ok().flatten(),
+            causation_id: row.get(8).ok().flatten(),
+            payload: row.get::<_, String>(9).map_err(|e| e.to_string()),
+        });
+    }
+    Ok(walk.finish())
+}
+
+/// One row as `verify` reads it, whatever the store.
+pub(crate) struct WalkRow<'r> {
+    pub(crate) position: i64,
+    /// What the chain covers, or why a column cannot be read.
+    pub(crate) link: std::result::Result<Link<'r>, String>,
+    pub(crate) stored: Stored,
+    pub(crate) event_id: String,
+    pub(crate) stream: String,
+    pub(crate) version: i64,
+    pub(crate) type_id: String,
+    pub(crate) schema_version: u32,
+    pub(crate) timestamp_ms: i64,
+    pub(crate) correlation_id: Option<String>,
+    pub(crate) causation_id: Option<String>,
+    /// The payload's text, or why it cannot be read as text.
+    pub(crate) payload: std::result::Result<String, String>,
+}
+
+/// A walk over a log's rows in position order, collecting what is wrong.
+pub(crate) struct Walk<'a> {
+    pub(crate) report: LogReport,
+    check: &'a dyn Fn(&RecordedEvent) -> Option<String>,
+    seals: &'a [Seal],
+    sealed: std::collections::HashSet<u64>,
+    stored_at: HashMap<u64, Option<ChainHash>>,
+    chain: Chain,
+    last_position: u64,
+    versions: HashMap<String, u64>,
+}
+
+impl<'a> Walk<'a> {
+    /// A walk checking each event with `check`, the log against `seals`, the chain expected
+    /// from `chain_from` (where the log says it starts; `None` when it does not say).
+    pub(crate) fn new(
+        check: &'a dyn Fn(&RecordedEvent) -> Option<String>,
+        seals: &'a [Seal],
+        chain_from: Option<u64>,
+    ) -> Self {
+        Walk {
+            report: LogReport::default(),
+            check,
+            seals,
+            sealed: seals.iter().map(|s| s.position).collect(),
+            stored_at: HashMap::new(),
+            chain: Chain {
+                expected_from: chain_from,
+                ..Chain::default()
+            },
+            last_position: 0,
+            versions: HashMap::new(),
+        }
+    }
+
+    /// The last position walked.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn last_position(&self) -> u64 {
+        self.last_position
+    }
+
+    /// The hash the next event would follow.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn previous(&self) -> ChainHash {
+        self.chain.previous.unwrap_or(GENESIS)
+    }
+
+    /// Checks the next row.
+    pub(crate) fn row(&mut self, row: WalkRow<'_>) {
+        let report = &mut self.report;
+        report.events += 1;
+        let position = row.position;
+        let mut problem = |detail: String| {
+            report.problems.push(LogProblem {
+                position: u64::try_from(position).ok(),
+                detail,
+            })
+        };
+        if position <= self.last_position as i64 {
+            problem(format!(
+                "position {position} does not follow position {}",
+                self.last_position
+            ));
+        }
+        self.last_position = position.max(0) as u64;
+        match &row.link {
             Ok(link) => {
-                if let Some(p) = chain.follow(&link, &stored) {
+                if let Some(p) = self.chain.follow(link, &row.stored) {
                     problem(p);
                 }
             }
             Err(e) => {
-                chain.last_stored = None;
+                self.chain.last_stored = None;
                 problem(format!(
                     "a column cannot be read, so its hash cannot be checked: {e}"
                 ))
             }
         }
-        if sealed.contains(&last_position) {
-            let hash = match stored {
+        if self.sealed.contains(&self.last_position) {
+            let hash = match row.stored {
                 Stored::Hash(h) => Some(h),
                 Stored::Missing | Stored::Damaged(_) => None,
             };
-            stored_at.insert(last_position, hash);
+            self.stored_at.insert(self.last_position, hash);
         }
-        let stream: String = row.get(2).unwrap_or_default();
-        let version = row.get::<_, i64>(3).unwrap_or(-1);
-        let want = versions.get(&stream).map_or(1, |v| v + 1);
-        if version != want as i64 {
+        let want = self.versions.get(&row.stream).map_or(1, |v| v + 1);
+        if row.version != want as i64 {
             problem(format!(
-                "stream {stream:?} jumps to version {version} where {want} comes next"
+                "stream {:?} jumps to version {} where {want} comes next",
+                row.stream, row.version
             ));
         }
-        versions.insert(stream.clone(), version.max(0) as u64);
-        let type_id: String = row.get(4).unwrap_or_default();
-        let payload_text = match row.get::<_, String>(9) {
+        self.versions
+            .insert(row.stream.clone(), row.version.max(0) as u64);
+        let type_id = row.type_id;
+        let payload_text = match row.payload {
             Ok(t) => t,
             Err(e) => {
                 problem(format!("the payload of {type_id} is not text: {e}"));
-                continue;
+                return;
             }
         };
         let payload: serde_json::Value = match serde_json::from_str(&payload_text) {
             Ok(v) => v,
             Err(e) => {
                 problem(format!("the payload of {type_id} is not JSON: {e}"));
-                continue;
+                return;
             }
         };
-        {
-            let event = RecordedEvent {
-                position: last_position,
-                event_id: crate::ids::EventId::from_string(
-                    row.get::<_, String>(1).unwrap_or_default(),
-                ),
-                stream_id: stream,
-                stream_version: version.max(0) as u64,
-                type_id: type_id.clone(),
-                schema_version: row.get(5).unwrap_or(0),
-                timestamp_ms: row.get(6).unwrap_or(0),
-                correlation_id: row.get(7).ok().flatten(),
-                causation_id: row.get(8).ok().flatten(),
-                payload,
-            };
-            if let Some(p) = check(&event) {
-                problem(p);
-            }
+        let event = RecordedEvent {
+            position: self.last_position,
+            event_id: crate::ids::EventId::from_string(row.event_id),
+            stream_id: row.stream,
+            stream_version: row.version.max(0) as u64,
+            type_id,
+            schema_version: row.schema_version,
+            timestamp_ms: row.timestamp_ms,
+            correlation_id: row.correlation_id,
+            causation_id: row.causation_id,
+            payload,
+        };
+        if let Some(p) = (self.check)(&event) {
+            problem(p);
         }
     }
-    report.streams = versions.len() as u64;
-    report.unchained = chain.unchained;
-    report.chained_from = chain.from;
-    report.head = chain.last_stored.map(|h| (last_position, to_hex(&h)));
-    report.seals = seals.len() as u64;
-    report
-        .problems
-        .extend(check_seals(seals, last_position, &stored_at));
-    // In position order (a sort that keeps each position's problems in the order found).
-    report.problems.sort_by_key(|p| p.position);
-    Ok(report)
+
+    /// The report: the seals checked, problems in position order.
+    pub(crate) fn finish(mut self) -> LogReport {
+        let mut report = std::mem::take(&mut self.report);
+        report.streams = self.versions.len() as u64;
+        report.unchained = self.chain.unchained;
+        report.chained_from = self.chain.from;
+        report.head = self
+            .chain
+            .last_stored
+            .map(|h| (self.last_position, to_hex(&h)));
+        report.seals = self.seals.len() as u64;
+        report
+            .problems
+            .extend(check_seals(self.seals, self.last_position, &self.stored_at));
+        // In position order (a sort that keeps each position's problems in the order found).
+        report.problems.sort_by_key(|p| p.position);
+        report
+    }
 }
 
 /// A row's stored hash.
-enum Stored {
+pub(crate) enum Stored {
     Missing,
     Damaged(String),
     Hash(ChainHash),
+}
+
+impl Stored {
+    /// A stored byte string: a hash if it has 32 bytes.
+    pub(crate) fn of_bytes(b: &[u8]) -> Stored {
+        match ChainHash::try_from(b) {
+            Ok(h) => Stored::Hash(h),
+            Err(_) => Stored::Damaged(format!("{} bytes, not 32", b.len())),
+        }
+    }
 }
 
 /// Where the log says its chain starts (`correx_chain`); `None` for a log no chained correx

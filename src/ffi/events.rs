@@ -14,9 +14,9 @@ use std::ffi::c_char;
 pub(super) fn store_failure(e: EventStoreError) -> Failure {
     let code = match &e {
         EventStoreError::WrongExpectedVersion { .. } => CORREX_E_CONFLICT,
-        EventStoreError::InvalidAppend { .. } | EventStoreError::IdempotencyConflict { .. } => {
-            CORREX_E_INVALID_ARGUMENT
-        }
+        EventStoreError::InvalidAppend { .. }
+        | EventStoreError::IdempotencyConflict { .. }
+        | EventStoreError::InvalidLocation { .. } => CORREX_E_INVALID_ARGUMENT,
         EventStoreError::Open { .. }
         | EventStoreError::Sqlite { .. }
         | EventStoreError::Busy { .. }
@@ -24,6 +24,8 @@ pub(super) fn store_failure(e: EventStoreError) -> Failure {
         | EventStoreError::CorruptEvent { .. }
         | EventStoreError::NotALog { .. }
         | EventStoreError::SchemaTooNew { .. }
+        | EventStoreError::Connect { .. }
+        | EventStoreError::Postgres { .. }
         | EventStoreError::Settings { .. } => CORREX_E_EVENT_STORE,
     };
     Failure::new(code, e.to_string())

@@ -129,7 +129,10 @@ pub struct correx_runtime {
 
 fn runtime_failure(e: RuntimeError) -> Failure {
     let code = match &e {
-        RuntimeError::Config(_) => CORREX_E_CONFIG,
+        RuntimeError::Config(_)
+        | RuntimeError::Events(crate::events::EventStoreError::InvalidLocation { .. }) => {
+            CORREX_E_CONFIG
+        }
         RuntimeError::Events(_) | RuntimeError::Seal(_) | RuntimeError::Otlp(_) => {
             CORREX_E_EVENT_STORE
         }
@@ -222,7 +225,9 @@ pub(super) unsafe fn answer_json(
 ///   "queue_spans": 2048, "timeout_ms": 5000}}`. Every tool is disabled
 ///   unless `"enabled": true`; empty allowlists deny everything; an MCP server's tools are
 ///   `name.tool` in `correx_tools_list` and `correx_tool_execute`. See the README for every
-///   field.
+///   field. `event_log` may instead be `"postgres://USER@HOST:PORT/DB"` in a library built
+///   with the cargo feature `postgres` (the password from `PGPASSWORD` or a password file,
+///   never the URL); a library without it refuses one with `CORREX_E_CONFIG`.
 /// - `out`: receives the new runtime.
 /// - `err`: optional; receives an error on failure.
 ///

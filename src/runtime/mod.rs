@@ -6,9 +6,7 @@ mod config;
 pub use config::{RuntimeConfig, CONFIG_VERSION};
 
 use crate::approvals::{ApprovalEngine, ApprovalPolicy, AutoApprove, DenyAll, EngineChoice};
-use crate::events::{
-    EventStore, EventStoreError, SealError, SealWriter, SqliteEventStore, StoreOptions,
-};
+use crate::events::{EventLog, EventStore, EventStoreError, SealError, SealWriter, StoreOptions};
 use crate::inference::DefaultModelManager;
 use crate::observe::otlp::{OtlpError, OtlpExporter};
 use crate::observe::{LiveMetrics, LogMetrics};
@@ -100,7 +98,7 @@ pub fn build_registry(config: &ToolConfig) -> Result<ToolRegistry, RuntimeError>
 
 /// The parts of a correx runtime, wired. Shared across threads.
 pub struct Runtime {
-    events: Arc<SqliteEventStore>,
+    events: Arc<EventLog>,
     models: DefaultModelManager,
     executor: SandboxedToolExecutor,
     jobs: Arc<JobTable>,
@@ -146,7 +144,7 @@ impl Runtime {
         approvals: Arc<dyn ApprovalEngine>,
     ) -> Result<Self, RuntimeError> {
         let events = Arc::new(
-            SqliteEventStore::open_with(
+            EventLog::open(
                 &config.event_log,
                 StoreOptions {
                     durability: config.durability,
@@ -216,7 +214,7 @@ impl Runtime {
     }
 
     /// The event log.
-    pub fn events(&self) -> &Arc<SqliteEventStore> {
+    pub fn events(&self) -> &Arc<EventLog> {
         &self.events
     }
 

@@ -4,9 +4,8 @@ use crate::args::Args;
 use crate::style::{colour_of, line, Format};
 use crate::Failure;
 use correx::{
-    export_log_otlp, format_rfc3339_ms, render_metrics, verify_log_sealed, EventStore,
-    EventStoreError, EventType, LogMetrics, RecordedEvent, Seal, SealKey, SqliteEventStore,
-    StoreOptions,
+    export_log_otlp, format_rfc3339_ms, render_metrics, verify_log_sealed, EventLog, EventStore,
+    EventStoreError, EventType, LogMetrics, RecordedEvent, Seal, SealKey, StoreOptions,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,10 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Opens an existing log (never creating one).
-pub fn open(path: &str) -> Result<Arc<SqliteEventStore>, Failure> {
-    SqliteEventStore::open_existing(path, StoreOptions::default())
+pub fn open(path: &str) -> Result<Arc<EventLog>, Failure> {
+    EventLog::open_existing(path, StoreOptions::default())
         .map(Arc::new)
         .map_err(store_failure)
+}
+
+/// Whether `db` names a database rather than a file.
+fn is_url(db: &str) -> bool {
+    db.contains("://")
 }
 
 pub fn store_failure(e: EventStoreError) -> Failure {
@@ -26,7 +30,7 @@ pub fn store_failure(e: EventStoreError) -> Failure {
 
 /// Every event after `after`, in pages.
 pub fn for_each_event(
-    store: &SqliteEventStore,
+    store: &EventLog,
     after: u64,
     mut f: impl FnMut(RecordedEvent) -> bool,
 ) -> Result<(), Failure> {
@@ -293,7 +297,13 @@ pub fn seal(args: Args) -> Result<(), Failure> {
         unreachable!("positionals returns exactly one")
     };
     let key = key(&args)?;
-    let seal = Seal::of_log(Path::new(db)).map_err(|e| Failure::Run(format!("{db}: {e}")))?;
+    // A file is read without being opened for writing; a database through the store.
+    let seal = if is_url(db) {
+        open(db)?.seal()
+    } else {
+        Seal::of_log(Path::new(db))
+    }
+    .map_err(|e| Failure::Run(format!("{db}: {e}")))?;
     if let Some(to) = args.value("--append-to") {
         seal.append_to(Path::new(to), key.as_ref())
             .map_err(|e| Failure::Run(e.to_string()))?;
@@ -317,7 +327,12 @@ pub fn verify(args: Args) -> Result<(), Failure> {
         }
         None => Vec::new(),
     };
-    let report = verify_log_sealed(Path::new(db), &seals).map_err(store_failure)?;
+    let report = if is_url(db) {
+        open(db)?.verify(&correx::check_domain_event, &seals)
+    } else {
+        verify_log_sealed(Path::new(db), &seals)
+    }
+    .map_err(store_failure)?;
     for p in &report.problems {
         match p.position {
             Some(pos) => line(&format!("position {pos}: {}", p.detail)),
@@ -413,7 +428,7 @@ pub struct History {
 }
 
 impl History {
-    pub fn read(store: &SqliteEventStore, session: Option<&str>) -> Result<History, Failure> {
+    pub fn read(store: &EventLog, session: Option<&str>) -> Result<History, Failure> {
         let mut h = History::default();
         let mut open: BTreeMap<String, usize> = BTreeMap::new();
         for_each_event(store, 0, |e| {

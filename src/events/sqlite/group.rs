@@ -10,8 +10,8 @@
 //! (an append of several events runs in a savepoint), and its neighbours commit. Every append
 //! returns only after the commit holding it.
 
-use super::sql::Row;
 use super::{AppendResult, EventStoreError, ExpectedVersion, Result, SqliteEventStore};
+use crate::events::rows::Row;
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

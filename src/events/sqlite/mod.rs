@@ -16,13 +16,14 @@ use super::time::now_ms;
 use super::{
     AppendResult, EventStore, EventStoreError, ExpectedVersion, NewEvent, RecordedEvent, Result,
 };
+use crate::events::rows::Row;
 use checkpoint::Checkpointer;
 pub use checkpoint::Checkpoints;
 use connection::{open_connection, retry_locked, Role};
 use group::{gather_deadline, AnswerAll, Appender, EndTurn, Pending, Queue, Slot};
 use parking_lot::{Condvar, Mutex};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
-use sql::{append_one, page, prepare_schema, query_events, read_head, Head, Row, COLUMNS};
+use sql::{append_one, page, prepare_schema, query_events, read_head, Head, COLUMNS};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -227,19 +228,6 @@ impl SqliteEventStore {
     /// The durability this store commits with.
     pub fn durability(&self) -> Durability {
         self.options.durability
-    }
-
-    /// How many groups this handle has committed.
-    pub(super) fn commit_count(&self) -> u64 {
-        *self.commits.lock()
-    }
-
-    /// Waits until this handle commits past `seen` groups, or `timeout` passes.
-    pub(super) fn wait_for_commit(&self, seen: u64, timeout: Duration) {
-        let mut n = self.commits.lock();
-        if *n == seen {
-            self.appended.wait_for(&mut n, timeout);
-        }
     }
 
     /// Runs `f` on a pooled read-only connection.
@@ -449,6 +437,26 @@ impl SqliteEventStore {
                     self.lead(&group);
                 }
             }
+        }
+    }
+}
+
+/// How often a subscription looks for commits made by other processes when nothing in this
+/// process woke it (SQLite tells no one of another process's commit). Commits in this process
+/// wake it at once.
+const CROSS_PROCESS_POLL: Duration = Duration::from_millis(2);
+
+impl crate::events::subscription::Follow for SqliteEventStore {
+    /// Groups this handle has committed.
+    fn commit_count(&self) -> u64 {
+        *self.commits.lock()
+    }
+
+    fn wait_for_commit(&self, seen: u64, timeout: Duration) {
+        let mut n = self.commits.lock();
+        if *n == seen {
+            self.appended
+                .wait_for(&mut n, timeout.min(CROSS_PROCESS_POLL));
         }
     }
 }

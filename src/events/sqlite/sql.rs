@@ -1,10 +1,9 @@
 //! The SQL: the schema, inserting one append inside a group's transaction, and decoding rows.
 
 use super::group::Pending;
-use super::{
-    AppendResult, EventStoreError, ExpectedVersion, NewEvent, RecordedEvent, Result, MAX_PAGE,
-};
+use super::{AppendResult, EventStoreError, ExpectedVersion, RecordedEvent, Result, MAX_PAGE};
 use crate::events::chain::{ChainHash, Link, GENESIS};
+use crate::events::rows::{first_duplicate, judge_retry, StoredRow};
 use crate::ids::EventId;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
@@ -168,42 +167,6 @@ pub(super) const COLUMNS: &str =
     "position, event_id, stream_id, stream_version, type_id, schema_version, \
                        timestamp_ms, correlation_id, causation_id, payload";
 
-/// An event ready to insert: its payload serialized by the appending thread, so the group's
-/// leader only binds and inserts.
-pub(super) struct Row {
-    pub(super) event_id: String,
-    pub(super) type_id: String,
-    pub(super) schema_version: u32,
-    pub(super) correlation_id: Option<String>,
-    pub(super) causation_id: Option<String>,
-    pub(super) payload: String,
-}
-
-impl Row {
-    pub(super) fn new(e: &NewEvent) -> Result<Row> {
-        if e.type_id.trim().is_empty() {
-            return Err(EventStoreError::InvalidAppend {
-                detail: format!(
-                    "event {} has an empty type_id; name what happened, e.g. \"note.added\"",
-                    e.event_id
-                ),
-            });
-        }
-        Ok(Row {
-            event_id: e.event_id.to_string(),
-            type_id: e.type_id.clone(),
-            schema_version: e.schema_version,
-            correlation_id: e.correlation_id.clone(),
-            causation_id: e.causation_id.clone(),
-            payload: serde_json::to_string(&e.payload).map_err(|err| {
-                EventStoreError::InvalidAppend {
-                    detail: format!("payload of {} is not serializable: {err}", e.event_id),
-                }
-            })?,
-        })
-    }
-}
-
 pub(super) fn query_events(
     conn: &Connection,
     sql: &str,
@@ -261,7 +224,7 @@ pub(super) fn append_one(
             run("ROLLBACK TO append").map_err(sqlite("rollback savepoint"))?;
             match find_existing(tx, p) {
                 Ok(Some(r)) => Ok(r),
-                Ok(None) => match first_duplicate(p) {
+                Ok(None) => match first_duplicate(&p.events) {
                     Some(event_id) => Err(EventStoreError::IdempotencyConflict {
                         event_id,
                         detail: "the id appears twice in this append".into(),
@@ -281,14 +244,6 @@ pub(super) fn append_one(
     }
     run("RELEASE append").map_err(sqlite("release savepoint"))?;
     result
-}
-
-pub(super) fn first_duplicate(p: &Pending) -> Option<String> {
-    let mut seen = std::collections::HashSet::new();
-    p.events
-        .iter()
-        .find(|e| !seen.insert(e.event_id.as_str()))
-        .map(|e| e.event_id.to_string())
 }
 
 /// What one append inside the group transaction came to.
@@ -409,9 +364,8 @@ pub(super) fn append_events(
     }))
 }
 
-/// An idempotent retry: when every event id is already stored, in this stream, returns where
-/// they landed. When only some are stored, or in another stream, the retry is not the same
-/// append and is refused.
+/// An idempotent retry: what the rows already stored under `p`'s ids say of it (see
+/// [`judge_retry`]).
 pub(super) fn find_existing(conn: &Connection, p: &Pending) -> Result<Option<AppendResult>> {
     let sqlite = |source| EventStoreError::Sqlite {
         operation: "check event id",
@@ -424,89 +378,25 @@ pub(super) fn find_existing(conn: &Connection, p: &Pending) -> Result<Option<App
         )
         .map_err(sqlite)?;
     let mut found = Vec::with_capacity(p.events.len());
-    let mut changed: Option<(String, &'static str)> = None;
     for e in &p.events {
         let row = stmt
             .query_row([e.event_id.as_str()], |r| {
-                Ok((
-                    (
-                        r.get::<_, i64>(0)? as u64,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, i64>(2)? as u64,
-                    ),
-                    (
-                        r.get::<_, String>(3)?,
-                        r.get::<_, u32>(4)?,
-                        r.get::<_, Option<String>>(5)?,
-                        r.get::<_, Option<String>>(6)?,
-                        r.get::<_, String>(7)?,
-                    ),
-                ))
+                Ok(StoredRow {
+                    position: r.get::<_, i64>(0)?.max(0) as u64,
+                    stream_id: r.get(1)?,
+                    stream_version: r.get::<_, i64>(2)?.max(0) as u64,
+                    type_id: r.get(3)?,
+                    schema_version: r.get(4)?,
+                    correlation_id: r.get(5)?,
+                    causation_id: r.get(6)?,
+                    payload: r.get(7)?,
+                })
             })
             .optional()
             .map_err(sqlite)?;
-        // The same id is the same event only with the same content: a retry, not a new event
-        // that happens to reuse an id (its content would be dropped without a word).
-        if let Some((_, (type_id, schema, correlation, causation, payload))) = &row {
-            let differs = if *type_id != e.type_id {
-                Some("type_id")
-            } else if *schema != e.schema_version {
-                Some("schema_version")
-            } else if *correlation != e.correlation_id {
-                Some("correlation_id")
-            } else if *causation != e.causation_id {
-                Some("causation_id")
-            } else if *payload != e.payload
-                && serde_json::from_str::<serde_json::Value>(payload).ok()
-                    != serde_json::from_str::<serde_json::Value>(&e.payload).ok()
-            {
-                Some("payload")
-            } else {
-                None
-            };
-            if let (None, Some(field)) = (&changed, differs) {
-                changed = Some((e.event_id.to_string(), field));
-            }
-        }
-        found.push(row.map(|(place, _)| place));
+        found.push(row);
     }
-    if let Some((event_id, field)) = changed {
-        return Err(EventStoreError::IdempotencyConflict {
-            event_id,
-            detail: format!("it was stored before with another {field}"),
-        });
-    }
-    if found.iter().all(Option::is_none) {
-        return Ok(None);
-    }
-    let conflict = |detail: String| EventStoreError::IdempotencyConflict {
-        event_id: p
-            .events
-            .first()
-            .map(|e| e.event_id.to_string())
-            .unwrap_or_default(),
-        detail,
-    };
-    let stored: Vec<(u64, String, u64)> = found.into_iter().flatten().collect();
-    if stored.len() != p.events.len() {
-        return Err(conflict(
-            "part of this batch was stored before, part was not".into(),
-        ));
-    }
-    if stored.iter().any(|(_, s, _)| *s != p.stream) {
-        return Err(conflict(format!(
-            "it was stored in another stream, not {:?}",
-            p.stream
-        )));
-    }
-    let first = stored.iter().map(|r| r.0).min().unwrap_or(0);
-    let last = stored.iter().map(|r| r.0).max().unwrap_or(0);
-    let version = stored.iter().map(|r| r.2).max().unwrap_or(0);
-    Ok(Some(AppendResult {
-        first_position: first,
-        last_position: last,
-        stream_version: version,
-    }))
+    judge_retry(&p.stream, &p.events, found)
 }
 
 pub(super) fn decode_row(row: &rusqlite::Row<'_>) -> Result<RecordedEvent> {

@@ -8,7 +8,7 @@ mod spans;
 pub use proto::Span;
 pub use spans::SpanFold;
 
-use crate::events::{EventStore, EventStoreError, SqliteEventStore};
+use crate::events::{EventLog, EventStore, EventStoreError};
 use parking_lot::Mutex;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -307,7 +307,7 @@ impl Shared {
 /// (`log::warn!`). Dropping the exporter exports what the log holds by then, within one
 /// request timeout: what is not sent by then is dropped and counted.
 pub struct OtlpExporter {
-    store: Arc<SqliteEventStore>,
+    store: Arc<EventLog>,
     shared: Arc<Shared>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
@@ -326,10 +326,7 @@ impl OtlpExporter {
     ///
     /// # Errors
     /// [`OtlpError::BadEndpoint`]; [`OtlpError::Store`] when the log cannot be followed.
-    pub fn start(
-        store: &Arc<SqliteEventStore>,
-        config: &OtlpConfig,
-    ) -> Result<Option<Self>, OtlpError> {
+    pub fn start(store: &Arc<EventLog>, config: &OtlpConfig) -> Result<Option<Self>, OtlpError> {
         let Some(endpoint) = &config.endpoint else {
             return Ok(None);
         };

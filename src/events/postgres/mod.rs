@@ -1,0 +1,424 @@
+//! [`PostgresEventStore`]: the event log in a PostgreSQL database, for logs shared by several
+//! hosts (cargo feature `postgres`).
+//!
+//! The same guarantees as the SQLite store: streams with gapless versions and expected-version
+//! checks, batches in one transaction, idempotent event ids, the hash chain, and catch-up
+//! subscriptions that see every event exactly once, across processes and hosts.
+//!
+//! **Positions in commit order.** Every append takes the one row of `correx_head` `FOR UPDATE`
+//! first and holds it to its commit, so appends are serialized: the next position is the
+//! head's plus one, and a transaction commits before the next one can read the head. A reader
+//! that has seen position N therefore can never later find a smaller position appearing: "all
+//! events after N" is a safe question, as it is for SQLite's single writer. (The cost: appends
+//! do not overlap their commits; `pg_writers_speedup` in the `event_store` bench reports it.)
+//!
+//! **Live events.** An append notifies the channel `correx_events` in its transaction, which
+//! PostgreSQL delivers at commit; a subscription's store listens on one connection of its own
+//! and wakes its subscriptions, which then read what is new by position.
+
+mod listen;
+mod location;
+mod sql;
+
+pub use location::is_postgres_url;
+
+use super::chain::{from_hex, ChainHash, Link};
+use super::latency::AppendLatency;
+use super::rows::{first_duplicate, Row};
+use super::subscription::{Follow, Subscription};
+use super::time::now_ms;
+use super::{
+    AppendResult, EventStore, EventStoreError, ExpectedVersion, LatencySnapshot, NewEvent,
+    RecordedEvent, Result,
+};
+use listen::{Listener, Wake};
+use location::Target;
+use parking_lot::Mutex;
+use sql::Conn;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Most rows one read returns, whatever the caller asks.
+const MAX_PAGE: usize = 1000;
+/// Idle connections kept for reuse; more are closed when given back.
+const MAX_IDLE: usize = 16;
+/// Streams whose versions the store remembers at most; past that it starts over.
+const MAX_CACHED_STREAMS: usize = 10_000;
+/// How often a subscription reads anyway when no notification woke it (a notification is
+/// lost only while the listening connection reconnects).
+const POLL: Duration = Duration::from_millis(100);
+
+/// What an error of the client library says, without the connection string.
+pub(crate) fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => db.message().to_owned(),
+        None => e.to_string(),
+    }
+}
+
+/// An error of a call, with the server's SQLSTATE.
+pub(crate) fn pg_error(operation: &'static str) -> impl Fn(postgres::Error) -> EventStoreError {
+    move |e| EventStoreError::Postgres {
+        operation,
+        code: e.code().map(|c| c.code().to_owned()),
+        detail: describe(&e),
+    }
+}
+
+/// The versions of the streams this handle appended to, valid while the head is where this
+/// handle left it (no other writer committed since).
+#[derive(Default)]
+struct Versions {
+    head: Option<u64>,
+    streams: HashMap<String, u64>,
+}
+
+/// The event log in a PostgreSQL database. Cheap to share: clone the `Arc` or use `&self` from
+/// many threads; any number of processes and hosts may open the same database.
+pub struct PostgresEventStore {
+    target: Target,
+    idle: Mutex<Vec<Conn>>,
+    versions: Mutex<Versions>,
+    wake: Arc<Wake>,
+    listener: Mutex<Option<Listener>>,
+    latency: AppendLatency,
+}
+
+impl std::fmt::Debug for PostgresEventStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresEventStore")
+            .field("location", &self.target.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresEventStore {
+    /// Connects to the database `url` names (`postgres://USER@HOST:PORT/DB`; a UNIX socket
+    /// directory as `?host=/run/postgresql`), creates the log's tables there if it has none, or
+    /// brings an older correx's up to date.
+    ///
+    /// The password comes from `PGPASSWORD` or a libpq password file (`PGPASSFILE`, else
+    /// `~/.pgpass`, ignored when others can read it), never from the URL. The connection is
+    /// not encrypted: reach the server over a UNIX socket, loopback, or a tunnel.
+    ///
+    /// # Errors
+    /// [`EventStoreError::InvalidLocation`] for a URL that cannot be used (one holding a
+    /// password among them); [`EventStoreError::Connect`] when the server cannot be reached or
+    /// refuses the user; [`EventStoreError::SchemaTooNew`] for a log of a newer correx;
+    /// [`EventStoreError::Postgres`] for a failed statement.
+    pub fn open(url: &str) -> Result<Self> {
+        let target = Target::parse(url)?;
+        let mut client = target.connect()?;
+        sql::prepare_schema(&mut client, &target.shown)?;
+        let conn = Conn::new(client)?;
+        Ok(PostgresEventStore {
+            target,
+            idle: Mutex::new(vec![conn]),
+            versions: Mutex::new(Versions::default()),
+            wake: Arc::new(Wake::default()),
+            listener: Mutex::new(None),
+            latency: AppendLatency::default(),
+        })
+    }
+
+    /// The database, as `postgres://USER@HOST:PORT/DB` (never with a password).
+    pub fn location(&self) -> &str {
+        &self.target.shown
+    }
+
+    /// Subscribes to every event with a position greater than `after` (0: from the start),
+    /// appended by any process on any host.
+    ///
+    /// # Errors
+    /// None today: the listening connection is opened (and reopened) in the background, and
+    /// until it listens the subscription reads every 100 ms.
+    pub fn subscribe(self: &Arc<Self>, after: u64) -> Result<Subscription> {
+        {
+            let mut listener = self.listener.lock();
+            if listener.is_none() {
+                *listener = Some(Listener::start(self.target.clone(), Arc::clone(&self.wake)));
+            }
+        }
+        Ok(Subscription::new(
+            Arc::clone(self) as Arc<dyn Follow>,
+            after,
+        ))
+    }
+
+    /// The last event's position (0 when the log is empty) and its chain hash.
+    ///
+    /// # Errors
+    /// [`EventStoreError::Postgres`], [`EventStoreError::Connect`].
+    pub fn chain_head(&self) -> Result<(u64, Option<ChainHash>)> {
+        self.with_conn(|c| c.head())
+            .map(|(position, hash)| (position, (position > 0).then_some(hash)))
+    }
+
+    /// How long this handle's appends took, from the call to its return, successful or not.
+    pub fn append_latency(&self) -> LatencySnapshot {
+        self.latency.snapshot()
+    }
+
+    /// Checks the log without changing it (as [`verify_log_with`](super::verify_log_with)
+    /// does a file): positions, gapless streams, JSON payloads, the hash chain, the head row,
+    /// the seals, and `check` on each event.
+    ///
+    /// # Errors
+    /// [`EventStoreError::Postgres`], [`EventStoreError::Connect`]; what is wrong in the log is
+    /// a problem in the report, not an error.
+    pub fn verify(
+        &self,
+        check: &dyn Fn(&RecordedEvent) -> Option<String>,
+        seals: &[super::Seal],
+    ) -> Result<super::LogReport> {
+        self.with_conn(|c| sql::verify(c, check, seals))
+    }
+
+    /// Runs `f` on a pooled connection; one that failed is closed, not given back.
+    fn with_conn<T>(&self, f: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
+        let pooled = self.idle.lock().pop();
+        let mut conn = match pooled {
+            Some(c) if !c.client.is_closed() => c,
+            _ => Conn::new(self.target.connect()?)?,
+        };
+        let out = f(&mut conn);
+        // A caller's error (a version conflict) leaves a usable connection; one left inside
+        // a transaction, or closed, is not given back.
+        if !conn.in_transaction && !conn.client.is_closed() {
+            let mut idle = self.idle.lock();
+            if idle.len() < MAX_IDLE {
+                idle.push(conn);
+            }
+        }
+        out
+    }
+
+    fn append_rows(
+        &self,
+        stream: &str,
+        expected: ExpectedVersion,
+        rows: &[Row],
+    ) -> Result<AppendResult> {
+        let outcome = self.with_conn(|conn| {
+            let head = conn.begin_and_lock()?;
+            match self.append_locked(conn, head, stream, expected, rows) {
+                Ok(Locked::Stored { result, head }) => {
+                    conn.commit()?;
+                    let mut versions = self.versions.lock();
+                    if versions.head == Some(head.0) || versions.head.is_none() {
+                        if versions.streams.len() >= MAX_CACHED_STREAMS {
+                            versions.streams.clear();
+                        }
+                        versions.head = Some(result.last_position);
+                        versions
+                            .streams
+                            .insert(stream.to_owned(), result.stream_version);
+                    }
+                    drop(versions);
+                    self.wake.bump();
+                    Ok(Ok(result))
+                }
+                Ok(Locked::Retry(r)) => {
+                    conn.rollback()?;
+                    Ok(Ok(r))
+                }
+                Ok(Locked::Duplicate) => {
+                    conn.rollback()?;
+                    Ok(Err(()))
+                }
+                Err(e) => {
+                    // The append's own error is the story; a failed rollback closes the
+                    // connection (it is not given back).
+                    let _ = conn.rollback();
+                    Err(e)
+                }
+            }
+        })?;
+        match outcome {
+            Ok(r) => Ok(r),
+            // An id was stored before: nothing of this append is; what was stored says
+            // whether this is a retry.
+            Err(()) => match self.with_conn(|c| c.find_existing(stream, rows))? {
+                Some(r) => Ok(r),
+                None => match first_duplicate(rows) {
+                    Some(event_id) => Err(EventStoreError::IdempotencyConflict {
+                        event_id,
+                        detail: "the id appears twice in this append".into(),
+                    }),
+                    None => Err(EventStoreError::CommitFailed {
+                        detail: "a uniqueness constraint failed for no repeated id".into(),
+                    }),
+                },
+            },
+        }
+    }
+
+    /// The append inside its transaction, with the head locked.
+    fn append_locked(
+        &self,
+        conn: &mut Conn,
+        head: (u64, ChainHash),
+        stream: &str,
+        expected: ExpectedVersion,
+        rows: &[Row],
+    ) -> Result<Locked> {
+        let cached = {
+            let mut versions = self.versions.lock();
+            if versions.head != Some(head.0) {
+                // Another writer committed since this handle's last append.
+                versions.streams.clear();
+                versions.head = Some(head.0);
+            }
+            versions.streams.get(stream).copied()
+        };
+        let current = match cached {
+            Some(v) => Some(v),
+            None => conn.stream_version(stream)?,
+        };
+        let ok = match expected {
+            ExpectedVersion::Any => true,
+            ExpectedVersion::NoStream => current.is_none(),
+            ExpectedVersion::Exact(v) => current == Some(v),
+        };
+        if !ok {
+            // A retry of an append that did commit finds the stream moved on by itself.
+            if let Some(r) = conn.find_existing(stream, rows)? {
+                return Ok(Locked::Retry(r));
+            }
+            return Err(EventStoreError::WrongExpectedVersion {
+                stream: stream.to_owned(),
+                expected: match expected {
+                    ExpectedVersion::Exact(v) => Some(v),
+                    ExpectedVersion::NoStream | ExpectedVersion::Any => None,
+                },
+                actual: current,
+            });
+        }
+        let now = now_ms();
+        let mut version = current.unwrap_or(0);
+        let (mut position, mut hash) = head;
+        let mut new = sql::NewRows::with_capacity(rows.len());
+        for e in rows {
+            version += 1;
+            position += 1;
+            hash = Link {
+                position,
+                event_id: &e.event_id,
+                stream_id: stream,
+                stream_version: version,
+                type_id: &e.type_id,
+                schema_version: e.schema_version,
+                timestamp_ms: now,
+                correlation_id: e.correlation_id.as_deref(),
+                causation_id: e.causation_id.as_deref(),
+                payload: &e.payload,
+            }
+            .hash(&hash);
+            new.push(position, version, e, hash);
+        }
+        let inserted = conn.insert(stream, now, &new, position, &hash)?;
+        if inserted != rows.len() as u64 {
+            return Ok(Locked::Duplicate);
+        }
+        Ok(Locked::Stored {
+            result: AppendResult {
+                first_position: head.0 + 1,
+                last_position: position,
+                stream_version: version,
+            },
+            head,
+        })
+    }
+}
+
+/// What an append came to inside its transaction.
+enum Locked {
+    /// Inserted; commit. `head` is where it started.
+    Stored {
+        result: AppendResult,
+        head: (u64, ChainHash),
+    },
+    /// Every id was stored before by this same append: roll back, return where they are.
+    Retry(AppendResult),
+    /// An id is stored already (or twice in the batch): roll back and judge.
+    Duplicate,
+}
+
+impl Drop for PostgresEventStore {
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.get_mut().take() {
+            listener.stop();
+        }
+    }
+}
+
+impl Follow for PostgresEventStore {
+    fn commit_count(&self) -> u64 {
+        self.wake.count()
+    }
+
+    fn wait_for_commit(&self, seen: u64, timeout: Duration) {
+        self.wake.wait(seen, timeout.min(POLL));
+    }
+}
+
+impl EventStore for PostgresEventStore {
+    fn append(
+        &self,
+        stream: &str,
+        expected: ExpectedVersion,
+        events: &[NewEvent],
+    ) -> Result<AppendResult> {
+        if events.is_empty() {
+            return Err(EventStoreError::InvalidAppend {
+                detail: "no events to append".into(),
+            });
+        }
+        if stream.is_empty() {
+            return Err(EventStoreError::InvalidAppend {
+                detail: "the stream name is empty".into(),
+            });
+        }
+        let rows = events.iter().map(Row::new).collect::<Result<Vec<_>>>()?;
+        sql::refuse_nul(stream, &rows)?;
+        let started = Instant::now();
+        let out = self.append_rows(stream, expected, &rows);
+        self.latency.record(started.elapsed());
+        out
+    }
+
+    fn read_stream(
+        &self,
+        stream: &str,
+        from_version: u64,
+        max: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        if stream.contains('\0') {
+            return Ok(Vec::new());
+        }
+        let from = from_version.min(i64::MAX as u64) as i64;
+        let max = max.min(MAX_PAGE) as i64;
+        self.with_conn(|c| c.read_stream(stream, from, max))
+    }
+
+    fn read_all(&self, from_position: u64, max: usize) -> Result<Vec<RecordedEvent>> {
+        let from = from_position.min(i64::MAX as u64) as i64;
+        let max = max.min(MAX_PAGE) as i64;
+        self.with_conn(|c| c.read_all(from, max))
+    }
+
+    fn last_position(&self) -> Result<u64> {
+        self.with_conn(|c| c.last_position())
+    }
+}
+
+/// The chain hash stored as hex text by a simple query, checked.
+fn parse_hash(text: Option<&str>) -> Result<ChainHash> {
+    text.and_then(from_hex)
+        .ok_or_else(|| EventStoreError::Postgres {
+            operation: "read the chain head",
+            code: None,
+            detail: "correx_head holds no 32-byte hash".into(),
+        })
+}
