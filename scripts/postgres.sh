@@ -20,7 +20,8 @@ bindir() {
 
 as_owner() {
   if [ "$(id -u)" = 0 ]; then
-    setpriv --reuid=nobody --regid=nogroup --clear-groups -- "$@"
+    # From /: the caller's directory may be closed to nobody (a clone under a 0700 temp dir).
+    (cd / && setpriv --reuid=nobody --regid=nogroup --clear-groups -- "$@")
   else
     "$@"
   fi

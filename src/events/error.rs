@@ -38,6 +38,13 @@ pub enum EventStoreError {
         /// SQLite's account of the failure.
         detail: String,
     },
+    /// The connection was lost while the transaction holding an append committed: it may be
+    /// stored or not. Append again with the same event ids: a stored append returns its
+    /// positions, one that was not is stored then.
+    CommitUnknown {
+        /// What was lost, and what is known.
+        detail: String,
+    },
     /// An append was malformed (no events, an empty stream name).
     InvalidAppend {
         /// What is wrong.
@@ -122,6 +129,7 @@ impl EventStoreError {
             | EventStoreError::Sqlite { .. }
             | EventStoreError::Busy { .. }
             | EventStoreError::CommitFailed { .. }
+            | EventStoreError::CommitUnknown { .. }
             | EventStoreError::CorruptEvent { .. }
             | EventStoreError::NotALog { .. }
             | EventStoreError::SchemaTooNew { .. }
@@ -152,7 +160,7 @@ impl EventStoreError {
         match self {
             EventStoreError::Busy { .. } => true,
             EventStoreError::Sqlite { .. } | EventStoreError::Open { .. } => self.is_sqlite_busy(),
-            EventStoreError::Connect { .. } => true,
+            EventStoreError::Connect { .. } | EventStoreError::CommitUnknown { .. } => true,
             // Connection lost (class 08), serialization failure, deadlock, shutdown, too
             // many connections.
             EventStoreError::Postgres { code, .. } => code.as_deref().is_some_and(|c| {
@@ -203,6 +211,9 @@ impl fmt::Display for EventStoreError {
                 version(expected),
                 version(actual)
             ),
+            EventStoreError::CommitUnknown { detail } => {
+                write!(f, "event log commit outcome unknown: {detail}")
+            }
             EventStoreError::CommitFailed { detail } => {
                 write!(f, "event log commit failed, nothing was stored: {detail}")
             }
@@ -267,6 +278,7 @@ impl std::error::Error for EventStoreError {
             EventStoreError::Busy { .. }
             | EventStoreError::WrongExpectedVersion { .. }
             | EventStoreError::CommitFailed { .. }
+            | EventStoreError::CommitUnknown { .. }
             | EventStoreError::InvalidAppend { .. }
             | EventStoreError::IdempotencyConflict { .. }
             | EventStoreError::CorruptEvent { .. }

@@ -40,6 +40,7 @@ impl Row {
 }
 
 /// A row stored before under an id an append repeats.
+#[derive(Clone)]
 pub(crate) struct StoredRow {
     pub(crate) position: u64,
     pub(crate) stream_id: String,

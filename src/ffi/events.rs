@@ -21,6 +21,7 @@ pub(super) fn store_failure(e: EventStoreError) -> Failure {
         | EventStoreError::Sqlite { .. }
         | EventStoreError::Busy { .. }
         | EventStoreError::CommitFailed { .. }
+        | EventStoreError::CommitUnknown { .. }
         | EventStoreError::CorruptEvent { .. }
         | EventStoreError::NotALog { .. }
         | EventStoreError::SchemaTooNew { .. }

@@ -48,6 +48,21 @@ impl Target {
                 format!("not a PostgreSQL URL the client can read: {e}"),
             )
         })?;
+        // Before anything is shown: with an unencoded `@` in the password, part of it would
+        // be read as the host.
+        let host_has_at = config.get_hosts().iter().any(|h| match h {
+            Host::Tcp(h) => h.contains('@'),
+            Host::Unix(p) => p.to_string_lossy().contains('@'),
+        });
+        if config.get_password().is_some() || host_has_at {
+            return Err(invalid(
+                "postgres://…".into(),
+                "the URL holds a password; put it in PGPASSWORD or a password file (PGPASSFILE, \
+                 ~/.pgpass) instead, so it is never written to the log, a config event or an \
+                 error"
+                    .into(),
+            ));
+        }
         if config.get_user().is_none() {
             match std::env::var("PGUSER")
                 .ok()
@@ -66,15 +81,6 @@ impl Target {
             }
         }
         let shown = shown(&config);
-        if config.get_password().is_some() {
-            return Err(invalid(
-                shown,
-                "the URL holds a password; put it in PGPASSWORD or a password file (PGPASSFILE, \
-                 ~/.pgpass) instead, so it is never written to the log, a config event or an \
-                 error"
-                    .into(),
-            ));
-        }
         if let Some(password) = find_password(&config) {
             config.password(password);
         }
@@ -115,7 +121,8 @@ fn shown(config: &postgres::Config) -> String {
 /// file (`PGPASSFILE`, else `~/.pgpass`), which, as libpq does, is ignored when others may read
 /// it.
 fn find_password(config: &postgres::Config) -> Option<String> {
-    if let Ok(p) = std::env::var("PGPASSWORD") {
+    // An empty PGPASSWORD falls through to the file, as in libpq.
+    if let Some(p) = std::env::var("PGPASSWORD").ok().filter(|p| !p.is_empty()) {
         return Some(p);
     }
     let file = std::env::var_os("PGPASSFILE")
@@ -233,5 +240,7 @@ mod tests {
         assert!(text.contains("PGPASSWORD"), "{text}");
         let e = Target::parse("postgres://alice:s3cret@[::1:5432/log").unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");
+        let e = Target::parse("postgres://alice:p@ssw0rd@db/log").unwrap_err();
+        assert!(!e.to_string().contains("ssw0rd"), "{e}");
     }
 }

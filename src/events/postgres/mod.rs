@@ -45,8 +45,8 @@ const MAX_PAGE: usize = 1000;
 const MAX_IDLE: usize = 16;
 /// Streams whose versions the store remembers at most; past that it starts over.
 const MAX_CACHED_STREAMS: usize = 10_000;
-/// How often a subscription reads anyway when no notification woke it (a notification is
-/// lost only while the listening connection reconnects).
+/// How often a subscription reads anyway when no notification woke it: what bounds the delay
+/// while the listening connection reconnects (a notification is lost only then).
 const POLL: Duration = Duration::from_millis(100);
 
 /// What an error of the client library says, without the connection string.
@@ -70,7 +70,9 @@ pub(crate) fn pg_error(operation: &'static str) -> impl Fn(postgres::Error) -> E
 /// handle left it (no other writer committed since).
 #[derive(Default)]
 struct Versions {
-    head: Option<u64>,
+    /// The head (position and hash) this handle's last append left; the hash tells a head
+    /// that went back and forward again (a restore, a failover) from one nobody moved.
+    head: Option<(u64, ChainHash)>,
     streams: HashMap<String, u64>,
 }
 
@@ -131,8 +133,9 @@ impl PostgresEventStore {
     /// appended by any process on any host.
     ///
     /// # Errors
-    /// None today: the listening connection is opened (and reopened) in the background, and
-    /// until it listens the subscription reads every 100 ms.
+    /// None today: the listening connection is opened (and reopened) in the background; a
+    /// subscription also reads every 100 ms when nothing woke it, which covers the time until
+    /// it listens.
     pub fn subscribe(self: &Arc<Self>, after: u64) -> Result<Subscription> {
         {
             let mut listener = self.listener.lock();
@@ -203,14 +206,20 @@ impl PostgresEventStore {
         let outcome = self.with_conn(|conn| {
             let head = conn.begin_and_lock()?;
             match self.append_locked(conn, head, stream, expected, rows) {
-                Ok(Locked::Stored { result, head }) => {
-                    conn.commit()?;
+                Ok(Locked::Stored {
+                    result,
+                    head,
+                    new_head,
+                }) => {
+                    if let Err(e) = conn.commit() {
+                        return Err(self.after_failed_commit(e, stream, rows));
+                    }
                     let mut versions = self.versions.lock();
-                    if versions.head == Some(head.0) || versions.head.is_none() {
+                    if versions.head == Some(head) || versions.head.is_none() {
                         if versions.streams.len() >= MAX_CACHED_STREAMS {
                             versions.streams.clear();
                         }
-                        versions.head = Some(result.last_position);
+                        versions.head = Some(new_head);
                         versions
                             .streams
                             .insert(stream.to_owned(), result.stream_version);
@@ -219,12 +228,14 @@ impl PostgresEventStore {
                     self.wake.bump();
                     Ok(Ok(result))
                 }
+                // Nothing was written: the answer stands even if the rollback fails (the
+                // connection is then closed, not given back).
                 Ok(Locked::Retry(r)) => {
-                    conn.rollback()?;
+                    let _ = conn.rollback();
                     Ok(Ok(r))
                 }
                 Ok(Locked::Duplicate) => {
-                    conn.rollback()?;
+                    let _ = conn.rollback();
                     Ok(Err(()))
                 }
                 Err(e) => {
@@ -254,6 +265,35 @@ impl PostgresEventStore {
         }
     }
 
+    /// What to say when COMMIT failed: the server's refusal is that error; a lost connection
+    /// leaves the outcome unknown, so the ids are looked up on a new connection.
+    fn after_failed_commit(
+        &self,
+        e: EventStoreError,
+        stream: &str,
+        rows: &[Row],
+    ) -> EventStoreError {
+        if matches!(&e, EventStoreError::Postgres { code: Some(_), .. }) {
+            return e;
+        }
+        match self.with_conn(|c| c.find_existing(stream, rows)) {
+            Ok(Some(_)) => EventStoreError::CommitUnknown {
+                detail: format!(
+                    "{e}; the events are stored (found after reconnecting): append again with \
+                     the same event ids to get their positions"
+                ),
+            },
+            Ok(None) => EventStoreError::CommitFailed {
+                detail: format!("{e}; nothing was stored (checked after reconnecting)"),
+            },
+            Err(_) => EventStoreError::CommitUnknown {
+                detail: format!(
+                    "{e}; whether it was stored is unknown: append again with the same event ids"
+                ),
+            },
+        }
+    }
+
     /// The append inside its transaction, with the head locked.
     fn append_locked(
         &self,
@@ -265,10 +305,10 @@ impl PostgresEventStore {
     ) -> Result<Locked> {
         let cached = {
             let mut versions = self.versions.lock();
-            if versions.head != Some(head.0) {
+            if versions.head != Some(head) {
                 // Another writer committed since this handle's last append.
                 versions.streams.clear();
-                versions.head = Some(head.0);
+                versions.head = Some(head);
             }
             versions.streams.get(stream).copied()
         };
@@ -328,16 +368,18 @@ impl PostgresEventStore {
                 stream_version: version,
             },
             head,
+            new_head: (position, hash),
         })
     }
 }
 
 /// What an append came to inside its transaction.
 enum Locked {
-    /// Inserted; commit. `head` is where it started.
+    /// Inserted; commit. `head` is where it started, `new_head` where it ends.
     Stored {
         result: AppendResult,
         head: (u64, ChainHash),
+        new_head: (u64, ChainHash),
     },
     /// Every id was stored before by this same append: roll back, return where they are.
     Retry(AppendResult),

@@ -54,9 +54,12 @@ pub(super) fn prepare_schema(client: &mut Client, shown: &str) -> Result<()> {
     tx.batch_execute("CREATE TABLE IF NOT EXISTS correx_schema (version bigint NOT NULL)")
         .map_err(pg_error("create the schema"))?;
     let found: Option<i64> = tx
-        .query_opt("SELECT max(version) FROM correx_schema", &[])
+        .query_opt("SELECT max(version)::bigint FROM correx_schema", &[])
         .map_err(pg_error("read the schema version"))?
-        .and_then(|r| r.get(0));
+        .map(|r| r.try_get::<_, Option<i64>>(0))
+        .transpose()
+        .map_err(pg_error("read the schema version"))?
+        .flatten();
     if let Some(found) = found {
         if found > SCHEMA_VERSION {
             return Err(EventStoreError::SchemaTooNew {
@@ -215,7 +218,12 @@ impl Conn {
         self.in_transaction = true;
         let messages = self
             .client
-            .simple_query("BEGIN; SELECT position, encode(hash, 'hex') FROM correx_head FOR UPDATE")
+            // READ COMMITTED whatever the server's default: a waiter on the head sees the
+            // commit it waited for (under REPEATABLE READ it would fail with 40001).
+            .simple_query(
+                "BEGIN ISOLATION LEVEL READ COMMITTED; \
+                 SELECT position, encode(hash, 'hex') FROM correx_head FOR UPDATE",
+            )
             .map_err(pg_error("lock the head"))?;
         head_of(&messages)
     }
@@ -250,7 +258,7 @@ impl Conn {
             .client
             .query_one(&self.stream_version, &[&stream])
             .map_err(pg_error("read stream version"))?;
-        let v: Option<i64> = row.get(0);
+        let v: Option<i64> = row.try_get(0).map_err(pg_error("read stream version"))?;
         Ok(v.map(|v| v.max(0) as u64))
     }
 
@@ -286,7 +294,10 @@ impl Conn {
                 ],
             )
             .map_err(pg_error("insert events"))?;
-        Ok(row.get::<_, i64>(0).max(0) as u64)
+        Ok(row
+            .try_get::<_, i64>(0)
+            .map_err(pg_error("insert events"))?
+            .max(0) as u64)
     }
 
     /// What was stored before under `rows`' ids, judged as a retry of this append.
@@ -301,23 +312,29 @@ impl Conn {
             .query(&self.existing, &[&ids])
             .map_err(pg_error("check event id"))?;
         let mut by_id = std::collections::HashMap::new();
+        let read = pg_error("check event id");
         for r in stored {
-            let schema_version: i64 = r.get(5);
+            let schema_version: i64 = r.try_get(5).map_err(&read)?;
             by_id.insert(
-                r.get::<_, String>(0),
+                r.try_get::<_, String>(0).map_err(&read)?,
                 StoredRow {
-                    position: r.get::<_, i64>(1).max(0) as u64,
-                    stream_id: r.get(2),
-                    stream_version: r.get::<_, i64>(3).max(0) as u64,
-                    type_id: r.get(4),
+                    position: r.try_get::<_, i64>(1).map_err(&read)?.max(0) as u64,
+                    stream_id: r.try_get(2).map_err(&read)?,
+                    stream_version: r.try_get::<_, i64>(3).map_err(&read)?.max(0) as u64,
+                    type_id: r.try_get(4).map_err(&read)?,
                     schema_version: u32::try_from(schema_version).unwrap_or(u32::MAX),
-                    correlation_id: r.get(6),
-                    causation_id: r.get(7),
-                    payload: r.get(8),
+                    correlation_id: r.try_get(6).map_err(&read)?,
+                    causation_id: r.try_get(7).map_err(&read)?,
+                    payload: r.try_get(8).map_err(&read)?,
                 },
             );
         }
-        let found = rows.iter().map(|r| by_id.remove(&r.event_id)).collect();
+        // `get`, not `remove`: an id twice in the batch finds its stored row both times, as
+        // the SQLite store's lookups do.
+        let found = rows
+            .iter()
+            .map(|r| by_id.get(&r.event_id).cloned())
+            .collect();
         judge_retry(stream, rows, found)
     }
 
@@ -399,7 +416,13 @@ pub(super) fn verify(
     seals: &[Seal],
 ) -> Result<LogReport> {
     let mut walk = Walk::new(check, seals, Some(1));
-    let mut from = 0i64;
+    // One snapshot for the pages and the head, so appends committed meanwhile are not taken
+    // for a head moved by hand; from the lowest position, so a row put below 1 is seen.
+    conn.in_transaction = true;
+    conn.client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .map_err(pg_error("verify"))?;
+    let mut from = i64::MIN;
     loop {
         let rows = conn
             .client
@@ -421,6 +444,7 @@ pub(super) fn verify(
         }
     }
     let (head_position, head_hash) = conn.head()?;
+    conn.rollback()?;
     let (last, previous) = (walk.last_position(), walk.previous());
     if head_position != last
         || (last > 0 && head_hash != previous)
