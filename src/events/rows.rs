@@ -39,6 +39,21 @@ impl Row {
     }
 }
 
+/// What every store refuses before it looks at the log: no events, an empty stream name.
+pub(crate) fn check_append(stream: &str, events: &[NewEvent]) -> Result<()> {
+    if events.is_empty() {
+        return Err(EventStoreError::InvalidAppend {
+            detail: "no events to append".into(),
+        });
+    }
+    if stream.is_empty() {
+        return Err(EventStoreError::InvalidAppend {
+            detail: "the stream name is empty".into(),
+        });
+    }
+    Ok(())
+}
+
 /// A row stored before under an id an append repeats.
 #[derive(Clone)]
 pub(crate) struct StoredRow {

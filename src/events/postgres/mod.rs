@@ -412,16 +412,7 @@ impl EventStore for PostgresEventStore {
         expected: ExpectedVersion,
         events: &[NewEvent],
     ) -> Result<AppendResult> {
-        if events.is_empty() {
-            return Err(EventStoreError::InvalidAppend {
-                detail: "no events to append".into(),
-            });
-        }
-        if stream.is_empty() {
-            return Err(EventStoreError::InvalidAppend {
-                detail: "the stream name is empty".into(),
-            });
-        }
+        crate::events::rows::check_append(stream, events)?;
         let rows = events.iter().map(Row::new).collect::<Result<Vec<_>>>()?;
         sql::refuse_nul(stream, &rows)?;
         let started = Instant::now();

@@ -468,16 +468,7 @@ impl EventStore for SqliteEventStore {
         expected: ExpectedVersion,
         events: &[NewEvent],
     ) -> Result<AppendResult> {
-        if events.is_empty() {
-            return Err(EventStoreError::InvalidAppend {
-                detail: "no events to append".into(),
-            });
-        }
-        if stream.is_empty() {
-            return Err(EventStoreError::InvalidAppend {
-                detail: "the stream name is empty".into(),
-            });
-        }
+        crate::events::rows::check_append(stream, events)?;
         let started = Instant::now();
         let out = self.append_rows(stream, expected, events);
         self.latency.record(started.elapsed());
