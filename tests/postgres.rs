@@ -98,7 +98,16 @@ fn a_password_in_the_url_is_refused_and_a_wrong_one_is_never_shown() -> TestResu
     let stranger = url.replacen("postgres://correx@", "postgres://stranger@", 1);
     let e = EventLog::open(&stranger, StoreOptions::default()).unwrap_err();
     assert!(matches!(e, EventStoreError::Connect { .. }), "{e:?}");
-    assert!(e.is_transient());
+    assert!(
+        !e.is_transient(),
+        "a missing password is not worth a retry: {e:?}"
+    );
+    assert!(e.to_string().contains("password missing"), "{e}");
+    // A server that is not there is worth a retry.
+    let port = crate::util::free_port();
+    let gone = format!("postgres://correx@127.0.0.1:{port}/correx");
+    let e = EventLog::open(&gone, StoreOptions::default()).unwrap_err();
+    assert!(e.is_transient(), "{e:?}");
     assert!(e.to_string().contains("PGPASSFILE"), "{e}");
     // An unknown scheme is not taken for a file name.
     let e = EventLog::open("mysql://x/y", StoreOptions::default()).unwrap_err();
@@ -106,6 +115,12 @@ fn a_password_in_the_url_is_refused_and_a_wrong_one_is_never_shown() -> TestResu
         matches!(e, EventStoreError::InvalidLocation { .. }),
         "{e:?}"
     );
+    let e = EventLog::open(
+        url.replacen("postgres", "Postgres", 1),
+        StoreOptions::default(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("lowercase"), "{e}");
     Ok(())
 }
 
@@ -385,5 +400,78 @@ fn the_cli_seals_and_verifies_a_database_log() -> TestResult {
         text.contains("position 3: the hash chain breaks here"),
         "{text}"
     );
+    Ok(())
+}
+
+/// A role that may read and write the log's tables, but not create any, opens an existing
+/// log: opening runs no DDL when the schema is current.
+#[test]
+fn a_role_without_create_rights_opens_an_existing_log() -> TestResult {
+    let Some(url) = fresh_pg("no_create") else {
+        return Ok(());
+    };
+    open_log(&url)?.append(
+        "s",
+        ExpectedVersion::Any,
+        &[NewEvent::new("a", 1, json!(1))],
+    )?;
+    let role = format!("writer_{}", std::process::id());
+    let db = url.rsplit('/').next().unwrap_or_default();
+    admin(&url).batch_execute(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN;
+         REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+         GRANT SELECT, INSERT ON correx_events, correx_schema TO {role};
+         GRANT SELECT, UPDATE ON correx_head TO {role};
+         GRANT CONNECT ON DATABASE {db} TO {role};"
+    ))?;
+    // The socket trusts local users, so no password is needed for the new role.
+    let as_role =
+        pg_socket_url(&url).replacen("postgresql://correx@", &format!("postgresql://{role}@"), 1);
+    let log = open_log(&as_role)?;
+    let r = log.append(
+        "s",
+        ExpectedVersion::Exact(1),
+        &[NewEvent::new("b", 1, json!(2))],
+    )?;
+    assert_eq!(r.stream_version, 2);
+    drop(log);
+    admin(&url).batch_execute(&format!(
+        "REVOKE ALL ON correx_events, correx_schema, correx_head FROM {role};"
+    ))?;
+    Ok(())
+}
+
+/// Idle pooled connections the server ended (a restart, a timeout) are replaced, not each
+/// failing one call.
+#[test]
+fn connections_the_server_ended_while_idle_are_replaced() -> TestResult {
+    let Some(url) = fresh_pg("terminated") else {
+        return Ok(());
+    };
+    let log = open_log(&url)?;
+    // Several pooled connections: concurrent reads.
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| log.read_all(1, 10));
+        }
+    });
+    let db = url.rsplit('/').next().unwrap_or_default().to_owned();
+    let ended: i64 = admin(&url)
+        .query_one(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND application_name = 'correx') t",
+            &[&db],
+        )?
+        .get(0);
+    assert!(ended >= 1, "no connection of the store to end");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    for i in 0..6 {
+        log.append(
+            "s",
+            ExpectedVersion::Any,
+            &[NewEvent::new("a", 1, json!(i))],
+        )?;
+        assert_eq!(log.read_all(1, 100)?.len(), i + 1);
+    }
     Ok(())
 }

@@ -89,6 +89,12 @@ pub enum EventStoreError {
         target: String,
         /// What the client library or the server said.
         detail: String,
+        /// The server's SQLSTATE, when it refused (28P01: wrong password, 3D000: no such
+        /// database); `None` when it was not reached or the client stopped first.
+        code: Option<String>,
+        /// Whether trying again later may succeed: the server was unreachable or full, not a
+        /// refused password, a missing database or a password the client lacks.
+        transient: bool,
     },
     /// A PostgreSQL call failed.
     Postgres {
@@ -160,7 +166,8 @@ impl EventStoreError {
         match self {
             EventStoreError::Busy { .. } => true,
             EventStoreError::Sqlite { .. } | EventStoreError::Open { .. } => self.is_sqlite_busy(),
-            EventStoreError::Connect { .. } | EventStoreError::CommitUnknown { .. } => true,
+            EventStoreError::CommitUnknown { .. } => true,
+            EventStoreError::Connect { transient, .. } => *transient,
             // Connection lost (class 08), serialization failure, deadlock, shutdown, too
             // many connections.
             EventStoreError::Postgres { code, .. } => code.as_deref().is_some_and(|c| {
@@ -240,7 +247,7 @@ impl fmt::Display for EventStoreError {
                  knows up to {supported}: open it with that correx or a newer one",
                 path.display()
             ),
-            EventStoreError::Connect { target, detail } => write!(
+            EventStoreError::Connect { target, detail, .. } => write!(
                 f,
                 "cannot connect to the event log at {target}: {detail}; check that the server \
                  runs, the database exists, and the password is in PGPASSWORD or a password \

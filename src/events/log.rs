@@ -187,8 +187,8 @@ fn postgres_url(location: &Path) -> Result<Option<&str>> {
     let Some(location) = location.to_str() else {
         return Ok(None);
     };
-    let lower = location.get(..13).unwrap_or(location).to_ascii_lowercase();
-    if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
+    // Lowercase, as the client reads them; `Postgres://` is refused below, saying what is taken.
+    if location.starts_with("postgres://") || location.starts_with("postgresql://") {
         return Ok(Some(location));
     }
     if location.contains("://") {
@@ -196,7 +196,7 @@ fn postgres_url(location: &Path) -> Result<Option<&str>> {
             location: location
                 .split_once("://")
                 .map_or_else(String::new, |(scheme, _)| format!("{scheme}://…")),
-            detail: "not a file path nor a postgres:// URL".into(),
+            detail: "not a file path nor a postgres:// or postgresql:// URL (lowercase)".into(),
         });
     }
     Ok(None)

@@ -81,8 +81,15 @@ fn listen(target: &Target, wake: &Wake, stop: &AtomicBool) {
                 }) {
                 Ok(c) => c,
                 Err(e) => {
-                    log::warn!("event log subscriptions cannot listen ({e}); retrying");
-                    std::thread::sleep(backoff);
+                    // Until the backoff is full: not every two seconds of an outage.
+                    if backoff < MAX_BACKOFF {
+                        log::warn!("event log subscriptions cannot listen ({e}); retrying");
+                    }
+                    // In ticks, so a store dropped meanwhile is not kept waiting.
+                    let until = std::time::Instant::now() + backoff;
+                    while std::time::Instant::now() < until && !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(TICK);
+                    }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     continue;
                 }

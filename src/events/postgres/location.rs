@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+/// Where libpq builds put their socket by default (Debian's, and upstream's).
+const DEFAULT_SOCKET_DIRS: [&str; 3] = ["/var/run/postgresql", "/run/postgresql", "/tmp"];
+
 /// How long a connection attempt may take before it fails.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -87,6 +90,9 @@ impl Target {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
+        // A peer that vanished (a partition, a dead host) is noticed in about a minute, not
+        // after the system's two hours.
+        config.keepalives_idle(Duration::from_secs(30));
         config.application_name("correx");
         Ok(Target { config, shown })
     }
@@ -96,12 +102,22 @@ impl Target {
     /// # Errors
     /// [`EventStoreError::Connect`] with the server's or the client's reason.
     pub(crate) fn connect(&self) -> Result<postgres::Client> {
-        self.config
-            .connect(postgres::NoTls)
-            .map_err(|e| EventStoreError::Connect {
+        self.config.connect(postgres::NoTls).map_err(|e| {
+            let code = e.code().map(|c| c.code().to_owned());
+            // Unreachable (an I/O error, a timeout) or full (53300) may pass later; a
+            // refusal or a client-side configuration error (no password) will not.
+            let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
+            let transient = match code.as_deref() {
+                Some(c) => c.starts_with("53") || c.starts_with("57") || c.starts_with("08"),
+                None => io || e.to_string().contains("timed out"),
+            };
+            EventStoreError::Connect {
                 target: self.shown.clone(),
                 detail: crate::events::postgres::describe(&e),
-            })
+                code,
+                transient,
+            }
+        })
     }
 }
 
@@ -132,6 +148,11 @@ fn find_password(config: &postgres::Config) -> Option<String> {
     let host = match config.get_hosts().first() {
         Some(Host::Tcp(h)) => h.clone(),
         // libpq matches a socket connection as `localhost`.
+        // libpq matches a socket in the default directory as `localhost`, another by its
+        // path.
+        Some(Host::Unix(dir)) if !DEFAULT_SOCKET_DIRS.iter().any(|d| dir == Path::new(d)) => {
+            dir.display().to_string()
+        }
         Some(Host::Unix(_)) | None => "localhost".into(),
     };
     let port = config
@@ -162,48 +183,52 @@ fn read_private(file: &Path) -> Option<String> {
 }
 
 /// The password of the first line of a libpq password file matching `want` (host, port,
-/// database, user): `hostname:port:database:username:password`, `*` matching anything, `\`
-/// escaping `:` and `\`, `#` starting a comment line.
+/// database, user): `hostname:port:database:username:password`, an unescaped `*` matching
+/// anything, `\` escaping `:`, `\` and `*`, `#` starting a comment line; as in libpq the
+/// password ends at the next unescaped `:`.
 pub(crate) fn password_from_file(text: &str, want: [&str; 4]) -> Option<String> {
     for line in text.lines() {
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
         }
         let fields = split_fields(line);
-        if fields.len() != 5 {
+        if fields.len() < 5 {
             continue;
         }
         let matches = fields[..4]
             .iter()
             .zip(want)
-            .all(|(field, want)| field == "*" || field == want);
+            .all(|((field, wildcard), want)| *wildcard || field == want);
         if matches {
-            return Some(fields[4].clone());
+            return Some(fields[4].0.clone());
         }
     }
     None
 }
 
-fn split_fields(line: &str) -> Vec<String> {
-    let mut fields = vec![String::new()];
+/// A line's fields, unescaped, each with whether it is the wildcard `*` (unescaped).
+fn split_fields(line: &str) -> Vec<(String, bool)> {
+    let mut fields = Vec::new();
+    let (mut field, mut escaped_any) = (String::new(), false);
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
         match c {
             '\\' => {
                 if let Some(next) = chars.next() {
-                    if let Some(f) = fields.last_mut() {
-                        f.push(next)
-                    }
+                    field.push(next);
+                    escaped_any = true;
                 }
             }
-            ':' if fields.len() < 5 => fields.push(String::new()),
-            c => {
-                if let Some(f) = fields.last_mut() {
-                    f.push(c)
-                }
+            ':' => {
+                let wildcard = field == "*" && !escaped_any;
+                fields.push((std::mem::take(&mut field), wildcard));
+                escaped_any = false;
             }
+            c => field.push(c),
         }
     }
+    let wildcard = field == "*" && !escaped_any;
+    fields.push((field, wildcard));
     fields
 }
 
@@ -226,6 +251,16 @@ mod tests {
             Some("fallback")
         );
         assert_eq!(password_from_file("a:b:c\n", ["a", "b", "c", "d"]), None);
+        // An escaped `*` is a literal star; the password ends at an unescaped `:`.
+        let text = "h:1:\\*:u:literal\nh:1:*:u:pa:ss\n";
+        assert_eq!(
+            password_from_file(text, ["h", "1", "*", "u"]).as_deref(),
+            Some("literal")
+        );
+        assert_eq!(
+            password_from_file(text, ["h", "1", "db", "u"]).as_deref(),
+            Some("pa")
+        );
     }
 
     #[test]

@@ -41,6 +41,13 @@ use std::time::{Duration, Instant};
 
 /// Most rows one read returns, whatever the caller asks.
 const MAX_PAGE: usize = 1000;
+/// How long an append waits for another writer's head lock before it is
+/// [`EventStoreError::Busy`], as the SQLite store's lock retry deadline.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection may sit inside a transaction doing nothing before the server ends it:
+/// a writer stalled while holding the head (a paused VM, a stopped process) lets the others go.
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(60);
+
 /// Idle connections kept for reuse; more are closed when given back.
 const MAX_IDLE: usize = 16;
 /// Streams whose versions the store remembers at most; past that it starts over.
@@ -49,20 +56,30 @@ const MAX_CACHED_STREAMS: usize = 10_000;
 /// while the listening connection reconnects (a notification is lost only then).
 const POLL: Duration = Duration::from_millis(100);
 
-/// What an error of the client library says, without the connection string.
+/// What an error of the client library says, with its cause ("invalid configuration:
+/// password missing"); the client's errors never hold the connection string.
 pub(crate) fn describe(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => db.message().to_owned(),
-        None => e.to_string(),
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
     }
 }
 
 /// An error of a call, with the server's SQLSTATE.
 pub(crate) fn pg_error(operation: &'static str) -> impl Fn(postgres::Error) -> EventStoreError {
-    move |e| EventStoreError::Postgres {
-        operation,
-        code: e.code().map(|c| c.code().to_owned()),
-        detail: describe(&e),
+    move |e| match e.code().map(|c| c.code()) {
+        // lock_timeout: another writer held the head for longer than the store waits.
+        Some("55P03") => EventStoreError::Busy {
+            waited_ms: LOCK_TIMEOUT.as_millis() as u64,
+        },
+        code => EventStoreError::Postgres {
+            operation,
+            code: code.map(str::to_owned),
+            detail: describe(&e),
+        },
     }
 }
 
@@ -179,13 +196,22 @@ impl PostgresEventStore {
     }
 
     /// Runs `f` on a pooled connection; one that failed is closed, not given back.
-    fn with_conn<T>(&self, f: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
+    ///
+    /// A pooled connection the server closed while it sat idle (a restart, a timeout, a
+    /// firewall) is found dead only when used: the call is run once more on a new connection
+    /// if nothing that writes was sent on the dead one.
+    fn with_conn<T>(&self, mut f: impl FnMut(&mut Conn) -> Result<T>) -> Result<T> {
         let pooled = self.idle.lock().pop();
-        let mut conn = match pooled {
-            Some(c) if !c.client.is_closed() => c,
-            _ => Conn::new(self.target.connect()?)?,
+        let (mut conn, reused) = match pooled {
+            Some(c) if !c.client.is_closed() => (c, true),
+            _ => (Conn::new(self.target.connect()?)?, false),
         };
-        let out = f(&mut conn);
+        conn.sent_write = false;
+        let mut out = f(&mut conn);
+        if out.is_err() && reused && conn.client.is_closed() && !conn.sent_write {
+            conn = Conn::new(self.target.connect()?)?;
+            out = f(&mut conn);
+        }
         // A caller's error (a version conflict) leaves a usable connection; one left inside
         // a transaction, or closed, is not given back.
         if !conn.in_transaction && !conn.client.is_closed() {

@@ -46,8 +46,37 @@ INSERT INTO correx_head (one, position, hash)
 const COLUMNS: &str = "position, event_id, stream_id, stream_version, type_id, schema_version, \
                        timestamp_ms, correlation_id, causation_id, payload::text, hash";
 
-/// Creates the tables, or checks the version of those there, in one transaction.
+/// Creates the tables, or checks the version of those there, in one transaction. A log at
+/// this version is opened without DDL, so a role that may read and write the tables but not
+/// create any opens it.
 pub(super) fn prepare_schema(client: &mut Client, shown: &str) -> Result<()> {
+    let current = client
+        .query_one(
+            "SELECT to_regclass('correx_schema') IS NOT NULL \
+                AND to_regclass('correx_events') IS NOT NULL \
+                AND to_regclass('correx_head') IS NOT NULL",
+            &[],
+        )
+        .and_then(|r| r.try_get::<_, bool>(0))
+        .map_err(pg_error("read the schema"))?;
+    if current {
+        let found: Option<i64> = client
+            .query_one("SELECT max(version)::bigint FROM correx_schema", &[])
+            .and_then(|r| r.try_get(0))
+            .map_err(pg_error("read the schema version"))?;
+        match found {
+            Some(v) if v == SCHEMA_VERSION => return Ok(()),
+            Some(v) if v > SCHEMA_VERSION => {
+                return Err(EventStoreError::SchemaTooNew {
+                    path: shown.into(),
+                    found: v,
+                    supported: SCHEMA_VERSION,
+                })
+            }
+            // Older or unrecorded: the locked path below brings it up to date.
+            _ => {}
+        }
+    }
     let mut tx = client.transaction().map_err(pg_error("begin the schema"))?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .map_err(pg_error("lock the schema"))?;
@@ -89,6 +118,9 @@ pub(super) struct Conn {
     pub(super) client: Client,
     /// Set between `begin_and_lock` and the commit or rollback.
     pub(super) in_transaction: bool,
+    /// Set once a statement that writes (the insert, the commit) was sent in the current
+    /// call: a call that failed after it cannot simply be run again.
+    pub(super) sent_write: bool,
     insert: Statement,
     stream_version: Statement,
     existing: Statement,
@@ -164,6 +196,13 @@ pub(super) fn refuse_nul(stream: &str, rows: &[Row]) -> Result<()> {
 
 impl Conn {
     pub(super) fn new(mut client: Client) -> Result<Conn> {
+        client
+            .batch_execute(&format!(
+                "SET lock_timeout = '{}ms'; SET idle_in_transaction_session_timeout = '{}ms'",
+                super::LOCK_TIMEOUT.as_millis(),
+                super::IDLE_IN_TRANSACTION.as_millis()
+            ))
+            .map_err(pg_error("set timeouts"))?;
         let mut prepare = |sql: &str| client.prepare(sql).map_err(pg_error("prepare"));
         // One statement inserts the events, moves the head and notifies subscribers: one
         // round trip. A repeated id inserts nothing for that row (counted, then rolled back).
@@ -204,6 +243,7 @@ impl Conn {
         Ok(Conn {
             client,
             in_transaction: false,
+            sent_write: false,
             insert,
             stream_version,
             existing,
@@ -271,6 +311,7 @@ impl Conn {
         position: u64,
         hash: &ChainHash,
     ) -> Result<u64> {
+        self.sent_write = true;
         let position = position as i64;
         let hash = &hash[..];
         let row = self
