@@ -241,7 +241,7 @@ fn now_ns() -> u64 {
 }
 
 /// Appends `n` events at a steady pace, each carrying the wall time its append started.
-fn paced_writer(store: &SqliteEventStore, n: usize) {
+fn paced_writer(store: &dyn EventStore, n: usize) {
     for _ in 0..n {
         let e = NewEvent::new("bench.live", 1, json!({"sent_ns": now_ns()}));
         store
@@ -517,7 +517,9 @@ fn main() {
     let writer_store = Arc::clone(&live);
     let mut in_proc_writer = None;
     let in_proc = subscription_p50_ms(&live, 200, || {
-        in_proc_writer = Some(std::thread::spawn(move || paced_writer(&writer_store, 200)));
+        in_proc_writer = Some(std::thread::spawn(move || {
+            paced_writer(writer_store.as_ref(), 200)
+        }));
     });
     if let Some(w) = in_proc_writer {
         w.join().expect("writer");

@@ -3,7 +3,7 @@
 //! the same log reached over TCP and a UNIX socket. (Everything both stores promise runs
 //! against both in `events`.)
 
-use crate::util::{fresh_pg, open_log, pg_socket_url};
+use crate::util::{connect_socket, fresh_pg, open_log, pg_socket_url};
 use correx::{EventLog, EventStore, EventStoreError, ExpectedVersion, NewEvent, StoreOptions};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,10 +12,7 @@ use std::sync::Arc;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 fn admin(url: &str) -> postgres::Client {
-    <postgres::Config as std::str::FromStr>::from_str(&pg_socket_url(url))
-        .expect("socket URL")
-        .connect(postgres::NoTls)
-        .expect("connect over the socket")
+    connect_socket(&pg_socket_url(url))
 }
 
 /// Writers on separate connections commit in any interleaving; a reader that keeps asking for

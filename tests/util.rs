@@ -299,15 +299,20 @@ pub fn fresh_pg(tag: &str) -> Option<String> {
         correx::EventId::random().to_string().replace('-', "")
     )
     .to_ascii_lowercase();
-    let mut client = <postgres::Config as std::str::FromStr>::from_str(&admin)
-        .expect("the socket URL")
-        .connect(postgres::NoTls)
-        .expect("connect to the test server's socket");
-    client
+    connect_socket(&admin)
         .batch_execute(&format!("CREATE DATABASE {name}"))
         .expect("create a test database");
     let (server, _db) = base.rsplit_once('/').expect("a URL with a database");
     Some(format!("{server}/{name}"))
+}
+
+/// A bare client on the test server's UNIX socket (trusted, no password), for what the tests
+/// do behind correx's back.
+pub fn connect_socket(socket_url: &str) -> postgres::Client {
+    <postgres::Config as std::str::FromStr>::from_str(socket_url)
+        .expect("the socket URL")
+        .connect(postgres::NoTls)
+        .expect("connect to the test server's socket")
 }
 
 /// The same database as `url` reached through the test server's UNIX socket.

@@ -3,8 +3,8 @@
 //! run. The server is the test cluster `scripts/postgres.sh` starts (`CORREX_TEST_PG_URL`,
 //! `CORREX_TEST_PG_SOCKET_URL`, `PGPASSFILE`); without one the figures say `skipped`.
 
-use correx::{EventLog, EventStore, ExpectedVersion, NewEvent, StoreOptions};
-use serde_json::json;
+use super::{event, median, now_ns};
+use correx::{EventLog, EventStore, ExpectedVersion, StoreOptions};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,26 +16,6 @@ const SINGLES: usize = 300;
 const PER_THREAD: usize = 150;
 /// Live events timed from one process's append to another's delivery.
 const LIVE: usize = 300;
-
-fn event(i: usize) -> NewEvent {
-    NewEvent::new(
-        "bench.tick",
-        1,
-        json!({"i": i, "text": "a typical small payload of an agent event"}),
-    )
-}
-
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 /// A fresh database on the test server: the TCP URL correx opens, and an admin connection
 /// over the socket.
@@ -136,13 +116,7 @@ fn threaded_rate(store: &Arc<EventLog>, threads: usize) -> f64 {
 /// the wall time its append started.
 pub fn writer(url: &str, n: usize) {
     let store = EventLog::open(url, StoreOptions::default()).expect("open");
-    for _ in 0..n {
-        let e = NewEvent::new("bench.live", 1, json!({"sent_ns": now_ns()}));
-        store
-            .append("live", ExpectedVersion::Any, &[e])
-            .expect("append");
-        std::thread::sleep(Duration::from_millis(3));
-    }
+    super::paced_writer(&store, n);
 }
 
 /// Prints the PostgreSQL figures.

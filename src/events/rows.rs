@@ -1,7 +1,8 @@
 //! What every store does the same way with an append's events: serializing them once, and
 //! judging a retry against what was stored before under the same ids.
 
-use super::{AppendResult, EventStoreError, NewEvent, Result};
+use super::chain::Link;
+use super::{AppendResult, EventStoreError, ExpectedVersion, NewEvent, Result};
 
 /// An event ready to insert: its payload serialized by the appending thread, so the writer
 /// only binds and inserts.
@@ -52,6 +53,56 @@ pub(crate) fn check_append(stream: &str, events: &[NewEvent]) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Whether a stream at `current` (`None`: no stream yet) is where `expected` says; the
+/// [`EventStoreError::WrongExpectedVersion`] to return if not (unless the append is a retry).
+pub(crate) fn check_expected(
+    stream: &str,
+    expected: ExpectedVersion,
+    current: Option<u64>,
+) -> Result<()> {
+    let holds = match expected {
+        ExpectedVersion::Any => true,
+        ExpectedVersion::NoStream => current.is_none(),
+        ExpectedVersion::Exact(v) => current == Some(v),
+    };
+    if holds {
+        return Ok(());
+    }
+    Err(EventStoreError::WrongExpectedVersion {
+        stream: stream.to_owned(),
+        expected: match expected {
+            ExpectedVersion::Exact(v) => Some(v),
+            ExpectedVersion::NoStream | ExpectedVersion::Any => None,
+        },
+        actual: current,
+    })
+}
+
+impl Row {
+    /// What the chain covers of this event stored at `position`, as version `version` of
+    /// `stream`, appended at `now`.
+    pub(crate) fn link<'a>(
+        &'a self,
+        position: u64,
+        stream: &'a str,
+        version: u64,
+        now: i64,
+    ) -> Link<'a> {
+        Link {
+            position,
+            event_id: &self.event_id,
+            stream_id: stream,
+            stream_version: version,
+            type_id: &self.type_id,
+            schema_version: self.schema_version,
+            timestamp_ms: now,
+            correlation_id: self.correlation_id.as_deref(),
+            causation_id: self.causation_id.as_deref(),
+            payload: &self.payload,
+        }
+    }
 }
 
 /// A row stored before under an id an append repeats.

@@ -22,9 +22,9 @@ mod sql;
 
 pub use location::is_postgres_url;
 
-use super::chain::{from_hex, ChainHash, Link};
+use super::chain::{from_hex, ChainHash};
 use super::latency::AppendLatency;
-use super::rows::{first_duplicate, Row};
+use super::rows::{check_expected, first_duplicate, Row};
 use super::subscription::{Follow, Subscription};
 use super::time::now_ms;
 use super::{
@@ -342,24 +342,12 @@ impl PostgresEventStore {
             Some(v) => Some(v),
             None => conn.stream_version(stream)?,
         };
-        let ok = match expected {
-            ExpectedVersion::Any => true,
-            ExpectedVersion::NoStream => current.is_none(),
-            ExpectedVersion::Exact(v) => current == Some(v),
-        };
-        if !ok {
+        if let Err(wrong) = check_expected(stream, expected, current) {
             // A retry of an append that did commit finds the stream moved on by itself.
             if let Some(r) = conn.find_existing(stream, rows)? {
                 return Ok(Locked::Retry(r));
             }
-            return Err(EventStoreError::WrongExpectedVersion {
-                stream: stream.to_owned(),
-                expected: match expected {
-                    ExpectedVersion::Exact(v) => Some(v),
-                    ExpectedVersion::NoStream | ExpectedVersion::Any => None,
-                },
-                actual: current,
-            });
+            return Err(wrong);
         }
         let now = now_ms();
         let mut version = current.unwrap_or(0);
@@ -368,19 +356,7 @@ impl PostgresEventStore {
         for e in rows {
             version += 1;
             position += 1;
-            hash = Link {
-                position,
-                event_id: &e.event_id,
-                stream_id: stream,
-                stream_version: version,
-                type_id: &e.type_id,
-                schema_version: e.schema_version,
-                timestamp_ms: now,
-                correlation_id: e.correlation_id.as_deref(),
-                causation_id: e.causation_id.as_deref(),
-                payload: &e.payload,
-            }
-            .hash(&hash);
+            hash = e.link(position, stream, version, now).hash(&hash);
             new.push(position, version, e, hash);
         }
         let inserted = conn.insert(stream, now, &new, position, &hash)?;

@@ -1,9 +1,9 @@
 //! The SQL: the schema, inserting one append inside a group's transaction, and decoding rows.
 
 use super::group::Pending;
-use super::{AppendResult, EventStoreError, ExpectedVersion, RecordedEvent, Result, MAX_PAGE};
+use super::{AppendResult, EventStoreError, RecordedEvent, Result, MAX_PAGE};
 use crate::events::chain::{ChainHash, Link, GENESIS};
-use crate::events::rows::{first_duplicate, judge_retry, StoredRow};
+use crate::events::rows::{check_expected, first_duplicate, judge_retry, StoredRow};
 use crate::ids::EventId;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
@@ -271,24 +271,12 @@ pub(super) fn append_events(
             .map_err(sqlite("read stream version"))?
             .map(|v| v as u64),
     };
-    let ok = match p.expected {
-        ExpectedVersion::Any => true,
-        ExpectedVersion::NoStream => current.is_none(),
-        ExpectedVersion::Exact(v) => current == Some(v),
-    };
-    if !ok {
+    if let Err(wrong) = check_expected(&p.stream, p.expected, current) {
         // A retry of an append that did commit finds the stream moved on by itself.
         if let Some(r) = find_existing(conn, p)? {
             return Ok(Attempt::Stored(r));
         }
-        return Err(EventStoreError::WrongExpectedVersion {
-            stream: p.stream.clone(),
-            expected: match p.expected {
-                ExpectedVersion::Exact(v) => Some(v),
-                ExpectedVersion::NoStream | ExpectedVersion::Any => None,
-            },
-            actual: current,
-        });
+        return Err(wrong);
     }
     let mut insert = conn
         .prepare_cached(
@@ -304,21 +292,7 @@ pub(super) fn append_events(
         version += 1;
         // The position is chosen here, not by SQLite, because the hash covers it.
         let position = head.position + 1;
-        let hash = chained.then(|| {
-            Link {
-                position,
-                event_id: e.event_id.as_str(),
-                stream_id: &p.stream,
-                stream_version: version,
-                type_id: &e.type_id,
-                schema_version: e.schema_version,
-                timestamp_ms: now,
-                correlation_id: e.correlation_id.as_deref(),
-                causation_id: e.causation_id.as_deref(),
-                payload: &e.payload,
-            }
-            .hash(&head.hash)
-        });
+        let hash = chained.then(|| e.link(position, &p.stream, version, now).hash(&head.hash));
         let inserted = insert.execute(params![
             position as i64,
             e.event_id.as_str(),
