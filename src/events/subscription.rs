@@ -3,6 +3,7 @@
 
 use super::sqlite::SqliteEventStore;
 use super::{EventStore, RecordedEvent, Result};
+use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +19,31 @@ pub(crate) trait Follow: EventStore {
     /// Waits until the count moves past `seen`, or `timeout` passes, or the store's own
     /// polling interval for commits it is not told of passes, whichever is first.
     fn wait_for_commit(&self, seen: u64, timeout: Duration);
+}
+
+/// The commits a store knows of, and the wait for the next.
+#[derive(Default)]
+pub(crate) struct Wake {
+    commits: Mutex<u64>,
+    moved: Condvar,
+}
+
+impl Wake {
+    pub(crate) fn bump(&self) {
+        *self.commits.lock() += 1;
+        self.moved.notify_all();
+    }
+
+    pub(crate) fn count(&self) -> u64 {
+        *self.commits.lock()
+    }
+
+    pub(crate) fn wait(&self, seen: u64, timeout: Duration) {
+        let mut n = self.commits.lock();
+        if *n == seen {
+            self.moved.wait_for(&mut n, timeout);
+        }
+    }
 }
 
 /// Delivers every event after a position, in position order, exactly once: first what is

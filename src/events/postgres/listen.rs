@@ -2,7 +2,7 @@
 //! `correx_events`, and every notification wakes the store's subscriptions.
 
 use super::location::Target;
-use parking_lot::{Condvar, Mutex};
+use crate::events::subscription::Wake;
 use postgres::fallible_iterator::FallibleIterator;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,31 +15,6 @@ const TICK: Duration = Duration::from_millis(50);
 /// The wait before reconnecting a lost listening connection, doubled to at most `MAX_BACKOFF`.
 const BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
-/// The commits a store knows of, and the wait for the next.
-#[derive(Default)]
-pub(super) struct Wake {
-    commits: Mutex<u64>,
-    moved: Condvar,
-}
-
-impl Wake {
-    pub(super) fn bump(&self) {
-        *self.commits.lock() += 1;
-        self.moved.notify_all();
-    }
-
-    pub(super) fn count(&self) -> u64 {
-        *self.commits.lock()
-    }
-
-    pub(super) fn wait(&self, seen: u64, timeout: Duration) {
-        let mut n = self.commits.lock();
-        if *n == seen {
-            self.moved.wait_for(&mut n, timeout);
-        }
-    }
-}
 
 /// The listening thread; stopped (and joined) when the store is dropped.
 pub(super) struct Listener {

@@ -25,13 +25,14 @@ pub use location::is_postgres_url;
 use super::chain::{from_hex, ChainHash};
 use super::latency::AppendLatency;
 use super::rows::{check_expected, first_duplicate, Row};
+use super::subscription::Wake;
 use super::subscription::{Follow, Subscription};
 use super::time::now_ms;
 use super::{
     AppendResult, EventStore, EventStoreError, ExpectedVersion, LatencySnapshot, NewEvent,
     RecordedEvent, Result,
 };
-use listen::{Listener, Wake};
+use listen::Listener;
 use location::Target;
 use parking_lot::Mutex;
 use sql::Conn;

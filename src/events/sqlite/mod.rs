@@ -115,8 +115,7 @@ pub struct SqliteEventStore {
     writer: Mutex<Writer>,
     queue: Mutex<Queue>,
     /// Groups committed by this handle, for subscriptions to wake on.
-    commits: Mutex<u64>,
-    appended: Condvar,
+    commits: crate::events::subscription::Wake,
     readers: Mutex<Vec<Connection>>,
     checkpointer: Checkpointer,
     latency: crate::events::latency::AppendLatency,
@@ -188,8 +187,7 @@ impl SqliteEventStore {
                 chained,
             }),
             queue: Mutex::new(Queue::default()),
-            commits: Mutex::new(0),
-            appended: Condvar::new(),
+            commits: Default::default(),
             readers: Mutex::new(Vec::new()),
             latency: Default::default(),
         })
@@ -323,8 +321,7 @@ impl SqliteEventStore {
                 for (p, r) in group.iter().zip(results) {
                     p.answer(r);
                 }
-                *self.commits.lock() += 1;
-                self.appended.notify_all();
+                self.commits.bump();
                 if self.options.checkpoints == Checkpoints::Background {
                     self.checkpointer.after_commit(conn, pages);
                 }
@@ -449,15 +446,11 @@ const CROSS_PROCESS_POLL: Duration = Duration::from_millis(2);
 impl crate::events::subscription::Follow for SqliteEventStore {
     /// Groups this handle has committed.
     fn commit_count(&self) -> u64 {
-        *self.commits.lock()
+        self.commits.count()
     }
 
     fn wait_for_commit(&self, seen: u64, timeout: Duration) {
-        let mut n = self.commits.lock();
-        if *n == seen {
-            self.appended
-                .wait_for(&mut n, timeout.min(CROSS_PROCESS_POLL));
-        }
+        self.commits.wait(seen, timeout.min(CROSS_PROCESS_POLL));
     }
 }
 
