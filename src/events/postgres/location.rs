@@ -263,6 +263,26 @@ mod tests {
         );
     }
 
+    /// The password file is ignored when others may read it (another user could have read
+    /// the password; libpq refuses it too), whoever runs the store.
+    #[test]
+    fn a_password_file_others_can_read_is_ignored() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("correx-pgpass-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("pgpass");
+        std::fs::write(&file, "*:*:*:*:secret\n").expect("write");
+        for (mode, read) in [(0o600, true), (0o640, false), (0o604, false), (0o400, true)] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            assert_eq!(read_private(&file).is_some(), read, "mode {mode:o}");
+        }
+        assert!(
+            read_private(&dir).is_none(),
+            "a directory is not a password file"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_password_in_the_url_is_refused_and_never_shown() {
         let e = Target::parse("postgres://alice:s3cret@127.0.0.1:5432/log").unwrap_err();
