@@ -27,10 +27,13 @@ fn fresh_db(name: &str) -> Option<(String, postgres::Client)> {
         .expect("socket URL")
         .connect(postgres::NoTls)
         .expect("connect");
+    // One statement each: DROP and CREATE DATABASE refuse the implicit transaction of a
+    // multi-statement query.
     admin
-        .batch_execute(&format!(
-            "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}"
-        ))
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
+        .expect("drop database");
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
         .expect("create database");
     let url = format!("{}/{db}", base.rsplit_once('/').expect("a URL").0);
     let conn = <postgres::Config as std::str::FromStr>::from_str(&socket.replacen(
