@@ -26,3 +26,4 @@ mod server_confined;
 mod serving_truth;
 mod sessions;
 mod tools;
+mod upgrade;
