@@ -377,6 +377,11 @@ fn main() {
         paced_writer(&store, args[3].parse().expect("count"));
         return;
     }
+    if args.iter().any(|a| a == "pg") {
+        // `cargo bench --bench event_store -- pg`: the PostgreSQL figures alone.
+        pg::run();
+        return;
+    }
     let dir = std::env::temp_dir().join(format!("correx-bench-events-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bench dir");
     println!("durability: FULL (synchronous=2, WAL)");

@@ -47,28 +47,34 @@ impl Listener {
 fn listen(target: &Target, wake: &Wake, stop: &AtomicBool) {
     let mut backoff = BACKOFF;
     while !stop.load(Ordering::Relaxed) {
-        let mut client =
-            match target
-                .connect()
-                .and_then(|mut c| match c.batch_execute("LISTEN correx_events") {
+        let mut client = match target
+            .connect()
+            // Listening, then holding the lock that tells writers someone listens, for
+            // the session (see `sql::LISTENERS_LOCK`).
+            .and_then(|mut c| {
+                match c.batch_execute(&format!(
+                    "LISTEN correx_events; SELECT pg_advisory_lock_shared({})",
+                    super::sql::LISTENERS_LOCK
+                )) {
                     Ok(()) => Ok(c),
                     Err(e) => Err(super::pg_error("listen")(e)),
-                }) {
-                Ok(c) => c,
-                Err(e) => {
-                    // Until the backoff is full: not every two seconds of an outage.
-                    if backoff < MAX_BACKOFF {
-                        log::warn!("event log subscriptions cannot listen ({e}); retrying");
-                    }
-                    // In ticks, so a store dropped meanwhile is not kept waiting.
-                    let until = std::time::Instant::now() + backoff;
-                    while std::time::Instant::now() < until && !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(TICK);
-                    }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    continue;
                 }
-            };
+            }) {
+            Ok(c) => c,
+            Err(e) => {
+                // Until the backoff is full: not every two seconds of an outage.
+                if backoff < MAX_BACKOFF {
+                    log::warn!("event log subscriptions cannot listen ({e}); retrying");
+                }
+                // In ticks, so a store dropped meanwhile is not kept waiting.
+                let until = std::time::Instant::now() + backoff;
+                while std::time::Instant::now() < until && !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(TICK);
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
         backoff = BACKOFF;
         // Whatever was committed while no connection listened is read now.
         wake.bump();

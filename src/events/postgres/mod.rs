@@ -5,12 +5,19 @@
 //! checks, batches in one transaction, idempotent event ids, the hash chain, and catch-up
 //! subscriptions that see every event exactly once, across processes and hosts.
 //!
-//! **Positions in commit order.** Every append takes the one row of `correx_head` `FOR UPDATE`
-//! first and holds it to its commit, so appends are serialized: the next position is the
-//! head's plus one, and a transaction commits before the next one can read the head. A reader
-//! that has seen position N therefore can never later find a smaller position appearing: "all
-//! events after N" is a safe question, as it is for SQLite's single writer. (The cost: appends
-//! do not overlap their commits; `pg_writers_speedup` in the `event_store` bench reports it.)
+//! **Positions in commit order.** Every append moves the one row of `correx_head` (the last
+//! position and hash) and holds that row's lock to its commit, so appends are serialized: the
+//! next position is the head's plus one, and a transaction commits before the next one can
+//! move the head. A reader that has seen position N therefore can never later find a smaller
+//! position appearing: "all events after N" is a safe question, as it is for SQLite's single
+//! writer. (The cost: appends do not overlap their commits; `pg_writers_speedup` in the
+//! `event_store` bench reports it.)
+//!
+//! **One round trip.** A handle remembers the head its last append left and the versions of
+//! its streams; the next append is one statement in its own transaction that moves the head
+//! only if it is still there and inserts only if it moved (an append from another handle in
+//! between makes it change nothing). Otherwise, and for a conflict or a repeated id, the
+//! append takes the head `FOR UPDATE` in a transaction first and decides under that lock.
 //!
 //! **Live events.** An append notifies the channel `correx_events` in its transaction, which
 //! PostgreSQL delivers at commit; a subscription's store listens on one connection of its own
@@ -54,8 +61,11 @@ const MAX_IDLE: usize = 16;
 /// Streams whose versions the store remembers at most; past that it starts over.
 const MAX_CACHED_STREAMS: usize = 10_000;
 /// How often a subscription reads anyway when no notification woke it: what bounds the delay
-/// while the listening connection reconnects (a notification is lost only then).
+/// while the listening connection reconnects (a notification is lost only then), and while
+/// writers have not yet seen that a new listener listens.
 const POLL: Duration = Duration::from_millis(100);
+/// How long a store trusts what it last found of listeners before asking again.
+const LISTENERS_RECHECK: Duration = Duration::from_millis(200);
 
 /// What an error of the client library says, with its cause ("invalid configuration:
 /// password missing"); the client's errors never hold the connection string.
@@ -100,6 +110,8 @@ pub struct PostgresEventStore {
     target: Target,
     idle: Mutex<Vec<Conn>>,
     versions: Mutex<Versions>,
+    /// When this store last asked whether anyone listens, and the answer.
+    listened: Mutex<Option<(Instant, bool)>>,
     wake: Arc<Wake>,
     listener: Mutex<Option<Listener>>,
     latency: AppendLatency,
@@ -136,6 +148,7 @@ impl PostgresEventStore {
             target,
             idle: Mutex::new(vec![conn]),
             versions: Mutex::new(Versions::default()),
+            listened: Mutex::new(None),
             wake: Arc::new(Wake::default()),
             listener: Mutex::new(None),
             latency: AppendLatency::default(),
@@ -230,6 +243,109 @@ impl PostgresEventStore {
         expected: ExpectedVersion,
         rows: &[Row],
     ) -> Result<AppendResult> {
+        if let Some(r) = self.append_at_head(stream, expected, rows)? {
+            return Ok(r);
+        }
+        self.append_locking(stream, expected, rows)
+    }
+
+    /// The append as one statement in its own transaction, from the head this handle last
+    /// saw: one round trip where the locking path takes three. `None` when it wrote nothing
+    /// and the locking path must decide: the head moved (another writer came between), the
+    /// expected version does not hold (a conflict, or a retry of an append that committed),
+    /// or the server refused the statement (an id stored before).
+    fn append_at_head(
+        &self,
+        stream: &str,
+        expected: ExpectedVersion,
+        rows: &[Row],
+    ) -> Result<Option<AppendResult>> {
+        let cached = {
+            let v = self.versions.lock();
+            v.head
+                .zip(v.streams.get(stream).copied())
+                .map(|(head, version)| (head, Some(version)))
+        };
+        self.with_conn(|conn| {
+            let (head, current) = match cached {
+                Some(known) => known,
+                None => conn.head_and_version(stream)?,
+            };
+            if check_expected(stream, expected, current).is_err() {
+                return Ok(None);
+            }
+            let now = now_ms();
+            let (new, result, new_head) = chain_rows(stream, head, current, rows, now);
+            let notify = self.listened(conn)?;
+            match conn.insert_at_head(
+                stream,
+                now,
+                &new,
+                (head.0, &head.1),
+                (new_head.0, &new_head.1),
+                notify,
+            ) {
+                Ok(true) => {
+                    self.remember(head, new_head, stream, result.stream_version);
+                    self.wake.bump();
+                    Ok(Some(result))
+                }
+                Ok(false) => Ok(None),
+                Err(e) => {
+                    // An ERROR ends the statement's transaction with nothing written; a
+                    // FATAL or a lost connection may come after the commit.
+                    let refused = e.as_db_error().is_some_and(|db| db.severity() == "ERROR");
+                    match pg_error("insert events")(e) {
+                        busy @ EventStoreError::Busy { .. } => Err(busy),
+                        _ if refused => Ok(None),
+                        e => Err(self.outcome_unknown(e, stream, rows)),
+                    }
+                }
+            }
+        })
+    }
+
+    /// Whether appends should notify: some connection listens on this database (a
+    /// subscription's, in any process). Asked on `conn` at most every [`LISTENERS_RECHECK`]:
+    /// appends not notified while a new listener goes unseen reach its subscriptions by their
+    /// polling ([`POLL`]).
+    fn listened(&self, conn: &mut Conn) -> Result<bool> {
+        if let Some((asked, answer)) = *self.listened.lock() {
+            if asked.elapsed() < LISTENERS_RECHECK {
+                return Ok(answer);
+            }
+        }
+        let answer = conn.listeners()?;
+        *self.listened.lock() = Some((Instant::now(), answer));
+        Ok(answer)
+    }
+
+    /// Notes the head `new_head` an append left, moving from `head`, and its stream's version
+    /// there. The other streams' versions are kept only if the cache was at `head`. (Two
+    /// threads' appends may note theirs out of order, leaving an older head: the next append
+    /// from it finds the head moved and takes the locking path, nothing worse.)
+    fn remember(
+        &self,
+        head: (u64, ChainHash),
+        new_head: (u64, ChainHash),
+        stream: &str,
+        version: u64,
+    ) {
+        let mut versions = self.versions.lock();
+        if versions.head != Some(head) || versions.streams.len() >= MAX_CACHED_STREAMS {
+            versions.streams.clear();
+        }
+        versions.head = Some(new_head);
+        versions.streams.insert(stream.to_owned(), version);
+    }
+
+    /// The append in a transaction holding the head row from the start.
+    fn append_locking(
+        &self,
+        stream: &str,
+        expected: ExpectedVersion,
+        rows: &[Row],
+    ) -> Result<AppendResult> {
         let outcome = self.with_conn(|conn| {
             let head = conn.begin_and_lock()?;
             match self.append_locked(conn, head, stream, expected, rows) {
@@ -241,17 +357,7 @@ impl PostgresEventStore {
                     if let Err(e) = conn.commit() {
                         return Err(self.after_failed_commit(e, stream, rows));
                     }
-                    let mut versions = self.versions.lock();
-                    if versions.head == Some(head) || versions.head.is_none() {
-                        if versions.streams.len() >= MAX_CACHED_STREAMS {
-                            versions.streams.clear();
-                        }
-                        versions.head = Some(new_head);
-                        versions
-                            .streams
-                            .insert(stream.to_owned(), result.stream_version);
-                    }
-                    drop(versions);
+                    self.remember(head, new_head, stream, result.stream_version);
                     self.wake.bump();
                     Ok(Ok(result))
                 }
@@ -293,7 +399,7 @@ impl PostgresEventStore {
     }
 
     /// What to say when COMMIT failed: the server's refusal is that error; a lost connection
-    /// leaves the outcome unknown, so the ids are looked up on a new connection.
+    /// leaves the outcome unknown (see [`Self::outcome_unknown`]).
     fn after_failed_commit(
         &self,
         e: EventStoreError,
@@ -303,6 +409,12 @@ impl PostgresEventStore {
         if matches!(&e, EventStoreError::Postgres { code: Some(_), .. }) {
             return e;
         }
+        self.outcome_unknown(e, stream, rows)
+    }
+
+    /// An append whose commit may or may not have happened: the ids are looked up on a new
+    /// connection to say which.
+    fn outcome_unknown(&self, e: EventStoreError, stream: &str, rows: &[Row]) -> EventStoreError {
         match self.with_conn(|c| c.find_existing(stream, rows)) {
             Ok(Some(_)) => EventStoreError::CommitUnknown {
                 detail: format!(
@@ -351,29 +463,44 @@ impl PostgresEventStore {
             return Err(wrong);
         }
         let now = now_ms();
-        let mut version = current.unwrap_or(0);
-        let (mut position, mut hash) = head;
-        let mut new = sql::NewRows::with_capacity(rows.len());
-        for e in rows {
-            version += 1;
-            position += 1;
-            hash = e.link(position, stream, version, now).hash(&hash);
-            new.push(position, version, e, hash);
-        }
-        let inserted = conn.insert(stream, now, &new, position, &hash)?;
+        let (new, result, new_head) = chain_rows(stream, head, current, rows, now);
+        let notify = self.listened(conn)?;
+        let inserted = conn.insert(stream, now, &new, (new_head.0, &new_head.1), notify)?;
         if inserted != rows.len() as u64 {
             return Ok(Locked::Duplicate);
         }
         Ok(Locked::Stored {
-            result: AppendResult {
-                first_position: head.0 + 1,
-                last_position: position,
-                stream_version: version,
-            },
+            result,
             head,
-            new_head: (position, hash),
+            new_head,
         })
     }
+}
+
+/// An append's rows after `head`, its stream at version `current`: their positions, versions
+/// and chain hashes, what the append returns, and the head it leaves.
+fn chain_rows<'a>(
+    stream: &str,
+    head: (u64, ChainHash),
+    current: Option<u64>,
+    rows: &'a [Row],
+    now: i64,
+) -> (sql::NewRows<'a>, AppendResult, (u64, ChainHash)) {
+    let mut version = current.unwrap_or(0);
+    let (mut position, mut hash) = head;
+    let mut new = sql::NewRows::with_capacity(rows.len());
+    for e in rows {
+        version += 1;
+        position += 1;
+        hash = e.link(position, stream, version, now).hash(&hash);
+        new.push(position, version, e, hash);
+    }
+    let result = AppendResult {
+        first_position: head.0 + 1,
+        last_position: position,
+        stream_version: version,
+    };
+    (new, result, (position, hash))
 }
 
 /// What an append came to inside its transaction.

@@ -15,6 +15,12 @@ pub(super) const SCHEMA_VERSION: i64 = 1;
 /// Serializes schema changes between processes opening the log at once.
 const SCHEMA_LOCK: i64 = 0x636f_7272_6578;
 
+/// Held (shared, for its session) by every connection that listens for appends: appends
+/// notify only while one does. A notification costs each commit about a fifth of its time
+/// here, which nobody should pay when nothing listens; asking the lock table is dearer still,
+/// so a store asks now and then (see `PostgresEventStore::listened`), not at every append.
+pub(super) const LISTENERS_LOCK: i64 = SCHEMA_LOCK + 1;
+
 /// `payload` is `json`, which keeps the text as appended (the hash covers that text) and still
 /// lets SQL look inside. `correx_head` is the one row every append locks: its position and hash
 /// are the last event's.
@@ -42,6 +48,17 @@ INSERT INTO correx_head (one, position, hash)
     VALUES (true, 0, '\\x0000000000000000000000000000000000000000000000000000000000000000')
     ON CONFLICT DO NOTHING;
 ";
+
+/// The insert of an append's rows, bound as arrays ($1 stream, $2 timestamp, $3..$11 columns).
+const INSERT_ROWS: &str = "INSERT INTO correx_events (position, event_id, stream_id,
+        stream_version, type_id, schema_version, timestamp_ms, correlation_id, causation_id,
+        payload, hash)
+    SELECT u.position, u.event_id, $1, u.stream_version, u.type_id, u.schema_version, $2,
+           u.correlation_id, u.causation_id, u.payload::json, u.hash
+    FROM unnest($3::bigint[], $4::text[], $5::bigint[], $6::text[], $7::bigint[], $8::text[],
+                $9::text[], $10::text[], $11::bytea[])
+         AS u(position, event_id, stream_version, type_id, schema_version, correlation_id,
+              causation_id, payload, hash)";
 
 const COLUMNS: &str = "position, event_id, stream_id, stream_version, type_id, schema_version, \
                        timestamp_ms, correlation_id, causation_id, payload::text, hash";
@@ -122,6 +139,9 @@ pub(super) struct Conn {
     /// call: a call that failed after it cannot simply be run again.
     pub(super) sent_write: bool,
     insert: Statement,
+    insert_at_head: Statement,
+    head_and_version: Statement,
+    listeners: Statement,
     stream_version: Statement,
     existing: Statement,
     read_all: Statement,
@@ -198,7 +218,8 @@ impl Conn {
     pub(super) fn new(mut client: Client) -> Result<Conn> {
         client
             .batch_execute(&format!(
-                "SET lock_timeout = '{}ms'; SET idle_in_transaction_session_timeout = '{}ms'",
+                "SET lock_timeout = '{}ms'; SET idle_in_transaction_session_timeout = '{}ms'; \
+                 SET plan_cache_mode = force_generic_plan",
                 super::LOCK_TIMEOUT.as_millis(),
                 super::IDLE_IN_TRANSACTION.as_millis()
             ))
@@ -206,25 +227,39 @@ impl Conn {
         let mut prepare = |sql: &str| client.prepare(sql).map_err(pg_error("prepare"));
         // One statement inserts the events, moves the head and notifies subscribers: one
         // round trip. A repeated id inserts nothing for that row (counted, then rolled back).
-        let insert = prepare(
-            "WITH ins AS (
-                 INSERT INTO correx_events (position, event_id, stream_id, stream_version,
-                     type_id, schema_version, timestamp_ms, correlation_id, causation_id,
-                     payload, hash)
-                 SELECT u.position, u.event_id, $1, u.stream_version, u.type_id,
-                        u.schema_version, $2, u.correlation_id, u.causation_id,
-                        u.payload::json, u.hash
-                 FROM unnest($3::bigint[], $4::text[], $5::bigint[], $6::text[], $7::bigint[],
-                             $8::text[], $9::text[], $10::text[], $11::bytea[])
-                      AS u(position, event_id, stream_version, type_id, schema_version,
-                           correlation_id, causation_id, payload, hash)
-                 ON CONFLICT DO NOTHING
-                 RETURNING 1
-             ), head AS (
-                 UPDATE correx_head SET position = $12, hash = $13 RETURNING 1
-             )
+        // One statement inserts the events, moves the head and notifies subscribers: one
+        // round trip inside the locked transaction. A repeated id inserts nothing for that
+        // row (counted, then rolled back).
+        let insert = prepare(&format!(
+            "WITH ins AS ({INSERT_ROWS} ON CONFLICT DO NOTHING RETURNING 1),
+                  head AS (UPDATE correx_head SET position = $12, hash = $13 RETURNING 1)
              SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM head),
-                    pg_notify('correx_events', '')",
+                    (SELECT count(*) FROM (SELECT pg_notify('correx_events', '') WHERE $14) n)"
+        ))?;
+        // The same on its own, outside a transaction: the head moves only if it is still at
+        // $14/$15, and the events go in only if it moved. A writer that committed first holds
+        // the head row until its commit; this statement then waits, sees the head moved, and
+        // changes nothing. A repeated id fails the statement (nothing written).
+        let insert_at_head = prepare(&format!(
+            "WITH head AS (UPDATE correx_head SET position = $12, hash = $13
+                           WHERE position = $14 AND hash = $15 RETURNING 1),
+                  ins AS ({INSERT_ROWS} WHERE EXISTS (SELECT 1 FROM head) RETURNING 1)
+             SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM head),
+                    (SELECT count(*) FROM (SELECT pg_notify('correx_events', '') FROM head
+                                           WHERE $16) n)"
+        ))?;
+        let listeners = prepare(&format!(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks
+                 WHERE locktype = 'advisory' AND classid = {} AND objid = {} AND objsubid = 1
+                   AND database = (SELECT oid FROM pg_database
+                                   WHERE datname = current_database()))",
+            LISTENERS_LOCK >> 32,
+            LISTENERS_LOCK & 0xffff_ffff
+        ))?;
+        let head_and_version = prepare(
+            "SELECT h.position, h.hash, \
+                    (SELECT max(stream_version) FROM correx_events WHERE stream_id = $1) \
+             FROM correx_head h",
         )?;
         let stream_version =
             prepare("SELECT max(stream_version) FROM correx_events WHERE stream_id = $1")?;
@@ -245,6 +280,9 @@ impl Conn {
             in_transaction: false,
             sent_write: false,
             insert,
+            insert_at_head,
+            head_and_version,
+            listeners,
             stream_version,
             existing,
             read_all,
@@ -302,14 +340,15 @@ impl Conn {
         Ok(v.map(|v| v.max(0) as u64))
     }
 
-    /// Inserts `rows` and moves the head to `position`/`hash`; how many rows were inserted.
+    /// Inserts `rows` and moves the head to `position`/`hash`, notifying listeners if
+    /// `notify`; how many rows were inserted.
     pub(super) fn insert(
         &mut self,
         stream: &str,
         now: i64,
         rows: &NewRows<'_>,
-        position: u64,
-        hash: &ChainHash,
+        (position, hash): (u64, &ChainHash),
+        notify: bool,
     ) -> Result<u64> {
         self.sent_write = true;
         let position = position as i64;
@@ -332,6 +371,7 @@ impl Conn {
                     &rows.hashes,
                     &position,
                     &hash,
+                    &notify,
                 ],
             )
             .map_err(pg_error("insert events"))?;
@@ -339,6 +379,80 @@ impl Conn {
             .try_get::<_, i64>(0)
             .map_err(pg_error("insert events"))?
             .max(0) as u64)
+    }
+
+    /// Whether any connection listens for this database's appends (holds
+    /// [`LISTENERS_LOCK`]).
+    pub(super) fn listeners(&mut self) -> Result<bool> {
+        self.client
+            .query_one(&self.listeners, &[])
+            .and_then(|r| r.try_get(0))
+            .map_err(pg_error("look for listeners"))
+    }
+
+    /// The head and `stream`'s version, read together (one snapshot), outside a transaction.
+    pub(super) fn head_and_version(
+        &mut self,
+        stream: &str,
+    ) -> Result<((u64, ChainHash), Option<u64>)> {
+        let row = self
+            .client
+            .query_one(&self.head_and_version, &[&stream])
+            .map_err(pg_error("read the chain head"))?;
+        let read = pg_error("read the chain head");
+        let position: i64 = row.try_get(0).map_err(&read)?;
+        let hash: Vec<u8> = row.try_get(1).map_err(&read)?;
+        let version: Option<i64> = row.try_get(2).map_err(&read)?;
+        let hash = ChainHash::try_from(hash.as_slice()).map_err(|_| EventStoreError::Postgres {
+            operation: "read the chain head",
+            code: None,
+            detail: "correx_head holds no 32-byte hash".into(),
+        })?;
+        Ok((
+            (position.max(0) as u64, hash),
+            version.map(|v| v.max(0) as u64),
+        ))
+    }
+
+    /// Inserts `rows` and moves the head from `head` to `new_head` in one statement of its
+    /// own transaction, if the head is still at `head`, notifying listeners if `notify`:
+    /// whether it was (and so whether the events are stored). The client's error is returned
+    /// as it is, for the caller to tell a refused statement (nothing written) from a lost
+    /// connection (unknown).
+    pub(super) fn insert_at_head(
+        &mut self,
+        stream: &str,
+        now: i64,
+        rows: &NewRows<'_>,
+        head: (u64, &ChainHash),
+        new_head: (u64, &ChainHash),
+        notify: bool,
+    ) -> std::result::Result<bool, postgres::Error> {
+        self.sent_write = true;
+        let (from, from_hash) = (head.0 as i64, &head.1[..]);
+        let (to, to_hash) = (new_head.0 as i64, &new_head.1[..]);
+        let row = self.client.query_one(
+            &self.insert_at_head,
+            &[
+                &stream,
+                &now,
+                &rows.positions,
+                &rows.event_ids,
+                &rows.versions,
+                &rows.type_ids,
+                &rows.schema_versions,
+                &rows.correlation_ids,
+                &rows.causation_ids,
+                &rows.payloads,
+                &rows.hashes,
+                &to,
+                &to_hash,
+                &from,
+                &from_hash,
+                &notify,
+            ],
+        )?;
+        Ok(row.try_get::<_, i64>(1)? == 1)
     }
 
     /// What was stored before under `rows`' ids, judged as a retry of this append.
