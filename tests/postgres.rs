@@ -568,29 +568,35 @@ fn connections_the_server_ended_while_idle_are_replaced() -> TestResult {
         return Ok(());
     };
     let log = open_log(&url)?;
-    // Several pooled connections: concurrent reads.
-    std::thread::scope(|s| {
-        for _ in 0..4 {
-            s.spawn(|| log.read_all(1, 10));
-        }
-    });
     let db = url.rsplit('/').next().unwrap_or_default().to_owned();
-    let ended: i64 = admin(&url)
-        .query_one(
-            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE datname = $1 AND application_name = 'correx') t",
-            &[&db],
-        )?
-        .get(0);
-    assert!(ended >= 1, "no connection of the store to end");
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    for i in 0..6 {
+    let mut admin = admin(&url);
+    for round in 0..6 {
+        // Several pooled connections (concurrent reads), and an append just before, so the
+        // next append's first statement is its write (the head and the listeners known).
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| log.read_all(1, 10));
+            }
+        });
         log.append(
             "s",
             ExpectedVersion::Any,
-            &[NewEvent::new("a", 1, json!(i))],
+            &[NewEvent::new("a", 1, json!([round, 0]))],
         )?;
-        assert_eq!(log.read_all(1, 100)?.len(), i + 1);
+        let ended: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid, 5000) \
+                 FROM pg_stat_activity WHERE datname = $1 AND application_name = 'correx') t",
+                &[&db],
+            )?
+            .get(0);
+        assert!(ended >= 1, "no connection of the store to end");
+        log.append(
+            "s",
+            ExpectedVersion::Any,
+            &[NewEvent::new("a", 1, json!([round, 1]))],
+        )?;
+        assert_eq!(log.read_all(1, 100)?.len(), 2 * round + 2);
     }
     Ok(())
 }

@@ -19,9 +19,15 @@
 //! between makes it change nothing). Otherwise, and for a conflict or a repeated id, the
 //! append takes the head `FOR UPDATE` in a transaction first and decides under that lock.
 //!
-//! **Live events.** An append notifies the channel `correx_events` in its transaction, which
-//! PostgreSQL delivers at commit; a subscription's store listens on one connection of its own
-//! and wakes its subscriptions, which then read what is new by position.
+//! **Live events.** While some connection listens, an append notifies the channel
+//! `correx_events` in its transaction, which PostgreSQL delivers at commit; a subscription's
+//! store listens on one connection of its own (holding `sql::LISTENERS_LOCK`, which is how
+//! writers know) and wakes its subscriptions, which then read what is new by position.
+//!
+//! **A lost connection.** An append whose connection fails after its write was sent ends that
+//! connection's server process (which may still be waiting to commit) and looks its ids up on
+//! a new one: stored, it returns where; not stored, it appends again (a pooled connection the
+//! server had closed) or says so; it says `CommitUnknown` only when it cannot tell.
 
 mod listen;
 mod location;
@@ -42,6 +48,7 @@ use super::{
 use listen::Listener;
 use location::Target;
 use parking_lot::Mutex;
+use postgres::error::Severity;
 use sql::Conn;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -293,12 +300,24 @@ impl PostgresEventStore {
                 Ok(false) => Ok(None),
                 Err(e) => {
                     // An ERROR ends the statement's transaction with nothing written; a
-                    // FATAL or a lost connection may come after the commit.
-                    let refused = e.as_db_error().is_some_and(|db| db.severity() == "ERROR");
+                    // FATAL or a lost connection may come after the commit. (The parsed
+                    // severity: the text is in the server's language.)
+                    let refused = e
+                        .as_db_error()
+                        .is_some_and(|db| db.parsed_severity() == Some(Severity::Error));
                     match pg_error("insert events")(e) {
                         busy @ EventStoreError::Busy { .. } => Err(busy),
                         _ if refused => Ok(None),
-                        e => Err(self.outcome_unknown(e, stream, rows)),
+                        e => match self.settle(e, conn.backend.as_ref(), stream, rows) {
+                            Settled::Stored(r) => {
+                                self.wake.bump();
+                                Ok(Some(r))
+                            }
+                            // A pooled connection the server had ended, most often: the
+                            // locking path appends on another.
+                            Settled::NotStored(_) => Ok(None),
+                            Settled::Unknown(e) => Err(e),
+                        },
                     }
                 }
             }
@@ -355,7 +374,9 @@ impl PostgresEventStore {
                     new_head,
                 }) => {
                     if let Err(e) = conn.commit() {
-                        return Err(self.after_failed_commit(e, stream, rows));
+                        return self
+                            .after_failed_commit(e, conn.backend.as_ref(), stream, rows)
+                            .map(Ok);
                     }
                     self.remember(head, new_head, stream, result.stream_version);
                     self.wake.bump();
@@ -398,38 +419,69 @@ impl PostgresEventStore {
         }
     }
 
-    /// What to say when COMMIT failed: the server's refusal is that error; a lost connection
-    /// leaves the outcome unknown (see [`Self::outcome_unknown`]).
+    /// What to say when COMMIT failed: the server's refusal is that error; after a lost
+    /// connection, what [`Self::settle`] finds.
     fn after_failed_commit(
         &self,
         e: EventStoreError,
+        backend: Option<&sql::Backend>,
         stream: &str,
         rows: &[Row],
-    ) -> EventStoreError {
+    ) -> Result<AppendResult> {
         if matches!(&e, EventStoreError::Postgres { code: Some(_), .. }) {
-            return e;
+            return Err(e);
         }
-        self.outcome_unknown(e, stream, rows)
+        match self.settle(e, backend, stream, rows) {
+            Settled::Stored(r) => {
+                self.wake.bump();
+                Ok(r)
+            }
+            Settled::NotStored(e) => Err(EventStoreError::CommitFailed {
+                detail: format!(
+                    "{e}; nothing was stored (its server process ended, checked after \
+                     reconnecting)"
+                ),
+            }),
+            Settled::Unknown(e) => Err(e),
+        }
     }
 
-    /// An append whose commit may or may not have happened: the ids are looked up on a new
-    /// connection to say which.
-    fn outcome_unknown(&self, e: EventStoreError, stream: &str, rows: &[Row]) -> EventStoreError {
-        match self.with_conn(|c| c.find_existing(stream, rows)) {
-            Ok(Some(_)) => EventStoreError::CommitUnknown {
+    /// What became of an append whose connection failed (`e`) after its write was sent. On
+    /// a new connection: the old one's server process (`backend`) is ended first, since one
+    /// whose client vanished may still be waiting for the head and commit after a look that
+    /// found nothing; then the ids are looked up.
+    fn settle(
+        &self,
+        e: EventStoreError,
+        backend: Option<&sql::Backend>,
+        stream: &str,
+        rows: &[Row],
+    ) -> Settled {
+        let looked = self.with_conn(|c| {
+            let gone = match backend {
+                Some(b) => c.end_backend(b)?,
+                None => false,
+            };
+            Ok((gone, c.find_existing(stream, rows)?))
+        });
+        match looked {
+            Ok((_, Some(r))) => Settled::Stored(r),
+            Ok((true, None)) => Settled::NotStored(e),
+            Ok((false, None)) => Settled::Unknown(EventStoreError::CommitUnknown {
                 detail: format!(
-                    "{e}; the events are stored (found after reconnecting): append again with \
-                     the same event ids to get their positions"
+                    "{e}; not stored yet, but the lost connection's server process could not be \
+                     ended, so it may still commit: append again with the same event ids"
                 ),
-            },
-            Ok(None) => EventStoreError::CommitFailed {
-                detail: format!("{e}; nothing was stored (checked after reconnecting)"),
-            },
-            Err(_) => EventStoreError::CommitUnknown {
+            }),
+            // The ids hold other events: that answer stands whatever happened.
+            Err(conflict @ EventStoreError::IdempotencyConflict { .. }) => {
+                Settled::Unknown(conflict)
+            }
+            Err(_) => Settled::Unknown(EventStoreError::CommitUnknown {
                 detail: format!(
                     "{e}; whether it was stored is unknown: append again with the same event ids"
                 ),
-            },
+            }),
         }
     }
 
@@ -501,6 +553,16 @@ fn chain_rows<'a>(
         stream_version: version,
     };
     (new, result, (position, hash))
+}
+
+/// What became of an append whose connection failed after its write was sent.
+enum Settled {
+    /// Stored (its ids hold these very events): where.
+    Stored(AppendResult),
+    /// Not stored, and its server process is gone, so it never will be; the failure.
+    NotStored(EventStoreError),
+    /// Not known, or known to conflict: the error to return.
+    Unknown(EventStoreError),
 }
 
 /// What an append came to inside its transaction.

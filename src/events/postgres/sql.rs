@@ -130,6 +130,13 @@ pub(super) fn prepare_schema(client: &mut Client, shown: &str) -> Result<()> {
     tx.commit().map_err(pg_error("commit the schema"))
 }
 
+/// A connection's server process: its pid, and when it started (a pid is reused).
+#[derive(Clone, Debug)]
+pub(super) struct Backend {
+    pid: i32,
+    start: String,
+}
+
 /// A connection with the store's statements prepared on it.
 pub(super) struct Conn {
     pub(super) client: Client,
@@ -138,6 +145,8 @@ pub(super) struct Conn {
     /// Set once a statement that writes (the insert, the commit) was sent in the current
     /// call: a call that failed after it cannot simply be run again.
     pub(super) sent_write: bool,
+    /// The server process serving it, when the server said.
+    pub(super) backend: Option<Backend>,
     insert: Statement,
     insert_at_head: Statement,
     head_and_version: Statement,
@@ -216,17 +225,23 @@ pub(super) fn refuse_nul(stream: &str, rows: &[Row]) -> Result<()> {
 
 impl Conn {
     pub(super) fn new(mut client: Client) -> Result<Conn> {
-        client
-            .batch_execute(&format!(
+        let messages = client
+            .simple_query(&format!(
                 "SET lock_timeout = '{}ms'; SET idle_in_transaction_session_timeout = '{}ms'; \
-                 SET plan_cache_mode = force_generic_plan",
+                 SELECT pid, backend_start::text FROM pg_stat_activity \
+                 WHERE pid = pg_backend_pid()",
                 super::LOCK_TIMEOUT.as_millis(),
                 super::IDLE_IN_TRANSACTION.as_millis()
             ))
             .map_err(pg_error("set timeouts"))?;
+        let backend = messages.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(Backend {
+                pid: r.get(0)?.parse().ok()?,
+                start: r.get(1)?.to_owned(),
+            }),
+            _ => None,
+        });
         let mut prepare = |sql: &str| client.prepare(sql).map_err(pg_error("prepare"));
-        // One statement inserts the events, moves the head and notifies subscribers: one
-        // round trip. A repeated id inserts nothing for that row (counted, then rolled back).
         // One statement inserts the events, moves the head and notifies subscribers: one
         // round trip inside the locked transaction. A repeated id inserts nothing for that
         // row (counted, then rolled back).
@@ -279,6 +294,7 @@ impl Conn {
             client,
             in_transaction: false,
             sent_write: false,
+            backend,
             insert,
             insert_at_head,
             head_and_version,
@@ -453,6 +469,41 @@ impl Conn {
             ],
         )?;
         Ok(row.try_get::<_, i64>(1)? == 1)
+    }
+
+    /// Ends `backend` (another connection's server process) if it still runs, and waits until
+    /// it is gone: a process whose client vanished may still be waiting to commit. Whether it
+    /// is gone (false when this role may not end it, or it outlived the wait).
+    pub(super) fn end_backend(&mut self, backend: &Backend) -> Result<bool> {
+        let alive =
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2";
+        let ended = pg_error("end a lost connection's server process");
+        let terminated = self.client.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE pid = $1 AND backend_start::text = $2",
+            &[&backend.pid, &backend.start],
+        );
+        match terminated {
+            Ok(_) => {}
+            // Refused (another role's process, say): it cannot be told gone.
+            Err(e) if e.as_db_error().is_some() => return Ok(false),
+            Err(e) => return Err(ended(e)),
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let n: i64 = self
+                .client
+                .query_one(alive, &[&backend.pid, &backend.start])
+                .and_then(|r| r.try_get(0))
+                .map_err(&ended)?;
+            if n == 0 {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// What was stored before under `rows`' ids, judged as a retry of this append.
