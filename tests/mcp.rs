@@ -129,11 +129,13 @@ fn kind(r: &ToolResult) -> String {
     }
 }
 
+/// The servers' lifecycle events (the `mcp` stream, without the calls' progress).
 fn mcp_events(rt: &Runtime) -> Vec<(String, Value)> {
     rt.events()
         .read_stream(correx::MCP_STREAM, 1, 1000)
         .expect("the stream")
         .into_iter()
+        .filter(|e| e.type_id.starts_with("mcp."))
         .map(|e| (e.type_id, e.payload))
         .collect()
 }
@@ -343,11 +345,46 @@ fn the_everything_server_gives_content_kinds_progress_and_cancels() -> TestResul
     };
     assert!(data["structuredContent"].is_object(), "{data}");
 
-    // Progress comes back with the result.
-    let r = call(
-        &rt,
+    // Progress reaches a host following the log while the call runs (a step every 500 ms),
+    // and comes back with the result.
+    let mut sub = rt.events().subscribe(rt.events().last_position()?)?;
+    let returned = std::sync::atomic::AtomicBool::new(false);
+    let req = ToolRequest::json(
+        "s",
         "ev.trigger-long-running-operation",
-        json!({"duration": 1, "steps": 3}),
+        json!({"duration": 2, "steps": 4}),
+    )?;
+    let (r, progress, seen_while_running) = std::thread::scope(|scope| {
+        let caller = scope.spawn(|| {
+            let r = rt.executor().execute(&req);
+            returned.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        });
+        let mut progress = Vec::new();
+        let mut seen_while_running = false;
+        while let Ok(Some(e)) = sub.next_timeout(Duration::from_secs(30)) {
+            match e.type_id.as_str() {
+                "tool.progress" => {
+                    seen_while_running |= !returned.load(std::sync::atomic::Ordering::SeqCst);
+                    assert_eq!(e.payload["tool_name"], "ev.trigger-long-running-operation");
+                    assert_eq!(e.payload["session_id"], "s");
+                    assert_eq!(e.payload["total"], 4.0);
+                    progress.push(e.payload["progress"].as_f64().unwrap_or(-1.0));
+                }
+                "tool.execution_completed" | "tool.execution_failed" => break,
+                _ => {}
+            }
+        }
+        let r = caller.join().expect("the caller");
+        (r, progress, seen_while_running)
+    });
+    assert!(
+        seen_while_running,
+        "no progress reached the log before the call returned"
+    );
+    assert!(
+        progress.len() >= 2 && progress.windows(2).all(|w| w[0] < w[1]),
+        "{progress:?}"
     );
     let ToolResult::Success {
         data: Some(data), ..
@@ -355,7 +392,7 @@ fn the_everything_server_gives_content_kinds_progress_and_cancels() -> TestResul
     else {
         return Err(format!("{r:?}").into());
     };
-    assert_eq!(data["progress"].as_array().map(Vec::len), Some(3), "{data}");
+    assert_eq!(data["progress"].as_array().map(Vec::len), Some(4), "{data}");
 
     // A cancel ends the call at once (the server is told); the server goes on serving.
     let cancel = CancelToken::new();

@@ -188,6 +188,25 @@ pub enum DomainEvent {
         /// never recorded; `unchanged`: it was stopped before it changed anything.
         state: String,
     },
+    /// A running tool reported how far it is (an MCP server's `notifications/progress`): the
+    /// latest report at most every 100 ms of a call, in the `mcp` stream.
+    #[serde(rename = "tool.progress")]
+    ToolProgress {
+        /// The session.
+        session_id: String,
+        /// The invocation.
+        invocation_id: String,
+        /// The tool (`<server>.<tool>`).
+        tool_name: String,
+        /// How far, in the server's units.
+        progress: f64,
+        /// Of how much, when the server knows.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        total: Option<f64>,
+        /// What the server said it is doing (at most 1 KiB).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
     /// The host cancelled a running tool invocation; its files were restored.
     #[serde(rename = "tool.execution_cancelled")]
     ToolExecutionCancelled {
@@ -449,6 +468,7 @@ type_ids! {
     ToolExecutionRejected => "tool.execution_rejected",
     ToolExecutionCancelled => "tool.execution_cancelled",
     ToolExecutionInterrupted => "tool.execution_interrupted",
+    ToolProgress => "tool.progress",
     ToolNetworkDenied => "tool.network_denied",
     InferenceCompleted => "inference.completed",
     JobStarted => "job.started",
@@ -497,6 +517,11 @@ impl DomainEvent {
             }
             DomainEvent::ToolExecutionInterrupted { tool_name, state, invocation_id, .. } => {
                 format!("{tool_name} interrupted by a crash ({state}), invocation {invocation_id}")
+            }
+            DomainEvent::ToolProgress { tool_name, progress, total, message, invocation_id, .. } => {
+                let of = total.map(|t| format!(" of {t}")).unwrap_or_default();
+                let what = message.as_ref().map(|m| format!(": {}", m.chars().take(120).collect::<String>())).unwrap_or_default();
+                format!("{tool_name} at {progress}{of}{what}, invocation {invocation_id}")
             }
             DomainEvent::ToolExecutionCancelled { tool_name, duration_ms, invocation_id, .. } => {
                 format!("{tool_name} cancelled after {duration_ms} ms (files restored), invocation {invocation_id}")

@@ -193,6 +193,7 @@ impl LogMetrics {
             | DomainEvent::ToolExecutionStarted { .. }
             | DomainEvent::McpServerStarted { .. }
             | DomainEvent::McpServerExited { .. }
+            | DomainEvent::ToolProgress { .. }
             | DomainEvent::SessionStepStarted { .. } => {}
         }
     }

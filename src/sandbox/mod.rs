@@ -175,6 +175,7 @@ fn run_state(
                 Some(
                     EventType::ToolApprovalDecided
                     | EventType::ToolNetworkDenied
+                    | EventType::ToolProgress
                     | EventType::ToolExecutionRejected
                     | EventType::ModelLoaded
                     | EventType::ModelUnloaded

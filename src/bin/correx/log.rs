@@ -493,6 +493,8 @@ impl History {
                     ));
                 }
             }
+            // A run's progress marks no change of state on the timeline.
+            EventType::ToolProgress => {}
             EventType::JobStarted | EventType::JobExited => {
                 let sess = s("session_id");
                 if session.is_some_and(|want| want != sess) {
@@ -648,6 +650,7 @@ impl History {
                     | EventType::JobExited
                     | EventType::McpServerStarted
                     | EventType::McpServerExited
+                    | EventType::ToolProgress
                     | EventType::SessionStepStarted
                     | EventType::SessionStepCompleted
                     | EventType::SessionStepFailed => {}

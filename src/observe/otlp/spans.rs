@@ -374,7 +374,8 @@ impl SpanFold {
             | DomainEvent::JobStarted { .. }
             | DomainEvent::JobExited { .. }
             | DomainEvent::McpServerStarted { .. }
-            | DomainEvent::McpServerExited { .. } => {}
+            | DomainEvent::McpServerExited { .. }
+            | DomainEvent::ToolProgress { .. } => {}
         }
     }
 

@@ -55,8 +55,14 @@ impl std::fmt::Display for RpcError {
 /// What a call's waiter gets.
 struct Waiter {
     answer: Option<Result<Value, RpcError>>,
+    /// The last [`KEPT_PROGRESS`] progress notifications.
     progress: Vec<Value>,
+    /// How many came in all.
+    heard: u64,
 }
+
+/// How often a call passes the server's progress on while it runs, at most (the latest then).
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
 /// State shared by callers, the pump's sink and the writer.
 pub(crate) struct Shared {
@@ -172,13 +178,15 @@ impl Shared {
 
     /// Sends a request and waits for its answer (result, and the progress notifications that
     /// came with it), up to `timeout`; a cancel tells the server (`notifications/cancelled`)
-    /// and returns at once.
+    /// and returns at once. While it waits, `on_progress` is given the latest progress
+    /// notification at most every [`PROGRESS_EVERY`], on this thread, with no lock held.
     pub fn request(
         &self,
         method: &str,
         mut params: Map<String, Value>,
         timeout: Duration,
         cancel: Option<&CancelToken>,
+        on_progress: Option<&dyn Fn(&Value)>,
     ) -> (Result<Value, RpcError>, Vec<Value>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // The id doubles as the progress token: notifications name the call they belong to.
@@ -192,6 +200,7 @@ impl Shared {
             Waiter {
                 answer: None,
                 progress: Vec::new(),
+                heard: 0,
             },
         );
         if self.is_ended() {
@@ -205,6 +214,7 @@ impl Shared {
             return (Err(e), Vec::new());
         }
         let deadline = Instant::now().checked_add(timeout);
+        let (mut passed, mut passed_at) = (0u64, None::<Instant>);
         let mut waiters = self.waiters.lock();
         loop {
             if let Some(w) = waiters.get_mut(&id) {
@@ -214,9 +224,21 @@ impl Shared {
                         Some(Waiter {
                             answer: Some(a),
                             progress,
+                            ..
                         }) => (a, progress),
                         _ => (Err(RpcError::Gone(self.why_ended())), Vec::new()),
                     };
+                }
+                let due = passed_at.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY);
+                if let (Some(pass), true, true) = (on_progress, w.heard > passed, due) {
+                    if let Some(latest) = w.progress.last().cloned() {
+                        passed = w.heard;
+                        passed_at = Some(Instant::now());
+                        drop(waiters);
+                        pass(&latest);
+                        waiters = self.waiters.lock();
+                        continue;
+                    }
                 }
             }
             let cancelled = cancel.is_some_and(CancelToken::is_cancelled);
@@ -353,7 +375,10 @@ impl Shared {
                                 w.progress.remove(0);
                             }
                             w.progress.push(params);
+                            w.heard += 1;
                         }
+                        // The caller passes it on while it waits.
+                        self.answered.notify_all();
                     }
                 }
                 "notifications/tools/list_changed" => {

@@ -245,27 +245,28 @@ impl Tool for McpTool {
 
     fn execute_cancellable(&self, r: &ToolRequest, cancel: &CancelToken) -> ToolResult {
         let id = &r.invocation_id;
-        let (answer, progress) =
-            match self
-                .server
-                .call(&self.def.name, r.parameters.clone(), cancel)
-            {
-                Ok(a) => a,
-                Err(e) => {
-                    let (kind, recoverable) = match e {
-                        RpcError::Cancelled => (ToolErrorKind::Cancelled, false),
-                        RpcError::TimedOut => (ToolErrorKind::TimedOut, true),
-                        RpcError::Server { .. } => (ToolErrorKind::InvalidRequest, false),
-                        RpcError::Gone(_) => (ToolErrorKind::Io, true),
-                    };
-                    return ToolResult::failure_of(
-                        id,
-                        kind,
-                        format!("{}: {e}", self.full_name),
-                        recoverable,
-                    );
-                }
-            };
+        let (answer, progress) = match self.server.call(
+            &self.def.name,
+            r.parameters.clone(),
+            (r.session_id.as_str(), id.as_str()),
+            cancel,
+        ) {
+            Ok(a) => a,
+            Err(e) => {
+                let (kind, recoverable) = match e {
+                    RpcError::Cancelled => (ToolErrorKind::Cancelled, false),
+                    RpcError::TimedOut => (ToolErrorKind::TimedOut, true),
+                    RpcError::Server { .. } => (ToolErrorKind::InvalidRequest, false),
+                    RpcError::Gone(_) => (ToolErrorKind::Io, true),
+                };
+                return ToolResult::failure_of(
+                    id,
+                    kind,
+                    format!("{}: {e}", self.full_name),
+                    recoverable,
+                );
+            }
+        };
         let content = answer.get("content").cloned().unwrap_or_else(|| json!([]));
         let text: Vec<&str> = content
             .as_array()

@@ -304,11 +304,15 @@ impl McpServer {
         }
     }
 
-    /// Calls `tool` with `arguments`; the result, and the progress notifications it sent.
+    /// Calls `tool` with `arguments` for invocation `run` (its session and invocation ids);
+    /// the result, and the progress notifications it sent. While it runs, its progress is
+    /// recorded as `tool.progress` events (the latest at most every 100 ms), so a host
+    /// following the log sees it live.
     pub fn call(
         self: &Arc<Self>,
         tool: &str,
         arguments: Map<String, Value>,
+        run: (&str, &str),
         cancel: &CancelToken,
     ) -> Result<(Value, Vec<Value>), RpcError> {
         let shared = {
@@ -322,8 +326,24 @@ impl McpServer {
         let mut params = Map::new();
         params.insert("name".into(), json!(tool));
         params.insert("arguments".into(), Value::Object(arguments));
-        let (answer, progress) =
-            shared.request("tools/call", params, self.config.call_timeout, Some(cancel));
+        let tool_name = format!("{}.{tool}", self.name);
+        let record_progress = |p: &Value| {
+            self.record(DomainEvent::ToolProgress {
+                session_id: run.0.to_owned(),
+                invocation_id: run.1.to_owned(),
+                tool_name: tool_name.clone(),
+                progress: p["progress"].as_f64().unwrap_or(0.0),
+                total: p["total"].as_f64(),
+                message: p["message"].as_str().map(str::to_owned),
+            })
+        };
+        let (answer, progress) = shared.request(
+            "tools/call",
+            params,
+            self.config.call_timeout,
+            Some(cancel),
+            Some(&record_progress),
+        );
         answer.map(|a| (a, progress))
     }
 
@@ -401,7 +421,7 @@ fn initialize(shared: &Shared, timeout: Duration) -> Result<(String, Vec<Arc<Too
         "clientInfo".into(),
         json!({"name": "correx", "version": env!("CARGO_PKG_VERSION")}),
     );
-    let (answer, _) = shared.request("initialize", params, timeout, None);
+    let (answer, _) = shared.request("initialize", params, timeout, None, None);
     let answer = answer.map_err(|e| format!("initialize: {e}"))?;
     let version = answer["protocolVersion"]
         .as_str()
@@ -438,7 +458,7 @@ fn list_tools(shared: &Shared, timeout: Duration) -> Result<Vec<Arc<ToolDef>>, S
         if left.is_zero() {
             return Err("tools/list: its pages took longer than the startup timeout".into());
         }
-        let (answer, _) = shared.request("tools/list", params, left, None);
+        let (answer, _) = shared.request("tools/list", params, left, None, None);
         let page = answer.map_err(|e| format!("tools/list: {e}"))?;
         for t in page["tools"].as_array().into_iter().flatten() {
             let Some(name) = t["name"].as_str() else {
