@@ -892,6 +892,63 @@ print("own_listener", "ok" if r >= 0 else errno.errorcode.get(ctypes.get_errno()
     Ok(())
 }
 
+/// `network: "loopback"`: a run listens on its own loopback and talks to itself; the host's
+/// loopback servers (a database, an agent's API) and every other address stay out of reach.
+fn loopback_scenario() -> TestResult {
+    let work = TempDir::new("net-loopback");
+    let pages: BTreeMap<String, Vec<u8>> =
+        [("/hello".to_owned(), b"hello from the host\n".to_vec())].into();
+    let host_site = Site::start("127.0.0.1:0", pages.clone())?;
+    let metadata = Site::start("169.254.169.254:80", pages)?;
+    let tool = ShellTool::new(ShellOptions {
+        allowed_executables: vec!["curl".into(), "python3".into()],
+        working_roots: vec![work.path().to_path_buf()],
+        timeout: Duration::from_secs(20),
+        isolation: correx::IsolationOptions {
+            network: NetworkPolicy::Loopback,
+            ..correx::IsolationOptions::default()
+        },
+        ..ShellOptions::default()
+    })?;
+    assert_eq!(tool.refusal(), None, "this kernel cannot confine the shell");
+    assert_eq!(tool.applied_policy()["network"]["mode"], "loopback");
+    assert_eq!(
+        tool.applied_policy()["network"]["enforced_by"],
+        "network_namespace"
+    );
+    // A server and its client in one run, on the run's loopback.
+    let serve_and_ask = "import socket\n\
+        s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n\
+        c = socket.create_connection(s.getsockname()); a, _ = s.accept()\n\
+        a.sendall(b'answered on its own loopback'); print(c.recv(100).decode())";
+    let (ok, out, _) = run(&tool, &["python3", "-c", serve_and_ask]);
+    assert!(ok && out.contains("answered on its own loopback"), "{out}");
+    // The host's loopback server: nothing listens there in the run's namespace.
+    let url = format!("http://127.0.0.1:{}/hello", host_site.port);
+    let (ok, out, _) = run(&tool, &["curl", "-sS", "--max-time", "3", &url]);
+    assert!(!ok && !out.contains("hello from the host"), "{out}");
+    assert_eq!(host_site.hits(), 0);
+    // Any other address (here the cloud metadata one): no route.
+    let (ok, out, _) = run(
+        &tool,
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "3",
+            "http://169.254.169.254/hello",
+        ],
+    );
+    assert!(!ok && !out.contains("hello from the host"), "{out}");
+    assert_eq!(metadata.hits(), 0);
+    // The config spells it "loopback"; another word is named.
+    let bad =
+        correx::ToolConfig::from_value(&json!({"shell": {"isolation": {"network": "local"}}}))
+            .expect_err("an unknown network word");
+    assert!(bad.to_string().contains("loopback"), "{bad}");
+    Ok(())
+}
+
 type Scenario = fn() -> TestResult;
 
 const SCENARIOS: &[(&str, Scenario)] = &[
@@ -899,6 +956,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("clients", clients_scenario),
     ("subreaper", subreaper_scenario),
     ("mediated", mediated_scenario),
+    ("loopback", loopback_scenario),
 ];
 
 /// Runs the scenario in a child test process inside a network namespace of its own (as root),
@@ -959,6 +1017,11 @@ fn private_network_child() {
         .expect("a known scenario");
     scenario().expect("the scenario");
     println!("scenario passed");
+}
+
+#[test]
+fn a_loopback_run_serves_itself_and_reaches_nothing_else() -> TestResult {
+    in_private_network("loopback")
 }
 
 #[test]

@@ -100,6 +100,8 @@ pub(crate) struct ChildPlan {
     pub(crate) net_sock: RawFd,
     pub(crate) net_port: u16,
     pub(crate) net_mediated: bool,
+    /// A network namespace with loopback alone (no listener to send).
+    pub(crate) net_loopback: bool,
     /// The host's dumpable flag (0 or 1; -1 unknown), given back after a uid switch.
     pub(crate) host_dumpable: i32,
     /// Descriptors the supervisor keeps until the program has exec'd (besides the pipes).
@@ -363,6 +365,11 @@ fn supervisor(plan: &ChildPlan) -> ! {
     }
     // Mediated: the program's process sends its filter's listener over the socket (and the
     // supervisor's copy is closed with the rest once the program has exec'd).
+    if plan.net_loopback {
+        if let Err(e) = loopback_up() {
+            fail(plan, Stage::Network, e);
+        }
+    }
     if plan.net_sock >= 0 && !plan.net_mediated {
         let sent = proxy_listener(plan.net_sock, plan.net_port);
         // The program must not hold the host's end of the pair.
@@ -430,26 +437,7 @@ fn supervisor(plan: &ChildPlan) -> ! {
 /// our own): loopback up, a listener on `127.0.0.1:port`, sent to the host over `sock`. The
 /// proxy's listener is the only thing the run can reach.
 fn proxy_listener(sock: RawFd, port: u16) -> Result<(), i32> {
-    let s = inet_socket(libc::SOCK_DGRAM)?;
-    // SAFETY: ifreq is plain data, valid all zero.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    ifr.ifr_name[0] = b'l' as libc::c_char;
-    ifr.ifr_name[1] = b'o' as libc::c_char;
-    let mut r = call!(
-        SYS_ioctl,
-        s,
-        libc::SIOCGIFFLAGS,
-        &mut ifr as *mut libc::ifreq
-    );
-    if r >= 0 {
-        // SAFETY: SIOCGIFFLAGS filled the union's flags member, which we update.
-        unsafe { ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
-        r = call!(SYS_ioctl, s, libc::SIOCSIFFLAGS, &ifr as *const libc::ifreq);
-    }
-    call!(SYS_close, s);
-    if r < 0 {
-        return Err(errno_of(r));
-    }
+    loopback_up()?;
     let l = inet_socket(libc::SOCK_STREAM)?;
     let addr = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
@@ -472,6 +460,31 @@ fn proxy_listener(sock: RawFd, port: u16) -> Result<(), i32> {
         r = send_fd(sock, l as RawFd);
     }
     call!(SYS_close, l);
+    if r < 0 {
+        return Err(errno_of(r));
+    }
+    Ok(())
+}
+
+/// Loopback up in the run's new network namespace (we hold its capabilities).
+fn loopback_up() -> Result<(), i32> {
+    let s = inet_socket(libc::SOCK_DGRAM)?;
+    // SAFETY: ifreq is plain data, valid all zero.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    ifr.ifr_name[0] = b'l' as libc::c_char;
+    ifr.ifr_name[1] = b'o' as libc::c_char;
+    let mut r = call!(
+        SYS_ioctl,
+        s,
+        libc::SIOCGIFFLAGS,
+        &mut ifr as *mut libc::ifreq
+    );
+    if r >= 0 {
+        // SAFETY: SIOCGIFFLAGS filled the union's flags member, which we update.
+        unsafe { ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+        r = call!(SYS_ioctl, s, libc::SIOCSIFFLAGS, &ifr as *const libc::ifreq);
+    }
+    call!(SYS_close, s);
     if r < 0 {
         return Err(errno_of(r));
     }

@@ -292,6 +292,8 @@ pub(crate) enum RunNet {
     /// The host's network, every `connect` held by the run's seccomp filter: the program's
     /// process sends the filter's listener over `sock` (see [`super::mediate`]).
     Mediated { sock: RawFd },
+    /// A network namespace of its own with only loopback, up, for the run alone.
+    Loopback,
 }
 
 /// How the program ended.
@@ -579,13 +581,14 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
         run_as: spec.confinement.and_then(|c| c.run_as),
         net_sock: match spec.net {
             Some(RunNet::Namespace { sock, .. } | RunNet::Mediated { sock }) => sock,
-            None => -1,
+            Some(RunNet::Loopback) | None => -1,
         },
         net_port: match spec.net {
             Some(RunNet::Namespace { port, .. }) => port,
             _ => 0,
         },
         net_mediated: matches!(spec.net, Some(RunNet::Mediated { .. })),
+        net_loopback: matches!(spec.net, Some(RunNet::Loopback)),
         host_dumpable: host_dumpable(),
         keep: [spec.cwd.unwrap_or(-1), ruleset, join[0], join[1], join[2]],
         supervisor_pid: std::sync::atomic::AtomicI32::new(0),
@@ -601,7 +604,7 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
     let plan_addr = &*plan as *const ChildPlan as usize;
     let mut flags =
         libc::CLONE_VM | libc::CLONE_PIDFD | spec.containment.clone_flags() as libc::c_int;
-    if matches!(spec.net, Some(RunNet::Namespace { .. })) {
+    if matches!(spec.net, Some(RunNet::Namespace { .. } | RunNet::Loopback)) {
         flags |= libc::CLONE_NEWNET;
     }
     let (pid, pidfd, clone_error) = match spec.spawner {

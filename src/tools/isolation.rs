@@ -264,6 +264,8 @@ const DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/urandom", "/dev/rando
 pub(crate) enum RunNetwork {
     Off,
     Open,
+    /// A network namespace of the run's own with only loopback.
+    Loopback,
     /// Only the run's proxy, which applies these rules, reached by this route.
     Proxied(Arc<Rules>, Route),
 }
@@ -421,45 +423,76 @@ pub(crate) fn plan(
     // makes one, anyone else inside the run's own user namespace), or else by holding every
     // connect of the run in its seccomp filter and making it ourselves. Without either there
     // is no proxy to force traffic through, and a run must not get the whole network instead.
-    let network =
-        match &options.network {
-            NetworkPolicy::Off => RunNetwork::Off,
-            NetworkPolicy::Open => RunNetwork::Open,
-            // Mode none confines nothing: a root run could leave the namespace (setns) and any
-            // run could open any socket. An allowlist is a confinement; it cannot go without.
-            NetworkPolicy::Allowlist(_) if !confine => return Err(
+    let network = match &options.network {
+        NetworkPolicy::Off => RunNetwork::Off,
+        NetworkPolicy::Open => RunNetwork::Open,
+        NetworkPolicy::Loopback if !confine => {
+            return Err(
+                "network \"loopback\" needs the run confined: set tools.shell.isolation.mode \
+                 to \"required\" or \"best_effort\", or network to true"
+                    .into(),
+            )
+        }
+        // Only a namespace keeps a run off the host's loopback (its databases, its
+        // agents): connects held in a filter would still reach them.
+        NetworkPolicy::Loopback => {
+            let netns = (root || containment == (Containment::PidNamespace { user_ns: true }))
+                && spawn::network_namespace_works(containment);
+            if netns {
+                RunNetwork::Loopback
+            } else if mode == IsolationMode::Required {
+                return Err(
+                    "network \"loopback\" needs a network namespace for each run (run as \
+                         root, or allow unprivileged user namespaces: \
+                         kernel.unprivileged_userns_clone, apparmor_restrict_unprivileged_userns); \
+                         or set tools.shell.isolation.network to false or true"
+                        .into(),
+                );
+            } else {
+                log::warn!("shell tool: no network namespace for loopback; runs get no network");
+                RunNetwork::Off
+            }
+        }
+        // Mode none confines nothing: a root run could leave the namespace (setns) and any
+        // run could open any socket. An allowlist is a confinement; it cannot go without.
+        NetworkPolicy::Allowlist(_) if !confine => {
+            return Err(
                 "a network allowlist needs the run confined: set tools.shell.isolation.mode to \
                  \"required\" or \"best_effort\", or network to true"
                     .into(),
-            ),
-            NetworkPolicy::Allowlist(a) => {
-                let netns = (root || containment == (Containment::PidNamespace { user_ns: true }))
-                    && !options.mediated_forced()
-                    && spawn::network_namespace_works(containment);
-                if netns {
-                    RunNetwork::Proxied(Arc::new(Rules::new(a)?), Route::Namespace)
-                } else if landlock_on && crate::sys::mediate::available() {
-                    // Landlock too: without it a run of the host's uid could reach into the host
-                    // (ptrace, pidfd_getfd) and answer its own held connects; Landlock keeps ptrace
-                    // within the run.
-                    RunNetwork::Proxied(Arc::new(Rules::new(a)?), Route::Mediated)
-                } else if mode == IsolationMode::Required {
-                    return Err(
-                        "network by name needs a network namespace for each run (run as root, or \
+            )
+        }
+        NetworkPolicy::Allowlist(a) => {
+            let netns = (root || containment == (Containment::PidNamespace { user_ns: true }))
+                && !options.mediated_forced()
+                && spawn::network_namespace_works(containment);
+            if netns {
+                RunNetwork::Proxied(Arc::new(Rules::new(a)?), Route::Namespace)
+            } else if landlock_on && crate::sys::mediate::available() {
+                // Landlock too: without it a run of the host's uid could reach into the host
+                // (ptrace, pidfd_getfd) and answer its own held connects; Landlock keeps ptrace
+                // within the run.
+                RunNetwork::Proxied(Arc::new(Rules::new(a)?), Route::Mediated)
+            } else if mode == IsolationMode::Required {
+                return Err(
+                    "network by name needs a network namespace for each run (run as root, or \
                      allow unprivileged user namespaces: kernel.unprivileged_userns_clone, \
                      apparmor_restrict_unprivileged_userns), or else seccomp user \
                      notification with NOTIF_ADDFD (Linux 5.9), Landlock, and \
                      kernel.yama.ptrace_scope at most 1; or set \
                      tools.shell.isolation.network to false or true"
-                            .into(),
-                    );
-                } else {
-                    log::warn!("shell tool: no network namespace for a proxy; runs get no network");
-                    RunNetwork::Off
-                }
+                        .into(),
+                );
+            } else {
+                log::warn!("shell tool: no network namespace for a proxy; runs get no network");
+                RunNetwork::Off
             }
-        };
-    let tcp = landlock_on && !matches!(network, RunNetwork::Open) && abi >= landlock::NET_ABI;
+        }
+    };
+    // In a loopback namespace every port is the run's own: nothing to keep it from.
+    let tcp = landlock_on
+        && !matches!(network, RunNetwork::Open | RunNetwork::Loopback)
+        && abi >= landlock::NET_ABI;
     let scopes = landlock_on && abi >= landlock::SCOPE_ABI;
     let nproc_in_userns = containment == (Containment::PidNamespace { user_ns: true });
     let host = if confine && root {
@@ -477,7 +510,7 @@ pub(crate) fn plan(
     let own_uts_ipc = host.held.is_some() || nproc_in_userns;
     let filter = (confine && seccomp::available()).then_some(seccomp::Options {
         floor: true,
-        network: matches!(network, RunNetwork::Open),
+        network: matches!(network, RunNetwork::Open | RunNetwork::Loopback),
         deny_ipc: !own_uts_ipc,
         inet_only: false,
         proxied: matches!(network, RunNetwork::Proxied(..)),
@@ -650,13 +683,22 @@ pub(crate) fn plan(
                     (true, Route::Mediated) => json!([]),
                 },
             }),
+            (RunNetwork::Loopback, _) => json!({
+                "mode": "loopback",
+                "enforced_by": "network_namespace",
+                "allowed": "loopback of the run's own network namespace",
+            }),
             _ => json!({
                 "mode": if matches!(network, RunNetwork::Open) || !confine { "open" } else { "off" },
                 "allowed": matches!(network, RunNetwork::Open) || !confine,
                 "seccomp_af_unix_only": filter.is_some_and(|f| !f.network && !f.proxied),
                 "unix_datagram_denied": filter.is_some_and(|f| !f.network),
                 "landlock_tcp_denied": tcp,
-                "fallback": options.network.allowlist().map(|_| "no network namespace or seccomp user notification for a proxy"),
+                "fallback": match &options.network {
+                    NetworkPolicy::Allowlist(_) => Some("no network namespace or seccomp user notification for a proxy"),
+                    NetworkPolicy::Loopback => Some("no network namespace for loopback"),
+                    NetworkPolicy::Off | NetworkPolicy::Open => None,
+                },
             }),
         },
         "identity": if confine { json!({
@@ -683,7 +725,7 @@ pub(crate) fn plan(
             "pid": containment != Containment::Subreaper,
             "user": nproc_in_userns,
             "mount": host.held.is_some(),
-            "net": matches!(network, RunNetwork::Proxied(_, Route::Namespace)),
+            "net": matches!(network, RunNetwork::Proxied(_, Route::Namespace) | RunNetwork::Loopback),
             "uts": confine && own_uts_ipc,
             "ipc": confine && own_uts_ipc,
         },
@@ -804,7 +846,7 @@ impl Policy {
             Some(rules) => Some(
                 match &self.network {
                     RunNetwork::Off => landlock::build(rules, tmp, true),
-                    RunNetwork::Open => landlock::build(rules, tmp, false),
+                    RunNetwork::Open | RunNetwork::Loopback => landlock::build(rules, tmp, false),
                     // The proxy's port alone, to connect to; nothing to bind. Mediated, not
                     // even that: correx makes the run's connects.
                     RunNetwork::Proxied(_, route) => landlock::build_with(

@@ -16,6 +16,11 @@ pub enum NetworkPolicy {
     Off,
     /// Every address (config `true`).
     Open,
+    /// A network of the run's own with only loopback in it (config `"loopback"`): the run may
+    /// listen and connect on 127.0.0.1 and ::1 among its own processes (a dev server and the
+    /// tests against it, in one run or one background job) and reaches nothing else, not the
+    /// host's loopback either.
+    Loopback,
     /// Only the allowlist's hosts, through a proxy correx runs for the run; the run reaches
     /// nothing else (config `{"allow": [...], ...}`).
     Allowlist(Allowlist),
@@ -88,10 +93,16 @@ impl<'de> Deserialize<'de> for NetworkPolicy {
         impl<'de> Visitor<'de> for Spelling {
             type Value = NetworkPolicy;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("false, true or {\"allow\": [hosts], ...}")
+                f.write_str("false, true, \"loopback\" or {\"allow\": [hosts], ...}")
             }
             fn visit_bool<E: de::Error>(self, b: bool) -> Result<NetworkPolicy, E> {
                 Ok(NetworkPolicy::from(b))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<NetworkPolicy, E> {
+                match s {
+                    "loopback" => Ok(NetworkPolicy::Loopback),
+                    other => Err(E::invalid_value(de::Unexpected::Str(other), &self)),
+                }
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<NetworkPolicy, A::Error> {
                 Allowlist::deserialize(de::value::MapAccessDeserializer::new(map))

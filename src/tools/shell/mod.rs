@@ -79,7 +79,7 @@ struct Prepared<'a> {
     cgroup: Option<crate::sys::cgroup::RunCgroup>,
     env: Vec<(String, String)>,
     proxy: Option<RunProxy>,
-    net_end: Option<(OwnedFd, RunNet)>,
+    net_end: Option<(Option<OwnedFd>, RunNet)>,
 }
 
 impl Prepared<'_> {
@@ -688,7 +688,11 @@ impl ShellTool {
                         sock: run_end.as_raw_fd(),
                     },
                 };
-                (Some(proxy), Some((run_end, net)))
+                (Some(proxy), Some((Some(run_end), net)))
+            }
+            RunNetwork::Loopback => {
+                env.extend(self.env.iter().cloned());
+                (None, Some((None, RunNet::Loopback)))
             }
             RunNetwork::Off | RunNetwork::Open => {
                 env.extend(self.env.iter().cloned());

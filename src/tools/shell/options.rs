@@ -170,6 +170,7 @@ impl BuiltinTool for ShellTool {
                     match &i.network {
                         crate::tools::NetworkPolicy::Off => "denied".to_owned(),
                         crate::tools::NetworkPolicy::Open => "allowed".to_owned(),
+                        crate::tools::NetworkPolicy::Loopback => "its own loopback only".to_owned(),
                         crate::tools::NetworkPolicy::Allowlist(a) =>
                             format!("through a proxy to {:?} only", a.allow),
                     }
