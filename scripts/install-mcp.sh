@@ -14,11 +14,30 @@ EVERYTHING_VERSION=2026.8.31
 CACHE="${CORREX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/correx}"
 DIR="$CACHE/mcp"
 PY="${PYTHON:-python3}"
+# Confined servers run as another uid (65534 on a root host; the tests also run them from an
+# unprivileged host): as root, the servers go where anyone may read them, with a Python anyone
+# may run, when the cache or the interpreter is private (a 0700 home). The env file stays in
+# the cache, where the tests look.
+readable_by_all() { # every directory on the way to $1 searchable by others
+  local p; p=$(readlink -f "$1")
+  while [ "$p" != / ]; do
+    [ -e "$p" ] || { p=$(dirname "$p"); continue; }
+    [ -d "$p" ] && { [ "$(( 0$(stat -c %a "$p") & 01 ))" -ne 0 ] || return 1; }
+    p=$(dirname "$p")
+  done
+}
+ENV_DIR="$DIR"
+if [ "$(id -u)" = 0 ]; then
+  mkdir -p "$DIR"
+  if ! readable_by_all "$DIR"; then DIR=/var/cache/correx/mcp; fi
+  if ! readable_by_all "$(command -v "$PY")" && [ -x /usr/bin/python3 ]; then PY=/usr/bin/python3; fi
+fi
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
 log() { echo "install-mcp: $*" >&2; }
 
-mkdir -p "$DIR"
+mkdir -p "$DIR" "$ENV_DIR"
+chmod 755 "$DIR"
 if ! "$DIR/venv/bin/python" -c "import importlib.metadata as m; assert m.version('mcp-server-time') == '$TIME_VERSION' and m.version('mcp-server-git') == '$GIT_VERSION'" 2>/dev/null; then
   log "installing mcp-server-time $TIME_VERSION and mcp-server-git $GIT_VERSION"
   rm -rf "$DIR/venv"
@@ -39,5 +58,5 @@ fi
   echo "mcp_everything=$EVERYTHING/dist/index.js"
   echo "mcp_python_home=$("$DIR/venv/bin/python" -c 'import sys; print(sys.base_prefix)')"
   echo "node=$(command -v node)"
-} | tee "$DIR/env.tmp"
-mv "$DIR/env.tmp" "$DIR/env"
+} | tee "$ENV_DIR/env.tmp"
+mv "$ENV_DIR/env.tmp" "$ENV_DIR/env"
