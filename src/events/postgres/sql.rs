@@ -7,6 +7,7 @@ use crate::events::rows::{judge_retry, Row, StoredRow};
 use crate::events::verify::{Stored, Walk, WalkRow};
 use crate::events::{AppendResult, EventStoreError, LogReport, RecordedEvent, Result, Seal};
 use crate::ids::EventId;
+use postgres::types::ToSql;
 use postgres::{Client, SimpleQueryMessage, Statement};
 
 /// The schema version this build writes (`correx_schema.version`).
@@ -184,6 +185,23 @@ impl<'a> NewRows<'a> {
             payloads: Vec::with_capacity(n),
             hashes: Vec::with_capacity(n),
         }
+    }
+
+    /// The inserts' first eleven parameters: the stream, the time, then the columns.
+    fn params<'s>(&'s self, stream: &'s &str, now: &'s i64) -> Vec<&'s (dyn ToSql + Sync)> {
+        vec![
+            stream,
+            now,
+            &self.positions,
+            &self.event_ids,
+            &self.versions,
+            &self.type_ids,
+            &self.schema_versions,
+            &self.correlation_ids,
+            &self.causation_ids,
+            &self.payloads,
+            &self.hashes,
+        ]
     }
 
     pub(super) fn push(&mut self, position: u64, version: u64, e: &'a Row, hash: ChainHash) {
@@ -369,27 +387,11 @@ impl Conn {
         self.sent_write = true;
         let position = position as i64;
         let hash = &hash[..];
+        let mut params = rows.params(&stream, &now);
+        params.extend([&position as &(dyn ToSql + Sync), &hash, &notify]);
         let row = self
             .client
-            .query_one(
-                &self.insert,
-                &[
-                    &stream,
-                    &now,
-                    &rows.positions,
-                    &rows.event_ids,
-                    &rows.versions,
-                    &rows.type_ids,
-                    &rows.schema_versions,
-                    &rows.correlation_ids,
-                    &rows.causation_ids,
-                    &rows.payloads,
-                    &rows.hashes,
-                    &position,
-                    &hash,
-                    &notify,
-                ],
-            )
+            .query_one(&self.insert, &params)
             .map_err(pg_error("insert events"))?;
         Ok(row
             .try_get::<_, i64>(0)
@@ -447,27 +449,15 @@ impl Conn {
         self.sent_write = true;
         let (from, from_hash) = (head.0 as i64, &head.1[..]);
         let (to, to_hash) = (new_head.0 as i64, &new_head.1[..]);
-        let row = self.client.query_one(
-            &self.insert_at_head,
-            &[
-                &stream,
-                &now,
-                &rows.positions,
-                &rows.event_ids,
-                &rows.versions,
-                &rows.type_ids,
-                &rows.schema_versions,
-                &rows.correlation_ids,
-                &rows.causation_ids,
-                &rows.payloads,
-                &rows.hashes,
-                &to,
-                &to_hash,
-                &from,
-                &from_hash,
-                &notify,
-            ],
-        )?;
+        let mut params = rows.params(&stream, &now);
+        params.extend([
+            &to as &(dyn ToSql + Sync),
+            &to_hash,
+            &from,
+            &from_hash,
+            &notify,
+        ]);
+        let row = self.client.query_one(&self.insert_at_head, &params)?;
         Ok(row.try_get::<_, i64>(1)? == 1)
     }
 
