@@ -18,26 +18,40 @@ PY="${PYTHON:-python3}"
 # unprivileged host): as root, the servers go where anyone may read them, with a Python anyone
 # may run, when the cache or the interpreter is private (a 0700 home). The env file stays in
 # the cache, where the tests look.
-readable_by_all() { # every directory on the way to $1 searchable by others
-  local p; p=$(readlink -f "$1")
+readable_by_all() { # $1 exists, and every directory on the way to it is searchable by others
+  local p
+  p=$(readlink -f "$1") || return 1
+  case "$p" in /*) ;; *) return 1 ;; esac
+  [ -e "$p" ] || return 1
   while [ "$p" != / ]; do
-    [ -e "$p" ] || { p=$(dirname "$p"); continue; }
-    [ -d "$p" ] && { [ "$(( 0$(stat -c %a "$p") & 01 ))" -ne 0 ] || return 1; }
+    if [ -d "$p" ] && [ "$(( 0$(stat -c %a "$p") & 01 ))" -eq 0 ]; then return 1; fi
     p=$(dirname "$p")
   done
 }
 ENV_DIR="$DIR"
+ROOT=false
 if [ "$(id -u)" = 0 ]; then
+  ROOT=true
+  umask 022 # what is installed here is for other uids to read
   mkdir -p "$DIR"
   if ! readable_by_all "$DIR"; then DIR=/var/cache/correx/mcp; fi
-  if ! readable_by_all "$(command -v "$PY")" && [ -x /usr/bin/python3 ]; then PY=/usr/bin/python3; fi
+  if ! readable_by_all "$(command -v "$PY" || true)"; then
+    if [ -x /usr/bin/python3 ]; then
+      PY=/usr/bin/python3
+    else
+      log "warning: $PY is private and there is no /usr/bin/python3: servers confined as another uid cannot run"
+    fi
+  fi
 fi
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
 log() { echo "install-mcp: $*" >&2; }
 
 mkdir -p "$DIR" "$ENV_DIR"
-chmod 755 "$DIR"
+# A venv kept from before must run for others too (as root; its interpreter may be private).
+if $ROOT && [ -e "$DIR/venv/bin/python" ] && ! readable_by_all "$DIR/venv/bin/python"; then
+  rm -rf "$DIR/venv"
+fi
 if ! "$DIR/venv/bin/python" -c "import importlib.metadata as m; assert m.version('mcp-server-time') == '$TIME_VERSION' and m.version('mcp-server-git') == '$GIT_VERSION'" 2>/dev/null; then
   log "installing mcp-server-time $TIME_VERSION and mcp-server-git $GIT_VERSION"
   rm -rf "$DIR/venv"

@@ -280,9 +280,9 @@ fn the_git_reference_server_reads_a_repository_in_its_working_dir() -> TestResul
     Ok(())
 }
 
-/// Two git reference servers, one on a repository in its working dirs and one on a
-/// repository outside them: the second passes the server's own check (it is its
-/// `--repository`), so only correx's confinement stands between git and the file.
+/// The git reference server started without `--repository`, so that it takes any
+/// `repo_path` it is given: asked for a repository in its working dirs it answers; asked for
+/// one outside them, only correx's confinement stands between git and the files.
 fn git_outside_scenario(env: &HashMap<String, String>) -> TestResult {
     let dir = TempDir::new("mcp-outside");
     let (inside, outside) = (dir.join("inside"), dir.join("outside"));
@@ -301,32 +301,32 @@ fn git_outside_scenario(env: &HashMap<String, String>) -> TestResult {
         .and_then(|b| b.parent())
         .map(|v| v.display().to_string())
         .unwrap_or_default();
-    let git_server = |repo: &std::path::Path| {
-        server(
-            vec![
-                env["mcp_git"].clone(),
-                "--repository".into(),
-                repo.display().to_string(),
-            ],
-            vec![venv.clone(), env["mcp_python_home"].clone()],
-            json!({"working_dirs": [inside]}),
-        )
-    };
     let rt = runtime(
         &dir,
-        json!({"in": git_server(&inside), "out": git_server(&outside)}),
+        json!({"git": server(
+            vec![env["mcp_git"].clone()],
+            vec![venv, env["mcp_python_home"].clone()],
+            json!({"working_dirs": [inside]}),
+        )}),
     )?;
-    let r = call(&rt, "in.git_status", json!({"repo_path": inside}));
+    let r = call(&rt, "git.git_status", json!({"repo_path": inside}));
     let ToolResult::Success { output, .. } = &r else {
         return Err(format!("the server on its working dir failed: {r:?}").into());
     };
     assert!(output.contains("visible.txt"), "{output}");
-    let r = call(&rt, "out.git_status", json!({"repo_path": outside}));
+    let r = call(&rt, "git.git_status", json!({"repo_path": outside}));
     let text = format!("{r:?}");
     assert!(
         !r.is_success() && !text.contains("secret.txt"),
         "a server read outside its working dirs: {text}"
     );
+    // Refused by the confinement, not for another reason: the same server answered it (it
+    // started once and never ended), and the call after still works.
+    let lifecycle: Vec<String> = mcp_events(&rt).into_iter().map(|(t, _)| t).collect();
+    assert_eq!(lifecycle, ["mcp.server_started"], "{text}");
+    assert!(!text.contains("could not start"), "{text}");
+    let again = call(&rt, "git.git_status", json!({"repo_path": inside}));
+    assert!(again.is_success(), "{again:?}");
     Ok(())
 }
 
@@ -467,6 +467,8 @@ fn the_everything_server_gives_content_kinds_progress_and_cancels() -> TestResul
         progress.len() >= 2 && progress.windows(2).all(|w| w[0] < w[1]),
         "{progress:?}"
     );
+    // The last report, sent just before the answer, is passed on too.
+    assert_eq!(progress.last(), Some(&4.0), "{progress:?}");
     let ToolResult::Success {
         data: Some(data), ..
     } = &r

@@ -941,6 +941,21 @@ fn loopback_scenario() -> TestResult {
     );
     assert!(!ok && !out.contains("hello from the host"), "{out}");
     assert_eq!(metadata.hits(), 0);
+    // A UNIX socket of the host's in reach of the filesystem rules (here in the run's own
+    // working root; for real, the user's D-Bus or SSH agent): no UNIX socket to connect with.
+    let sock_path = work.path().join("host.sock");
+    let host_sock = std::os::unix::net::UnixListener::bind(&sock_path)?;
+    host_sock.set_nonblocking(true)?;
+    let dial = format!(
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({:?})\nprint('connected')",
+        sock_path.display().to_string()
+    );
+    let (ok, out, _) = run(&tool, &["python3", "-c", &dial]);
+    assert!(!ok && !out.contains("connected"), "{out}");
+    assert!(
+        host_sock.accept().is_err(),
+        "the run reached a host UNIX socket"
+    );
     // The config spells it "loopback"; another word is named.
     let bad =
         correx::ToolConfig::from_value(&json!({"shell": {"isolation": {"network": "local"}}}))

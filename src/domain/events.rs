@@ -189,7 +189,7 @@ pub enum DomainEvent {
         state: String,
     },
     /// A running tool reported how far it is (an MCP server's `notifications/progress`): the
-    /// latest report at most every 100 ms of a call, in the `mcp` stream.
+    /// latest report at most every 100 ms of a call, in the `mcp-servers` stream.
     #[serde(rename = "tool.progress")]
     ToolProgress {
         /// The session.
@@ -203,7 +203,7 @@ pub enum DomainEvent {
         /// Of how much, when the server knows.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         total: Option<f64>,
-        /// What the server said it is doing (at most 1 KiB).
+        /// What the server said it is doing (at most 1024 characters).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
     },

@@ -363,13 +363,13 @@ fn supervisor(plan: &ChildPlan) -> ! {
             fail(plan, Stage::UserNamespace, e);
         }
     }
-    // Mediated: the program's process sends its filter's listener over the socket (and the
-    // supervisor's copy is closed with the rest once the program has exec'd).
     if plan.net_loopback {
         if let Err(e) = loopback_up() {
             fail(plan, Stage::Network, e);
         }
     }
+    // Mediated: the program's process sends its filter's listener over the socket (and the
+    // supervisor's copy is closed with the rest once the program has exec'd).
     if plan.net_sock >= 0 && !plan.net_mediated {
         let sent = proxy_listener(plan.net_sock, plan.net_port);
         // The program must not hold the host's end of the pair.

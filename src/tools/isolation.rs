@@ -177,6 +177,11 @@ impl IsolationOptions {
                 "an allowlist needs the run confined (mode \"required\" or \"best_effort\")",
             )?;
         }
+        settings::check(
+            self.mode != IsolationMode::None || self.network != NetworkPolicy::Loopback,
+            "network",
+            "\"loopback\" needs the run confined (mode \"required\" or \"best_effort\")",
+        )?;
         let l = &self.limits;
         for (field, v) in [
             ("address_space_bytes", l.address_space_bytes),
@@ -512,7 +517,10 @@ pub(crate) fn plan(
         floor: true,
         network: matches!(network, RunNetwork::Open | RunNetwork::Loopback),
         deny_ipc: !own_uts_ipc,
-        inet_only: false,
+        // In its own namespace a run's IP sockets reach only itself; a UNIX socket could
+        // still connect to a file the filesystem rules leave in reach (the user's D-Bus, an
+        // SSH agent, Docker's), so it gets none but socketpairs.
+        inet_only: matches!(network, RunNetwork::Loopback),
         proxied: matches!(network, RunNetwork::Proxied(..)),
         mediated: matches!(network, RunNetwork::Proxied(_, Route::Mediated)),
     });
@@ -686,7 +694,8 @@ pub(crate) fn plan(
             (RunNetwork::Loopback, _) => json!({
                 "mode": "loopback",
                 "enforced_by": "network_namespace",
-                "allowed": "loopback of the run's own network namespace",
+                "reach": "the loopback of the run's own network namespace",
+                "seccomp_inet_only": filter.is_some(),
             }),
             _ => json!({
                 "mode": if matches!(network, RunNetwork::Open) || !confine { "open" } else { "off" },

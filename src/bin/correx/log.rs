@@ -49,9 +49,11 @@ pub fn for_each_event(
     }
 }
 
-/// One line for people: what happened.
+/// One line for people: what happened. Control characters (a server's or a tool's text can
+/// hold escape sequences or newlines) are shown as `?`, so no line of the log can forge
+/// another or drive the terminal.
 pub fn summary(e: &RecordedEvent) -> String {
-    match e.domain() {
+    let line = match e.domain() {
         Ok(Some(d)) => d.summary(),
         Ok(None) | Err(_) => {
             let text = e.payload.to_string();
@@ -61,7 +63,10 @@ pub fn summary(e: &RecordedEvent) -> String {
             }
             short
         }
-    }
+    };
+    line.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// Prints events as a table (aligned to the widest stream and type of the batch) or JSON

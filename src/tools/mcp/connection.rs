@@ -63,6 +63,47 @@ struct Waiter {
 
 /// How often a call passes the server's progress on while it runs, at most (the latest then).
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+/// How many progress reports one call passes on, at most (a server reporting without end
+/// cannot fill the log; the result still carries the last [`KEPT_PROGRESS`]).
+const PROGRESS_PASSED_MAX: u32 = 1000;
+
+/// What a call has passed on of its progress.
+#[derive(Default)]
+struct Passing {
+    /// Reports heard when the last was passed.
+    heard: u64,
+    at: Option<Instant>,
+    count: u32,
+    last: Option<Value>,
+}
+
+impl Passing {
+    /// Whether a report heard since the last passed may go now.
+    fn due(&self, heard: u64) -> bool {
+        heard > self.heard
+            && self.count < PROGRESS_PASSED_MAX
+            && self.at.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY)
+    }
+
+    /// Passes `latest` on unless it repeats the last passed (or, unless `last_one`, it is
+    /// not due).
+    fn pass(&mut self, to: &dyn Fn(&Value), latest: &Value, heard: u64, last_one: bool) {
+        if heard <= self.heard
+            || self.count >= PROGRESS_PASSED_MAX
+            || (!last_one && !self.due(heard))
+        {
+            return;
+        }
+        self.heard = heard;
+        if self.last.as_ref() == Some(latest) {
+            return;
+        }
+        self.at = Some(Instant::now());
+        self.count += 1;
+        self.last = Some(latest.clone());
+        to(latest);
+    }
+}
 
 /// State shared by callers, the pump's sink and the writer.
 pub(crate) struct Shared {
@@ -179,7 +220,9 @@ impl Shared {
     /// Sends a request and waits for its answer (result, and the progress notifications that
     /// came with it), up to `timeout`; a cancel tells the server (`notifications/cancelled`)
     /// and returns at once. While it waits, `on_progress` is given the latest progress
-    /// notification at most every [`PROGRESS_EVERY`], on this thread, with no lock held.
+    /// notification at most every [`PROGRESS_EVERY`] (one that repeats the last is skipped;
+    /// at most [`PROGRESS_PASSED_MAX`] in all), on this thread, with no lock held; the latest
+    /// is passed on before the answer is returned.
     pub fn request(
         &self,
         method: &str,
@@ -214,28 +257,33 @@ impl Shared {
             return (Err(e), Vec::new());
         }
         let deadline = Instant::now().checked_add(timeout);
-        let (mut passed, mut passed_at) = (0u64, None::<Instant>);
+        let mut passing = Passing::default();
         let mut waiters = self.waiters.lock();
         loop {
             if let Some(w) = waiters.get_mut(&id) {
                 if w.answer.is_some() {
                     let w = waiters.remove(&id);
+                    drop(waiters);
                     return match w {
                         Some(Waiter {
                             answer: Some(a),
                             progress,
-                            ..
-                        }) => (a, progress),
+                            heard,
+                        }) => {
+                            // The last report often comes just before the answer.
+                            if let (Some(pass), Some(latest)) = (on_progress, progress.last()) {
+                                passing.pass(pass, latest, heard, true);
+                            }
+                            (a, progress)
+                        }
                         _ => (Err(RpcError::Gone(self.why_ended())), Vec::new()),
                     };
                 }
-                let due = passed_at.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY);
-                if let (Some(pass), true, true) = (on_progress, w.heard > passed, due) {
-                    if let Some(latest) = w.progress.last().cloned() {
-                        passed = w.heard;
-                        passed_at = Some(Instant::now());
+                if let (Some(pass), Some(latest)) = (on_progress, w.progress.last()) {
+                    if passing.due(w.heard) {
+                        let (latest, heard) = (latest.clone(), w.heard);
                         drop(waiters);
-                        pass(&latest);
+                        passing.pass(pass, &latest, heard, false);
                         waiters = self.waiters.lock();
                         continue;
                     }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
-/// A run's network (config `network`: `false`, `true`, or an allowlist object).
+/// A run's network (config `network`: `false`, `true`, `"loopback"`, or an allowlist object).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum NetworkPolicy {
     /// No socket but `AF_UNIX` (config `false`, the default).
