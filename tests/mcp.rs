@@ -68,21 +68,39 @@ fn server(command: Vec<String>, read: Vec<String>, extra: Value) -> Value {
     s
 }
 
-fn time_server(env: &HashMap<String, String>, extra: Value) -> Value {
-    let venv = std::path::Path::new(&env["mcp_time"])
+/// A server of the PyPI venv (`env[key]` is its command), reading the venv and its Python.
+fn python_server(env: &HashMap<String, String>, key: &str, args: &[String], extra: Value) -> Value {
+    let venv = std::path::Path::new(&env[key])
         .parent()
         .and_then(|b| b.parent())
         .map(|v| v.display().to_string())
         .unwrap_or_default();
-    server(
-        vec![
-            env["mcp_time"].clone(),
-            "--local-timezone".into(),
-            "UTC".into(),
-        ],
-        vec![venv, env["mcp_python_home"].clone()],
+    let command = std::iter::once(env[key].clone())
+        .chain(args.iter().cloned())
+        .collect();
+    server(command, vec![venv, env["mcp_python_home"].clone()], extra)
+}
+
+fn time_server(env: &HashMap<String, String>, extra: Value) -> Value {
+    python_server(
+        env,
+        "mcp_time",
+        &["--local-timezone".into(), "UTC".into()],
         extra,
     )
+}
+
+/// A git repository at `repo` (made) holding one untracked file.
+fn git_repo(repo: &std::path::Path, file: &str) -> TestResult {
+    std::fs::create_dir_all(repo)?;
+    let out = std::process::Command::new("git")
+        .args(["init", "-q", "-b", "main"])
+        .current_dir(repo)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()?;
+    assert!(out.status.success(), "git init: {out:?}");
+    std::fs::write(repo.join(file), "a line\n")?;
+    Ok(())
 }
 
 fn everything_server(env: &HashMap<String, String>, marker: &str, extra: Value) -> Value {
@@ -246,26 +264,13 @@ fn the_git_reference_server_reads_a_repository_in_its_working_dir() -> TestResul
     };
     let dir = TempDir::new("mcp-git");
     let repo = dir.join("repo");
-    std::fs::create_dir_all(&repo)?;
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(&repo)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .output()
-    };
-    git(&["init", "-q", "-b", "main"])?;
-    std::fs::write(repo.join("a.txt"), "hello\n")?;
-    let venv = std::path::Path::new(&env["mcp_git"])
-        .parent()
-        .and_then(|b| b.parent())
-        .map(|v| v.display().to_string())
-        .unwrap_or_default();
+    git_repo(&repo, "a.txt")?;
     let rt = runtime(
         &dir,
-        json!({"git": server(
-            vec![env["mcp_git"].clone(), "--repository".into(), repo.display().to_string()],
-            vec![venv, env["mcp_python_home"].clone()],
+        json!({"git": python_server(
+            &env,
+            "mcp_git",
+            &["--repository".into(), repo.display().to_string()],
             json!({"working_dirs": [repo]}),
         )}),
     )?;
@@ -286,28 +291,11 @@ fn the_git_reference_server_reads_a_repository_in_its_working_dir() -> TestResul
 fn git_outside_scenario(env: &HashMap<String, String>) -> TestResult {
     let dir = TempDir::new("mcp-outside");
     let (inside, outside) = (dir.join("inside"), dir.join("outside"));
-    for (repo, file) in [(&inside, "visible.txt"), (&outside, "secret.txt")] {
-        std::fs::create_dir_all(repo)?;
-        let out = std::process::Command::new("git")
-            .args(["init", "-q", "-b", "main"])
-            .current_dir(repo)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .output()?;
-        assert!(out.status.success(), "git init: {out:?}");
-        std::fs::write(repo.join(file), "a line\n")?;
-    }
-    let venv = std::path::Path::new(&env["mcp_git"])
-        .parent()
-        .and_then(|b| b.parent())
-        .map(|v| v.display().to_string())
-        .unwrap_or_default();
+    git_repo(&inside, "visible.txt")?;
+    git_repo(&outside, "secret.txt")?;
     let rt = runtime(
         &dir,
-        json!({"git": server(
-            vec![env["mcp_git"].clone()],
-            vec![venv, env["mcp_python_home"].clone()],
-            json!({"working_dirs": [inside]}),
-        )}),
+        json!({"git": python_server(env, "mcp_git", &[], json!({"working_dirs": [inside]}))}),
     )?;
     let r = call(&rt, "git.git_status", json!({"repo_path": inside}));
     let ToolResult::Success { output, .. } = &r else {
