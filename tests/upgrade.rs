@@ -20,9 +20,19 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 /// Where the fixture was made and must be unpacked: a journal names its root absolutely.
 const ROOT: &str = "/tmp/correx-v0-fixture";
 
-/// The fixture unpacked at [`ROOT`], under a lock on a file beside it (another clone's test
-/// run on this machine waits rather than unpacking over it).
-fn unpack() -> Result<std::fs::File, Box<dyn std::error::Error>> {
+/// The fixture unpacked at [`ROOT`], held under a lock on a file beside it (another clone's
+/// test run on this machine waits rather than unpacking over it), removed when dropped.
+struct Unpacked {
+    _lock: std::fs::File,
+}
+
+impl Drop for Unpacked {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(ROOT);
+    }
+}
+
+fn unpack() -> Result<Unpacked, Box<dyn std::error::Error>> {
     let lock = std::fs::File::create(format!("{ROOT}.lock"))?;
     // SAFETY: flock on a descriptor we own; released when the file closes.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
@@ -40,7 +50,7 @@ fn unpack() -> Result<std::fs::File, Box<dyn std::error::Error>> {
     if !status.success() {
         return Err(format!("tar -xzf {} failed: {status}", archive.display()).into());
     }
-    Ok(lock)
+    Ok(Unpacked { _lock: lock })
 }
 
 /// The runtime the old host ran, as this build reads its config.
@@ -151,7 +161,7 @@ fn run_dirs(sandbox: &Path) -> Result<Vec<String>, std::io::Error> {
 
 #[test]
 fn a_log_and_journals_of_an_older_correx_are_migrated_recovered_and_resumed() -> TestResult {
-    let _lock = unpack()?;
+    let _unpacked = unpack()?;
     let root = Path::new(ROOT);
     let db = root.join("events.db");
     let (b_old, b_new) = ("b, before\n".repeat(104_858), "b, after\n".repeat(209_716));
