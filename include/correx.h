@@ -150,7 +150,7 @@
 /**
  * The ABI's minor version: bumped when calls are added.
  */
-#define CORREX_ABI_VERSION_MINOR 2
+#define CORREX_ABI_VERSION_MINOR 3
 
 /**
  * The ABI's patch version: bumped for fixes that change no signature.
@@ -162,6 +162,16 @@
  * `correx_abi_version()` at run time.
  */
 #define CORREX_ABI_VERSION (((CORREX_ABI_VERSION_MAJOR << 16) | (CORREX_ABI_VERSION_MINOR << 8)) | CORREX_ABI_VERSION_PATCH)
+
+/**
+ * `correx_runtime_set_mcp_handler`'s `methods` bit: it answers `sampling/createMessage`.
+ */
+#define CORREX_MCP_SAMPLING 1
+
+/**
+ * `correx_runtime_set_mcp_handler`'s `methods` bit: it answers `elicitation/create`.
+ */
+#define CORREX_MCP_ELICITATION 2
 
 /**
  * Its size in bytes.
@@ -185,6 +195,13 @@ typedef struct correx_cancel correx_cancel;
 typedef struct correx_error correx_error;
 
 /**
+ * The answer to one request of an MCP server, filled in by the host's handler during its
+ * call (`correx_mcp_answer_set` or `correx_mcp_answer_refuse`). Owned by correx; valid only
+ * until the handler returns.
+ */
+typedef struct correx_mcp_answer correx_mcp_answer;
+
+/**
  * A correx runtime: the event log, the model manager and the sandboxed tools. Share one
  * handle among threads freely; free it once, after every other call on it returned.
  */
@@ -202,6 +219,29 @@ typedef struct correx_subscription correx_subscription;
  * It may be called from any thread, including correx's own background threads.
  */
 typedef void (*correx_log_callback)(void *user_data, int32_t level, const char *message);
+
+/**
+ * A handler of MCP servers' requests to the host (see `correx_runtime_set_mcp_handler`).
+ *
+ * `server` is the server's name in the config, `method` `"sampling/createMessage"` or
+ * `"elicitation/create"`, `params_json` the request's `params` object as the server sent it;
+ * all three live only during the call. Fill `answer` with `correx_mcp_answer_set` (the result
+ * object: a `CreateMessageResult` for sampling, an `ElicitResult` for elicitation) and return
+ * `CORREX_OK`; return anything else, or return without a result, to refuse (with the message
+ * given to `correx_mcp_answer_refuse`, else "declined by the host"). It runs on a thread of
+ * correx's, with no correx lock held: it may block (to ask a person, or to run a model, also
+ * through this runtime) and should return soon after `correx_mcp_answer_cancelled` turns 1.
+ */
+typedef int32_t (*correx_mcp_handler_fn)(void *user_data,
+                                         const char *server,
+                                         const char *method,
+                                         const char *params_json,
+                                         struct correx_mcp_answer *answer);
+
+/**
+ * Frees the `user_data` given with a callback, when correx no longer needs it.
+ */
+typedef void (*correx_free_fn)(void *user_data);
 
 /**
  * Receives each piece of a streamed answer.
@@ -235,10 +275,7 @@ typedef int32_t (*correx_approve_fn)(void *user_data,
                                      int32_t tier,
                                      const char *request_json);
 
-/**
- * Frees the `user_data` given with a callback, when correx no longer needs it.
- */
-typedef void (*correx_free_fn)(void *user_data);
+
 
 #ifdef __cplusplus
 extern "C" {
@@ -509,6 +546,93 @@ int32_t correx_session_end(const struct correx_runtime *rt,
  * `callback` is NULL or a function safe to call from any thread with `user_data`.
  */
 int32_t correx_set_log_callback(correx_log_callback callback, void *user_data, int32_t max_level);
+
+/**
+ * Registers the handler of requests MCP servers send their client (replacing, and
+ * releasing, any earlier one). A server is told at its start which of them this client
+ * answers, so one already running is restarted before its next use when that changed (once
+ * no call of it is in progress; recorded as a stop and a start): register the handler right
+ * after `correx_runtime_new`. Without one (the state of a new runtime, or after a NULL
+ * `callback`) servers are told none is answered and any such request is refused.
+ *
+ * # Parameters
+ * - `methods`: `CORREX_MCP_SAMPLING | CORREX_MCP_ELICITATION`, the methods it answers (0 with
+ *   a callback is an invalid argument).
+ * - `callback`: see `correx_mcp_handler_fn`.
+ * - `user_data`: passed back to `callback`.
+ * - `free_user_data`: optional; called once with `user_data` when the handler is replaced or
+ *   the runtime freed, after every call of it returned. When this call fails it is not
+ *   called: the caller still owns `user_data`.
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_UNUSABLE`.
+ *
+ * # Blocking and threads
+ * Never blocks for long. Any thread; the callback and user_data must be usable from any
+ * thread. `correx_runtime_free` waits for handlers in progress to return (they see
+ * `correx_mcp_answer_cancelled` turn 1).
+ *
+ * # Safety
+ * `rt` is NULL or live; the callback is safe to call with `user_data` from any thread.
+ */
+int32_t correx_runtime_set_mcp_handler(const struct correx_runtime *rt,
+                                       int32_t methods,
+                                       correx_mcp_handler_fn callback,
+                                       void *user_data,
+                                       correx_free_fn free_user_data,
+                                       struct correx_error **err);
+
+/**
+ * Sets the result a handler answers with (copied): a JSON object, sent to the server as the
+ * request's `result` when the handler returns `CORREX_OK`.
+ *
+ * # Returns
+ * `CORREX_OK`; `CORREX_E_NULL`; `CORREX_E_INVALID_ARGUMENT` when `result_json` is not UTF-8
+ * or not a JSON object (nothing is set then).
+ *
+ * # Blocking and threads
+ * Never blocks. Call it only from within the handler's call, on its thread.
+ *
+ * # Safety
+ * `answer` is NULL or the answer of a handler call in progress; `result_json` is NULL or
+ * NUL-terminated; `err` is NULL or valid for a write.
+ */
+int32_t correx_mcp_answer_set(struct correx_mcp_answer *answer,
+                              const char *result_json,
+                              struct correx_error **err);
+
+/**
+ * Refuses the request, telling the server `message` (copied; at most 4 KiB is kept). The
+ * handler then returns anything but `CORREX_OK`; a result set earlier is dropped.
+ *
+ * # Returns
+ * `CORREX_OK`; `CORREX_E_NULL`; `CORREX_E_INVALID_ARGUMENT` (not UTF-8).
+ *
+ * # Blocking and threads
+ * Never blocks. Call it only from within the handler's call, on its thread.
+ *
+ * # Safety
+ * `answer` is NULL or the answer of a handler call in progress; `message` is NULL or
+ * NUL-terminated; `err` is NULL or valid for a write.
+ */
+int32_t correx_mcp_answer_refuse(struct correx_mcp_answer *answer,
+                                 const char *message,
+                                 struct correx_error **err);
+
+/**
+ * Whether the request was withdrawn: the server cancelled it or is stopping, or the runtime
+ * is being freed. No answer is wanted any more; return soon.
+ *
+ * # Returns
+ * 1 when withdrawn, 0 while still wanted, 0 for NULL.
+ *
+ * # Blocking and threads
+ * Never blocks; callable from any thread during the handler's call.
+ *
+ * # Safety
+ * `answer` is NULL or the answer of a handler call in progress.
+ */
+int32_t correx_mcp_answer_cancelled(const struct correx_mcp_answer *answer);
 
 /**
  * The runtime's metrics as Prometheus text exposition (format 0.0.4, the body a `/metrics`

@@ -79,8 +79,9 @@ pub use tools::{
 };
 pub use tools::{
     signal_number, InterruptedJob, JobCursor, JobEndReason, JobError, JobInfo, JobOutput,
-    JobStatus, JobTable, JobsOptions, JobsTool, JobsToolOptions, McpHub, McpServerConfig,
-    McpServers, McpStart, McpToolSettings, MCP_STREAM, PROTOCOL_VERSIONS, SIGNALS,
+    JobStatus, JobTable, JobsOptions, JobsTool, JobsToolOptions, McpClientMethod, McpHub,
+    McpRefusal, McpRequestHandler, McpServerConfig, McpServerRequest, McpServers, McpStart,
+    McpToolSettings, MCP_STREAM, PROTOCOL_VERSIONS, SIGNALS,
 };
 
 #[cfg(test)]

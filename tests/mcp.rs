@@ -536,6 +536,225 @@ fn the_everything_server_gives_content_kinds_progress_and_cancels() -> TestResul
     Ok(())
 }
 
+/// A host's handler of servers' requests, as a test sees it: what it was asked, and how it
+/// answers (a fixed completion; the user's form; or, with `block`, nothing until cancelled).
+struct Host {
+    methods: Vec<correx::McpClientMethod>,
+    asked: parking_lot::Mutex<Vec<(String, correx::McpClientMethod, Value)>>,
+    refuse: bool,
+    block: bool,
+    /// Set when a blocked request was cancelled.
+    cancelled: std::sync::atomic::AtomicBool,
+}
+
+impl Host {
+    fn new(methods: Vec<correx::McpClientMethod>) -> Host {
+        Host {
+            methods,
+            asked: parking_lot::Mutex::new(Vec::new()),
+            refuse: false,
+            block: false,
+            cancelled: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+impl correx::McpRequestHandler for Host {
+    fn methods(&self) -> Vec<correx::McpClientMethod> {
+        self.methods.clone()
+    }
+
+    fn handle(
+        &self,
+        r: &correx::McpServerRequest<'_>,
+        cancel: &CancelToken,
+    ) -> Result<Value, correx::McpRefusal> {
+        self.asked
+            .lock()
+            .push((r.server.to_owned(), r.method, r.params.clone()));
+        if self.block {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !cancel.is_cancelled() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            self.cancelled
+                .store(cancel.is_cancelled(), std::sync::atomic::Ordering::SeqCst);
+            return Err(correx::McpRefusal::declined("cancelled"));
+        }
+        if self.refuse {
+            return Err(correx::McpRefusal::declined("no model for servers here"));
+        }
+        Ok(match r.method {
+            correx::McpClientMethod::Sampling => json!({
+                "role": "assistant",
+                "content": {"type": "text", "text": "a cargo of grain"},
+                "model": "host-test-model",
+                "stopReason": "endTurn"
+            }),
+            correx::McpClientMethod::Elicitation => json!({
+                "action": "accept",
+                "content": {"name": "Ada Lovelace", "check": true}
+            }),
+        })
+    }
+}
+
+/// The tools `rt` lists of server `ev` (waiting up to 10 s for `want` to be among them: a
+/// server registers some tools only once it knows the client, and says so).
+fn ev_tools(rt: &Runtime, want: Option<&str>) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let names: Vec<String> = rt
+            .executor()
+            .registry()
+            .describe()
+            .into_iter()
+            .map(|d| d.name)
+            .filter(|n| n.starts_with("ev."))
+            .collect();
+        if want.is_none_or(|w| names.iter().any(|n| n == w)) || Instant::now() > deadline {
+            return names;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn the_host_answers_a_server_s_sampling_and_elicitation_requests() -> TestResult {
+    use correx::McpClientMethod::{Elicitation, Sampling};
+    let Some(env) = installed() else {
+        return Ok(());
+    };
+    let dir = TempDir::new("mcp-host-requests");
+    let m = marker();
+    let rt = runtime(
+        &dir,
+        json!({"ev": everything_server(&env, &m, json!({"start": "open"}))}),
+    )?;
+    // No handler: the server is told this client samples nothing, so it offers no tool that
+    // would ask.
+    let tools = ev_tools(&rt, None);
+    assert!(tools.iter().any(|t| t == "ev.echo"), "{tools:?}");
+    assert!(
+        !tools
+            .iter()
+            .any(|t| t.contains("sampling") || t.contains("elicitation")),
+        "{tools:?}"
+    );
+
+    // Sampling only: the running server is restarted to learn it (a stop and a start).
+    let host = Arc::new(Host::new(vec![Sampling]));
+    rt.mcp().set_request_handler(Some(host.clone()));
+    let tools = ev_tools(&rt, Some("ev.trigger-sampling-request"));
+    assert!(
+        tools.iter().any(|t| t == "ev.trigger-sampling-request"),
+        "{tools:?}"
+    );
+    assert!(
+        !tools.iter().any(|t| t == "ev.trigger-elicitation-request"),
+        "elicitation was not declared: {tools:?}"
+    );
+    let r = call(
+        &rt,
+        "ev.trigger-sampling-request",
+        json!({"prompt": "What did the ship carry?", "maxTokens": 20}),
+    );
+    let ToolResult::Success { output, .. } = &r else {
+        return Err(format!("{r:?}").into());
+    };
+    assert!(
+        output.contains("a cargo of grain") && output.contains("host-test-model"),
+        "the server did not get the host's completion: {output}"
+    );
+    {
+        let asked = host.asked.lock();
+        assert_eq!(asked.len(), 1, "{asked:?}");
+        let (server, method, params) = &asked[0];
+        assert_eq!((server.as_str(), *method), ("ev", Sampling));
+        assert_eq!(params["maxTokens"], 20);
+        let text = params["messages"][0]["content"]["text"]
+            .as_str()
+            .unwrap_or("");
+        assert!(text.contains("What did the ship carry?"), "{params}");
+    }
+    let kinds: Vec<(String, Option<String>)> = mcp_events(&rt)
+        .into_iter()
+        .map(|(t, p)| (t, p["reason"].as_str().map(str::to_owned)))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("mcp.server_started".to_owned(), None),
+            ("mcp.server_exited".to_owned(), Some("stopped".to_owned())),
+            ("mcp.server_started".to_owned(), None)
+        ]
+    );
+
+    // Both, one answering by refusing: the server hears the refusal, and the call says so.
+    let refusing = Arc::new(Host {
+        refuse: true,
+        ..Host::new(vec![Sampling, Elicitation])
+    });
+    rt.mcp().set_request_handler(Some(refusing.clone()));
+    ev_tools(&rt, Some("ev.trigger-elicitation-request"));
+    let r = call(
+        &rt,
+        "ev.trigger-sampling-request",
+        json!({"prompt": "again", "maxTokens": 5}),
+    );
+    assert!(!r.is_success(), "{r:?}");
+    assert!(
+        format!("{r:?}").contains("no model for servers here"),
+        "the refusal did not reach the server: {r:?}"
+    );
+
+    // Elicitation: the user's form comes back to the server.
+    let host = Arc::new(Host::new(vec![Sampling, Elicitation]));
+    rt.mcp().set_request_handler(Some(host.clone()));
+    let r = call(&rt, "ev.trigger-elicitation-request", json!({}));
+    let ToolResult::Success { output, .. } = &r else {
+        return Err(format!("{r:?}").into());
+    };
+    assert!(
+        output.contains("Name: Ada Lovelace") && output.contains("Agreed to terms: true"),
+        "{output}"
+    );
+    assert_eq!(host.asked.lock()[0].1, Elicitation);
+
+    // Closing the runtime while the host is still answering tells the handler and waits for
+    // it: nothing of the server or its request is left behind.
+    let blocking = Arc::new(Host {
+        block: true,
+        ..Host::new(vec![Sampling, Elicitation])
+    });
+    rt.mcp().set_request_handler(Some(blocking.clone()));
+    let rt = Arc::new(rt);
+    let caller = {
+        let rt = rt.clone();
+        std::thread::spawn(move || {
+            call(
+                &rt,
+                "ev.trigger-sampling-request",
+                json!({"prompt": "wait", "maxTokens": 5}),
+            )
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while blocking.asked.lock().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(blocking.asked.lock().len(), 1, "the server never asked");
+    rt.mcp().shutdown();
+    assert!(
+        blocking.cancelled.load(std::sync::atomic::Ordering::SeqCst),
+        "the handler returned without being told"
+    );
+    let r = caller.join().map_err(|_| "the caller")?;
+    assert!(!r.is_success(), "{r:?}");
+    assert_eq!(count_processes(|c| c.contains(&m)), 0);
+    Ok(())
+}
+
 #[test]
 fn a_server_writing_a_line_past_its_bound_is_stopped_and_its_start_fails() -> TestResult {
     let Some(env) = installed() else {

@@ -84,6 +84,11 @@ int main(void) {
     correx_cancel_trigger(NULL);
     EXPECT(correx_error_code(NULL) == CORREX_E_NULL);
     EXPECT(strcmp(correx_error_message(NULL), "") == 0);
+    /* The MCP handler's answer calls outside a handler: NULL answers. */
+    EXPECT_CODE(CORREX_E_NULL, correx_runtime_set_mcp_handler(NULL, CORREX_MCP_SAMPLING, NULL, NULL, NULL, &err));
+    EXPECT_CODE(CORREX_E_NULL, correx_mcp_answer_set(NULL, "{}", &err));
+    EXPECT_CODE(CORREX_E_NULL, correx_mcp_answer_refuse(NULL, "no", &err));
+    EXPECT(correx_mcp_answer_cancelled(NULL) == 0);
 
     /* Constructors: bad input leaves the out-param untouched. */
     EXPECT_CODE(CORREX_E_NULL, correx_runtime_new(NULL, &untouched, &err));

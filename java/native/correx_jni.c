@@ -31,6 +31,7 @@ static JavaVM *g_vm;
 static jclass g_exception;        /* dev.correx.CorrexException */
 static jmethodID g_exception_of;  /* static CorrexException of(int, byte[]) */
 static jmethodID g_approve;       /* int ApproverBridge.approve(byte[] tool, int tier, byte[] json) */
+static jmethodID g_mcp_answer;    /* byte[] McpBridge.answer(byte[] server, byte[] method, byte[] params, long answer) */
 static jmethodID g_chunk;         /* boolean ChunkBridge.chunk(int kind, byte[] text) */
 static jmethodID g_log;           /* void LogBridge.log(int level, byte[] message) */
 static pthread_key_t g_detach_key;
@@ -161,7 +162,8 @@ JNIEXPORT jint JNICALL JNI_OnLoad(JavaVM *vm, void *reserved) {
     jclass ab = (*env)->FindClass(env, "dev/correx/Native$ApproverBridge");
     jclass cb = (*env)->FindClass(env, "dev/correx/Native$ChunkBridge");
     jclass lb = (*env)->FindClass(env, "dev/correx/Native$LogBridge");
-    if (ex == NULL || ab == NULL || cb == NULL || lb == NULL) {
+    jclass mb = (*env)->FindClass(env, "dev/correx/Native$McpBridge");
+    if (ex == NULL || ab == NULL || cb == NULL || lb == NULL || mb == NULL) {
         return JNI_ERR;
     }
     g_exception = (jclass)(*env)->NewGlobalRef(env, ex);
@@ -169,8 +171,9 @@ JNIEXPORT jint JNICALL JNI_OnLoad(JavaVM *vm, void *reserved) {
     g_approve = (*env)->GetMethodID(env, ab, "approve", "([BI[B)I");
     g_chunk = (*env)->GetMethodID(env, cb, "chunk", "(I[B)Z");
     g_log = (*env)->GetMethodID(env, lb, "log", "(I[B)V");
+    g_mcp_answer = (*env)->GetMethodID(env, mb, "answer", "([B[B[BJ)[B");
     if (g_exception == NULL || g_exception_of == NULL || g_approve == NULL || g_chunk == NULL ||
-        g_log == NULL) {
+        g_log == NULL || g_mcp_answer == NULL) {
         return JNI_ERR;
     }
     return JNI_VERSION_1_8;
@@ -271,6 +274,97 @@ JNIEXPORT void JNICALL Java_dev_correx_Native_setApprover(JNIEnv *env, jclass cl
         free(a);
     }
     failed(env, rc, err);
+}
+
+/* ---- MCP servers' requests to the host ---- */
+
+struct mcp_handler {
+    jobject bridge; /* global ref */
+};
+
+static int32_t mcp_cb(void *user_data, const char *server, const char *method, const char *params,
+                      correx_mcp_answer *answer) {
+    struct mcp_handler *h = user_data;
+    JNIEnv *env = env_for_callback();
+    if (env == NULL) {
+        return 1;
+    }
+    if ((*env)->PushLocalFrame(env, 8) != 0) {
+        (*env)->ExceptionClear(env);
+        return 1;
+    }
+    int32_t rc = 1;
+    jbyteArray s = bytes_of(env, server, strlen(server));
+    jbyteArray m = s == NULL ? NULL : bytes_of(env, method, strlen(method));
+    jbyteArray p = m == NULL ? NULL : bytes_of(env, params, strlen(params));
+    jbyteArray out = NULL;
+    if (p != NULL) {
+        out = (jbyteArray)(*env)->CallObjectMethod(env, h->bridge, g_mcp_answer, s, m, p,
+                                                   (jlong)(intptr_t)answer);
+    }
+    if ((*env)->ExceptionCheck(env)) {
+        /* The bridge catches everything; an Error escaping it (out of memory) declines. */
+        (*env)->ExceptionClear(env);
+        out = NULL;
+    }
+    if (out != NULL) {
+        int copy_failed = 0;
+        char *json = cstr_of(env, out, &copy_failed);
+        if (!copy_failed) {
+            rc = correx_mcp_answer_set(answer, json, NULL);
+            free(json);
+        } else {
+            (*env)->ExceptionClear(env);
+        }
+    }
+    (*env)->PopLocalFrame(env, NULL);
+    return rc;
+}
+
+static void mcp_handler_free(void *user_data) {
+    struct mcp_handler *h = user_data;
+    JNIEnv *env = env_for_callback();
+    if (env != NULL) {
+        (*env)->DeleteGlobalRef(env, h->bridge);
+    }
+    free(h);
+}
+
+JNIEXPORT void JNICALL Java_dev_correx_Native_setMcpHandler(JNIEnv *env, jclass cls, jlong rt,
+                                                           jint methods, jobject bridge) {
+    (void)cls;
+    correx_error *err = NULL;
+    if (bridge == NULL) {
+        failed(env, correx_runtime_set_mcp_handler(RT(rt), 0, NULL, NULL, NULL, &err), err);
+        return;
+    }
+    struct mcp_handler *h = malloc(sizeof *h);
+    if (h == NULL) {
+        jclass oom = (*env)->FindClass(env, "java/lang/OutOfMemoryError");
+        if (oom != NULL) {
+            (*env)->ThrowNew(env, oom, "correx: mcp handler");
+        }
+        return;
+    }
+    h->bridge = (*env)->NewGlobalRef(env, bridge);
+    if (h->bridge == NULL) {
+        free(h); /* OutOfMemoryError pending */
+        return;
+    }
+    int32_t rc = correx_runtime_set_mcp_handler(RT(rt), methods, mcp_cb, h, mcp_handler_free, &err);
+    if (rc != CORREX_OK) {
+        /* Not registered: the destructor will not run, so release here. */
+        (*env)->DeleteGlobalRef(env, h->bridge);
+        free(h);
+    }
+    failed(env, rc, err);
+}
+
+JNIEXPORT jboolean JNICALL Java_dev_correx_Native_mcpAnswerCancelled(JNIEnv *env, jclass cls,
+                                                                    jlong answer) {
+    (void)env;
+    (void)cls;
+    return correx_mcp_answer_cancelled((const correx_mcp_answer *)(intptr_t)answer) ? JNI_TRUE : JNI_FALSE;
 }
 
 /* ---- events ---- */

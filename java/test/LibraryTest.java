@@ -13,6 +13,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import java.util.Set;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -541,6 +542,48 @@ public final class LibraryTest {
                     check(r.success() && r.output().contains("UTC"), "called " + r);
                     ToolResult bad = mrt.tools().execute(ToolRequest.of("m", "time.get_current_time", params("timezone", 5)));
                     check(!bad.success() && "invalid_request".equals(bad.kind()), "validated " + bad);
+                }
+            });
+
+            test("an MCP server's sampling and elicitation requests are answered by the host", () -> {
+                Map<String, String> env = mcpEnv();
+                if (env == null) {
+                    if ("true".equals(System.getenv("CI"))) throw new AssertionError("the MCP servers are not installed; run scripts/install-mcp.sh");
+                    System.out.println("      !!! SKIPPING: MCP servers not installed; run scripts/install-mcp.sh !!!");
+                    return;
+                }
+                // .../node_modules/@modelcontextprotocol/server-everything/dist/index.js -> node_modules
+                Path modules = Path.of(env.get("mcp_everything")).getParent().getParent().getParent().getParent();
+                Map<String, Object> isolation = new HashMap<>();
+                isolation.put("read_paths", List.of(modules.toString()));
+                if (isRoot()) isolation.put("run_as", "host");
+                Map<String, Object> server = Map.of("command", List.of(env.get("node"), env.get("mcp_everything"), "stdio"),
+                        "tier", 1, "isolation", isolation, "startup_timeout_ms", 60000);
+                try (Runtime mrt = config("mcp-host").set("mcp_servers", Map.of("ev", server)).build()) {
+                    mrt.setApprover(r -> Decision.APPROVE);
+                    List<McpRequest> mcpAsked = java.util.Collections.synchronizedList(new ArrayList<>());
+                    expect(IllegalArgumentException.class, () -> mrt.setMcpHandler(Set.of(), r -> null));
+                    mrt.setMcpHandler(Set.of(McpMethod.SAMPLING, McpMethod.ELICITATION), r -> {
+                        mcpAsked.add(r);
+                        check(!r.isCancelled(), "wanted while mcpAsked");
+                        if (r.method() == McpMethod.SAMPLING) {
+                            return "{\"role\": \"assistant\", \"content\": {\"type\": \"text\", \"text\": \"grain, said Java\"}, \"model\": \"jvm-host\"}";
+                        }
+                        return "{\"action\": \"decline\"}";
+                    });
+                    check(mrt.tools().list().stream().anyMatch(t -> t.name().equals("ev.trigger-sampling-request") && t.enabled()), "listed");
+                    ToolResult r = mrt.tools().execute(ToolRequest.of("m", "ev.trigger-sampling-request", params("prompt", "which ship?", "maxTokens", 10)));
+                    check(r.success() && r.output().contains("grain, said Java") && r.output().contains("jvm-host"), "sampled " + r);
+                    check(mcpAsked.size() == 1 && mcpAsked.get(0).server().equals("ev") && mcpAsked.get(0).method() == McpMethod.SAMPLING
+                            && mcpAsked.get(0).params().get("maxTokens").toString().startsWith("10")
+                            && mcpAsked.get(0).isCancelled(), "mcpAsked " + mcpAsked);
+                    ToolResult e = mrt.tools().execute(ToolRequest.of("m", "ev.trigger-elicitation-request", params()));
+                    check(e.success() && e.output().contains("declined"), "elicited " + e);
+                    // An answer that is not an object declines, and is kept as the callback error.
+                    mrt.setMcpHandler(Set.of(McpMethod.SAMPLING, McpMethod.ELICITATION), q -> "[1]");
+                    ToolResult bad = mrt.tools().execute(ToolRequest.of("m", "ev.trigger-sampling-request", params("prompt", "x", "maxTokens", 5)));
+                    check(!bad.success(), "declined " + bad);
+                    check(mrt.lastCallbackError() instanceof InvalidArgumentException, "kept " + mrt.lastCallbackError());
                 }
             });
 

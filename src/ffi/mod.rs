@@ -23,6 +23,7 @@ mod convert;
 mod events;
 mod jobs;
 mod log_bridge;
+mod mcp;
 mod metrics;
 mod models;
 mod runtime;
@@ -33,6 +34,7 @@ mod tools;
 pub use cancel::*;
 pub use events::*;
 pub use log_bridge::{correx_log_callback, correx_set_log_callback};
+pub use mcp::*;
 pub use metrics::*;
 pub use models::*;
 pub use runtime::*;
@@ -101,7 +103,7 @@ pub const CORREX_EXPECT_EXACT: i32 = 2;
 /// The ABI's major version: bumped on incompatible changes.
 pub const CORREX_ABI_VERSION_MAJOR: i32 = 0;
 /// The ABI's minor version: bumped when calls are added.
-pub const CORREX_ABI_VERSION_MINOR: i32 = 2;
+pub const CORREX_ABI_VERSION_MINOR: i32 = 3;
 /// The ABI's patch version: bumped for fixes that change no signature.
 pub const CORREX_ABI_VERSION_PATCH: i32 = 0;
 /// The ABI version as one number: `MAJOR << 16 | MINOR << 8 | PATCH`; compare it with

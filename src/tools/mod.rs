@@ -44,7 +44,8 @@ pub use jobs::{
     JobStatus, JobTable, JobsOptions, JobsTool, JobsToolOptions, SIGNALS,
 };
 pub use mcp::{
-    McpHub, McpServerConfig, McpServers, McpStart, McpToolSettings, MCP_STREAM, PROTOCOL_VERSIONS,
+    McpClientMethod, McpHub, McpRefusal, McpRequestHandler, McpServerConfig, McpServerRequest,
+    McpServers, McpStart, McpToolSettings, MCP_STREAM, PROTOCOL_VERSIONS,
 };
 pub use network::{Allowlist, NetworkPolicy};
 pub(crate) use params::json_kind;

@@ -3,12 +3,16 @@
 //! The server's stdout is read by the run's own pump (the supervised spawn's), through a
 //! [`Sink`] that splits lines and dispatches them: responses go to the caller waiting for
 //! them, requests from the server are answered (`ping`; `roots/list` with the working dirs;
-//! anything else refused), notifications are kept (progress, per request) or logged. Writes
+//! sampling and elicitation by the host's handler, on a thread of their own, when one is
+//! registered; anything else refused), notifications are kept (progress, per request) or logged. Writes
 //! go to the server's stdin (non-blocking) under a lock, one whole line at a time; a server
 //! that leaves its stdin full for [`WRITE_TIMEOUT`] is ended, so neither a caller nor the pump
 //! blocks on it for longer. A line longer than the bound ends the server (its run is
 //! cancelled) instead of growing memory.
 
+use super::host_requests::{
+    HandlerSlot, McpClientMethod, McpRefusal, McpServerRequest, MAX_IN_FLIGHT,
+};
 use crate::cancel::CancelToken;
 use crate::sys::spawn::Sink;
 use parking_lot::{Condvar, Mutex};
@@ -123,10 +127,23 @@ pub(crate) struct Shared {
     /// It wrote a line past the bound.
     pub overflowed: AtomicBool,
     max_line: usize,
+    /// The host's handler of the server's sampling and elicitation requests.
+    handlers: HandlerSlot,
+    /// The methods declared to the server at its start (those the handler answered then).
+    pub declared: Vec<McpClientMethod>,
+    /// The server's requests the host's handler is answering, by request id.
+    host_calls: Mutex<HashMap<String, CancelToken>>,
+    host_calls_done: Condvar,
 }
 
 impl Shared {
-    pub fn new(name: &str, roots: Vec<String>, max_line: usize) -> Arc<Shared> {
+    pub fn new(
+        name: &str,
+        roots: Vec<String>,
+        max_line: usize,
+        handlers: HandlerSlot,
+    ) -> Arc<Shared> {
+        let declared = handlers.methods();
         Arc::new(Shared {
             name: name.to_owned(),
             waiters: Mutex::new(HashMap::new()),
@@ -139,6 +156,10 @@ impl Shared {
             kill: CancelToken::new(),
             overflowed: AtomicBool::new(false),
             max_line,
+            handlers,
+            declared,
+            host_calls: Mutex::new(HashMap::new()),
+            host_calls_done: Condvar::new(),
         })
     }
 
@@ -205,6 +226,35 @@ impl Shared {
         }
         drop(waiters);
         self.answered.notify_all();
+        // The host's handlers in progress: no one will read their answers.
+        for cancel in self.host_calls.lock().values() {
+            cancel.cancel();
+        }
+    }
+
+    /// Whether a call or a host-answered request is in progress.
+    pub fn busy(&self) -> bool {
+        !self.waiters.lock().is_empty() || !self.host_calls.lock().is_empty()
+    }
+
+    /// Waits until the host's handlers in progress have returned (told to stop by
+    /// [`Shared::end`]); each is the host's code, which correx cannot interrupt.
+    pub fn wait_host_calls(&self) {
+        let mut calls = self.host_calls.lock();
+        let mut warned = Instant::now();
+        while !calls.is_empty() {
+            if warned.elapsed() >= Duration::from_secs(10) {
+                log::warn!(
+                    "mcp server {}: waiting for {} host handler(s) to return",
+                    self.name,
+                    calls.len()
+                );
+                warned = Instant::now();
+            }
+            let _ = self
+                .host_calls_done
+                .wait_for(&mut calls, Duration::from_secs(1));
+        }
     }
 
     /// Whether the server has ended.
@@ -320,7 +370,7 @@ impl Shared {
     }
 
     /// Handles one line the server wrote on stdout.
-    fn line(&self, line: &[u8]) {
+    fn line(self: &Arc<Self>, line: &[u8]) {
         let text = String::from_utf8_lossy(line);
         let text = text.trim();
         if text.is_empty() {
@@ -349,7 +399,7 @@ impl Shared {
 
     /// Handles one JSON-RPC message: a response (it has `result` or `error`), a request from
     /// the server (`method` and `id`), or a notification (`method` alone).
-    fn message(&self, m: &Map<String, Value>) {
+    fn message(self: &Arc<Self>, m: &Map<String, Value>) {
         let response = m.contains_key("result") || m.contains_key("error");
         match (m.get("id"), m.get("method").and_then(Value::as_str)) {
             // A response to one of ours.
@@ -393,10 +443,23 @@ impl Shared {
                             .collect();
                         json!({"jsonrpc": "2.0", "id": id, "result": {"roots": roots}})
                     }
-                    other => json!({"jsonrpc": "2.0", "id": id, "error": {
-                        "code": -32601,
-                        "message": format!("{other} is not supported by this client (correx answers ping and roots/list)")
-                    }}),
+                    other => match McpClientMethod::from_method(other) {
+                        Some(asked) if self.declared.contains(&asked) => {
+                            self.answer_on_thread(id.clone(), asked, m.get("params"));
+                            return;
+                        }
+                        _ => json!({"jsonrpc": "2.0", "id": id, "error": {
+                            "code": -32601,
+                            "message": format!(
+                                "{other} is not supported by this client (correx answers ping, \
+                                 roots/list{})",
+                                self.declared
+                                    .iter()
+                                    .map(|m| format!(", {}", m.method()))
+                                    .collect::<String>()
+                            )
+                        }}),
+                    },
                 };
                 let _ = self.send(&reply);
             }
@@ -429,6 +492,13 @@ impl Shared {
                         self.answered.notify_all();
                     }
                 }
+                "notifications/cancelled" => {
+                    // The server withdrew a request the host is answering.
+                    let id = &m.get("params").unwrap_or(&Value::Null)["requestId"];
+                    if let Some(cancel) = self.host_calls.lock().get(&id.to_string()) {
+                        cancel.cancel();
+                    }
+                }
                 "notifications/tools/list_changed" => {
                     self.tools_changed.store(true, Ordering::Release)
                 }
@@ -445,6 +515,115 @@ impl Shared {
             (_, None) => {}
         }
     }
+}
+
+impl Shared {
+    /// Has the host's handler answer request `id` on a thread of its own; at most
+    /// [`MAX_IN_FLIGHT`] at a time, a request past them (or one that repeats an id in
+    /// progress) is refused at once.
+    fn answer_on_thread(
+        self: &Arc<Self>,
+        id: Value,
+        method: McpClientMethod,
+        params: Option<&Value>,
+    ) {
+        let key = id.to_string();
+        let cancel = CancelToken::new();
+        let refused = {
+            let mut calls = self.host_calls.lock();
+            if calls.len() >= MAX_IN_FLIGHT {
+                Some(format!(
+                    "{} requests are already waiting for the host; try again later",
+                    calls.len()
+                ))
+            } else if calls.contains_key(&key) {
+                Some(format!("request id {key} is already in progress"))
+            } else if self.is_ended() {
+                Some("the client is stopping this server".to_owned())
+            } else {
+                calls.insert(key.clone(), cancel.clone());
+                None
+            }
+        };
+        if let Some(why) = refused {
+            let _ = self.send(&error_reply(&id, -32603, &why));
+            return;
+        }
+        let params = params.cloned().unwrap_or(Value::Null);
+        let (shared, reply_id) = (self.clone(), id.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("correx-mcp-{}-host", self.name))
+            .spawn(move || {
+                let reply = shared.host_answer(&reply_id, method, &params, &cancel);
+                // Withdrawn by the server (or it is ending): no answer is wanted.
+                if !cancel.is_cancelled() {
+                    let _ = shared.send(&reply);
+                }
+                shared.host_calls.lock().remove(&reply_id.to_string());
+                shared.host_calls_done.notify_all();
+            });
+        if let Err(e) = spawned {
+            self.host_calls.lock().remove(&key);
+            self.host_calls_done.notify_all();
+            let _ = self.send(&error_reply(&id, -32603, &format!("no thread for it: {e}")));
+        }
+    }
+
+    /// The host's answer to one request, as the JSON-RPC message to send.
+    fn host_answer(
+        &self,
+        id: &Value,
+        method: McpClientMethod,
+        params: &Value,
+        cancel: &CancelToken,
+    ) -> Value {
+        let Some(handler) = self
+            .handlers
+            .get()
+            .filter(|h| h.methods().contains(&method))
+        else {
+            return error_reply(
+                id,
+                -32601,
+                &format!("{} is no longer answered by this client", method.method()),
+            );
+        };
+        let request = McpServerRequest {
+            server: &self.name,
+            method,
+            params,
+        };
+        let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            handler.handle(&request, cancel)
+        }));
+        match answered {
+            Ok(Ok(result @ Value::Object(_))) => {
+                json!({"jsonrpc": "2.0", "id": id, "result": result})
+            }
+            Ok(Ok(other)) => {
+                log::warn!(
+                    "mcp server {}: the host's {} handler answered with {}, not an object",
+                    self.name,
+                    method.method(),
+                    crate::tools::json_kind(&other)
+                );
+                error_reply(id, -32603, "the host's handler gave no usable answer")
+            }
+            Ok(Err(McpRefusal { code, message })) => error_reply(id, code, &message),
+            Err(_) => {
+                log::error!(
+                    "mcp server {}: the host's {} handler panicked",
+                    self.name,
+                    method.method()
+                );
+                error_reply(id, -32603, "the host's handler failed")
+            }
+        }
+    }
+}
+
+fn error_reply(id: &Value, code: i64, message: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
 }
 
 /// Splits the server's output into lines: stdout to [`Shared::line`], stderr to the log.
@@ -537,4 +716,138 @@ fn file_uri(path: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::McpRequestHandler;
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::net::UnixStream;
+
+    /// Answers sampling as `answer` says: an object, another JSON kind, a panic, or (with
+    /// `wait`) nothing until cancelled.
+    struct Host {
+        answer: Value,
+        wait: bool,
+        cancelled: AtomicU64,
+    }
+
+    impl McpRequestHandler for Host {
+        fn methods(&self) -> Vec<McpClientMethod> {
+            vec![McpClientMethod::Sampling]
+        }
+
+        fn handle(
+            &self,
+            _: &McpServerRequest<'_>,
+            cancel: &CancelToken,
+        ) -> Result<Value, McpRefusal> {
+            if self.wait {
+                while !cancel.is_cancelled() {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                self.cancelled.fetch_add(1, Ordering::SeqCst);
+            }
+            if self.answer == "panic" {
+                panic!("a host handler that panics");
+            }
+            Ok(self.answer.clone())
+        }
+    }
+
+    /// A connection whose server is this test: it writes lines as the server, and reads what
+    /// the client sent.
+    fn connection(host: Host) -> (Arc<Shared>, Arc<Host>, BufReader<UnixStream>) {
+        let slot = HandlerSlot::default();
+        let host = Arc::new(host);
+        slot.set(Some(host.clone()));
+        let shared = Shared::new("t", vec!["/w".into()], 1 << 20, slot);
+        let (ours, theirs) = UnixStream::pair().expect("a socket pair");
+        shared
+            .attach_stdin(std::os::fd::OwnedFd::from(ours))
+            .expect("attached");
+        (shared, host, BufReader::new(theirs))
+    }
+
+    fn read(r: &mut BufReader<UnixStream>) -> Value {
+        let mut line = String::new();
+        r.read_line(&mut line).expect("a line");
+        serde_json::from_str(&line).expect("JSON")
+    }
+
+    fn sampling(id: u64) -> Vec<u8> {
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"sampling/createMessage","params":{{}}}}"#)
+            .into_bytes()
+    }
+
+    fn host(answer: Value) -> Host {
+        Host {
+            answer,
+            wait: false,
+            cancelled: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn a_host_answer_that_is_not_an_object_or_a_panic_is_an_error_to_the_server() {
+        for (answer, code) in [
+            (json!({"role": "assistant"}), None),
+            (json!([1]), Some(-32603)),
+            (json!("panic"), Some(-32603)),
+        ] {
+            let (shared, _, mut r) = connection(host(answer.clone()));
+            shared.line(&sampling(7));
+            let reply = read(&mut r);
+            assert_eq!(reply["id"], 7, "{reply}");
+            assert_eq!(reply["error"]["code"].as_i64(), code, "{answer}: {reply}");
+            if code.is_none() {
+                assert_eq!(reply["result"], answer);
+            }
+        }
+    }
+
+    #[test]
+    fn undeclared_methods_are_refused_and_requests_past_the_bound_are_turned_away() {
+        let (shared, h, mut r) = connection(Host {
+            wait: true,
+            ..host(json!({}))
+        });
+        assert_eq!(shared.declared, [McpClientMethod::Sampling]);
+        shared.line(br#"{"jsonrpc":"2.0","id":"e","method":"elicitation/create","params":{}}"#);
+        let reply = read(&mut r);
+        assert_eq!(
+            (reply["id"].as_str(), reply["error"]["code"].as_i64()),
+            (Some("e"), Some(-32601))
+        );
+        for id in 0..MAX_IN_FLIGHT as u64 {
+            shared.line(&sampling(id));
+        }
+        shared.line(&sampling(99));
+        let reply = read(&mut r);
+        assert_eq!(
+            (reply["id"].as_u64(), reply["error"]["code"].as_i64()),
+            (Some(99), Some(-32603))
+        );
+        assert!(shared.busy());
+        // Withdrawn by the server: its handler is told and nothing is sent for it.
+        shared.line(
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":0}}"#,
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while h.cancelled.load(Ordering::SeqCst) < 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(h.cancelled.load(Ordering::SeqCst), 1);
+        // The end tells the rest, and waiting returns once they did.
+        shared.end("stopped by the test".into());
+        shared.wait_host_calls();
+        assert_eq!(h.cancelled.load(Ordering::SeqCst), MAX_IN_FLIGHT as u64);
+        assert!(!shared.busy());
+        drop(shared);
+        // Nothing was answered for a withdrawn request, nor after the end.
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut r, &mut rest).expect("the rest");
+        assert_eq!(rest, "", "sent after a withdrawal or the end");
+    }
 }

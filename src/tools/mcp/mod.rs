@@ -6,10 +6,12 @@
 
 mod config;
 mod connection;
+mod host_requests;
 mod schema;
 mod server;
 
 pub use config::{McpServerConfig, McpServers, McpStart, McpToolSettings};
+pub use host_requests::{McpClientMethod, McpRefusal, McpRequestHandler, McpServerRequest};
 pub use server::{MCP_STREAM, PROTOCOL_VERSIONS};
 
 use crate::cancel::CancelToken;
@@ -28,6 +30,7 @@ use std::sync::Arc;
 /// stopped.
 pub struct McpHub {
     servers: BTreeMap<String, Arc<McpServer>>,
+    handlers: host_requests::HandlerSlot,
 }
 
 impl std::fmt::Debug for McpHub {
@@ -47,6 +50,7 @@ impl McpHub {
         events: Arc<dyn EventStore>,
     ) -> Result<McpHub, (String, ToolError)> {
         let mut servers = BTreeMap::new();
+        let handlers = host_requests::HandlerSlot::default();
         for (name, c) in &config.0 {
             let launcher = ShellTool::new(ShellOptions {
                 allowed_executables: vec![c.command[0].clone()],
@@ -69,10 +73,22 @@ impl McpHub {
                     c.clone(),
                     launcher,
                     events.clone(),
+                    handlers.clone(),
                 )),
             );
         }
-        Ok(McpHub { servers })
+        Ok(McpHub { servers, handlers })
+    }
+
+    /// Registers the host's handler of the requests servers send their client (sampling,
+    /// elicitation), replacing any earlier one; `None` removes it (those requests are then
+    /// refused, as in a new runtime). Servers learn what this client answers when they start
+    /// (`initialize` declares it), so a running server whose declaration no longer matches is
+    /// restarted before its next use, once no call of it is in progress (recorded as a stop
+    /// and a start): register it before the first call, so that only servers started when
+    /// the runtime opened (`start: "open"`) start twice.
+    pub fn set_request_handler(&self, handler: Option<Arc<dyn McpRequestHandler>>) {
+        self.handlers.set(handler);
     }
 
     /// Starts the servers configured `start: "open"`.

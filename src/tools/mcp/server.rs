@@ -5,6 +5,7 @@
 
 use super::config::McpServerConfig;
 use super::connection::{Lines, RpcError, Shared};
+use super::host_requests::HandlerSlot;
 use crate::cancel::CancelToken;
 use crate::domain::DomainEvent;
 use crate::events::{EventStore, ExpectedVersion};
@@ -71,6 +72,8 @@ pub(crate) struct McpServer {
     state: Mutex<State>,
     /// The runtime closed: it never starts again.
     closed: AtomicBool,
+    /// The host's handler of the server's sampling and elicitation requests.
+    handlers: HandlerSlot,
 }
 
 impl std::fmt::Debug for McpServer {
@@ -98,6 +101,7 @@ impl McpServer {
         config: McpServerConfig,
         launcher: ShellTool,
         events: Arc<dyn EventStore>,
+        handlers: HandlerSlot,
     ) -> McpServer {
         McpServer {
             name,
@@ -106,6 +110,7 @@ impl McpServer {
             events,
             state: Mutex::new(State::Down(Down::default())),
             closed: AtomicBool::new(false),
+            handlers,
         }
     }
 
@@ -140,6 +145,21 @@ impl McpServer {
     fn ensure(self: &Arc<Self>, state: &mut State) -> Result<(), String> {
         if self.closed.load(Ordering::Acquire) {
             return Err(format!("mcp server {}: the runtime is closed", self.name));
+        }
+        // Started before the host's handler changed what this client answers: restarted
+        // (once idle) so it learns; a server told nothing would never send those requests.
+        let stale = matches!(&*state, State::Up(live)
+            if !live.shared.is_ended()
+                && live.shared.declared != self.handlers.methods()
+                && !live.shared.busy());
+        if stale {
+            if let State::Up(live) = std::mem::replace(state, State::Down(Down::default())) {
+                log::info!(
+                    "mcp server {}: restarted to declare what the host's handler answers",
+                    self.name
+                );
+                stop(live);
+            }
         }
         if let State::Up(live) = state {
             if !live.shared.is_ended() {
@@ -218,6 +238,7 @@ impl McpServer {
                 .map(|d| d.display().to_string())
                 .collect(),
             self.config.max_line_bytes,
+            self.handlers.clone(),
         );
         let (mut started, cleanup) = self.launcher.start_server(&self.config.command)?;
         // Until its thread owns it, a server that fails to start is killed before what it
@@ -395,6 +416,9 @@ pub(crate) fn finish_stop(servers: Vec<LiveServer>, deadline: Instant) {
         }
         shared.kill.cancel();
         let _ = t.join();
+        // The host's handlers were told (the server ended); the host may free what they use
+        // once this returns.
+        shared.wait_host_calls();
     }
 }
 
@@ -413,10 +437,11 @@ fn initialize(shared: &Shared, timeout: Duration) -> Result<(String, Vec<Arc<Too
     let deadline = Instant::now().checked_add(timeout);
     let mut params = Map::new();
     params.insert("protocolVersion".into(), json!(PROTOCOL_VERSIONS[0]));
-    params.insert(
-        "capabilities".into(),
-        json!({"roots": {"listChanged": false}}),
-    );
+    let mut capabilities = json!({"roots": {"listChanged": false}});
+    for m in &shared.declared {
+        capabilities[m.capability()] = json!({});
+    }
+    params.insert("capabilities".into(), capabilities);
     params.insert(
         "clientInfo".into(),
         json!({"name": "correx", "version": env!("CARGO_PKG_VERSION")}),

@@ -18,7 +18,7 @@ final class Native {
     /** The C ABI's major version this jar was built for; the library's must match. */
     static final int ABI_MAJOR = 0;
     /** The least minor version with every call this jar uses. */
-    static final int ABI_MINOR = 2;
+    static final int ABI_MINOR = 3;
 
     static {
         load();
@@ -105,6 +105,11 @@ final class Native {
         abstract int approve(byte[] tool, int tier, byte[] requestJson);
     }
 
+    /** Receives MCP servers' requests to the host; null declines. Never throws. */
+    abstract static class McpBridge {
+        abstract byte[] answer(byte[] server, byte[] method, byte[] paramsJson, long answer);
+    }
+
     /** Receives stream chunks; false stops the generation. Never throws. */
     abstract static class ChunkBridge {
         abstract boolean chunk(int kind, byte[] text);
@@ -122,6 +127,10 @@ final class Native {
     static native void runtimeFree(long rt);
 
     static native void setApprover(long rt, ApproverBridge bridge);
+
+    static native void setMcpHandler(long rt, int methods, McpBridge bridge);
+
+    static native boolean mcpAnswerCancelled(long answer);
 
     static native byte[] eventsAppend(long rt, byte[] stream, int kind, long version, byte[] events);
 

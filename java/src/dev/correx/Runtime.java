@@ -133,6 +133,47 @@ public final class Runtime implements AutoCloseable {
         }
     }
 
+    /**
+     * Sets the handler of requests MCP servers send their client, for {@code methods} (at least
+     * one), or with null removes it (those requests are then refused and servers are told none is
+     * answered: the state of a new runtime). A server learns at its start what this client answers,
+     * so one already running is restarted before its next use when that changed (once no call of it
+     * is in progress): set it right after opening the runtime. The handler runs on a correx thread
+     * and may block (to ask a person, or to run a model); closing the runtime waits for handlers in
+     * progress, which see {@link McpRequest#isCancelled()} turn true.
+     */
+    public void setMcpHandler(java.util.Set<McpMethod> methods, McpHandler handler) {
+        int bits = 0;
+        if (handler != null) {
+            if (methods == null || methods.isEmpty()) {
+                throw new IllegalArgumentException("methods: name at least one McpMethod");
+            }
+            for (McpMethod m : methods) bits |= m.bit;
+        }
+        Native.McpBridge bridge = handler == null ? null : new Native.McpBridge() {
+            @Override
+            byte[] answer(byte[] server, byte[] method, byte[] paramsJson, long answer) {
+                McpRequest r = null;
+                try {
+                    r = new McpRequest(Native.text(server), McpMethod.of(Native.text(method)),
+                            Native.text(paramsJson), answer);
+                    String json = handler.answer(r);
+                    if (json == null) return null;
+                    Json.parseObject(json); // not an object: declined, and kept as the error
+                    return Native.utf8(json, "the MCP handler's answer");
+                } catch (Throwable t) {
+                    callbackError.set(t);
+                    return null;
+                } finally {
+                    if (r != null) r.end();
+                }
+            }
+        };
+        try (Handle.Use u = handle.use()) {
+            Native.setMcpHandler(u.ptr, bits, bridge);
+        }
+    }
+
     /** The last exception an approver or stream listener of this runtime threw (null: none). */
     public Throwable lastCallbackError() {
         return callbackError.get();

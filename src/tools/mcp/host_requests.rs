@@ -1,0 +1,138 @@
+//! Requests an MCP server sends its client that the host answers: `sampling/createMessage`
+//! (the server asks for a completion from the host's model) and `elicitation/create` (it asks
+//! the user for input). A server may send them only when the client declared them at
+//! `initialize`, so correx declares exactly the methods a registered [`McpRequestHandler`]
+//! answers, and refuses (JSON-RPC -32601) any other.
+//!
+//! Each request is answered on a thread of its own (the server's output goes on being read,
+//! so its progress, its other answers and a cancel still arrive), at most
+//! [`MAX_IN_FLIGHT`] at a time per server. The handler's [`CancelToken`] fires when the server
+//! withdraws the request (`notifications/cancelled`) or ends, or the runtime closes; closing
+//! waits for handlers in progress to return.
+
+use crate::cancel::CancelToken;
+use parking_lot::RwLock;
+use serde_json::Value;
+use std::sync::Arc;
+
+/// Host-answered requests one server may have in progress; more are refused (-32603).
+pub(crate) const MAX_IN_FLIGHT: usize = 4;
+
+/// A request an MCP server may send its client that only the host can answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum McpClientMethod {
+    /// `sampling/createMessage`: the server asks for a completion. Answer with a
+    /// `CreateMessageResult` (`{"role":"assistant","content":{"type":"text","text":..},
+    /// "model":..,"stopReason":..}`).
+    Sampling,
+    /// `elicitation/create`: the server asks the user for input matching its
+    /// `requestedSchema`. Answer with an `ElicitResult` (`{"action":"accept","content":{..}}`,
+    /// or `"decline"` / `"cancel"`).
+    Elicitation,
+}
+
+impl McpClientMethod {
+    /// Every method a host can answer.
+    pub const ALL: [McpClientMethod; 2] = [McpClientMethod::Sampling, McpClientMethod::Elicitation];
+
+    /// The JSON-RPC method name.
+    pub fn method(self) -> &'static str {
+        match self {
+            McpClientMethod::Sampling => "sampling/createMessage",
+            McpClientMethod::Elicitation => "elicitation/create",
+        }
+    }
+
+    /// The client capability that tells a server it may send it.
+    pub fn capability(self) -> &'static str {
+        match self {
+            McpClientMethod::Sampling => "sampling",
+            McpClientMethod::Elicitation => "elicitation",
+        }
+    }
+
+    /// The method named `name`, if a host can answer it.
+    pub fn from_method(name: &str) -> Option<McpClientMethod> {
+        McpClientMethod::ALL
+            .into_iter()
+            .find(|m| m.method() == name)
+    }
+}
+
+/// A request from a server, as its handler sees it.
+#[derive(Debug)]
+pub struct McpServerRequest<'a> {
+    /// The server's name in the config (`mcp_servers`).
+    pub server: &'a str,
+    /// What it asks for.
+    pub method: McpClientMethod,
+    /// The request's `params`, as the server sent them (unchecked: the handler reads what it
+    /// needs and refuses what it cannot use).
+    pub params: &'a Value,
+}
+
+/// A refusal sent back to the server as a JSON-RPC error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McpRefusal {
+    /// The JSON-RPC error code; -1 is what the protocol's examples use for a user's
+    /// rejection.
+    pub code: i64,
+    /// Said to the server.
+    pub message: String,
+}
+
+impl McpRefusal {
+    /// The user (or the host on their behalf) declined: code -1.
+    pub fn declined(message: impl Into<String>) -> McpRefusal {
+        McpRefusal {
+            code: -1,
+            message: message.into(),
+        }
+    }
+}
+
+/// Answers requests MCP servers send their client. Register one with
+/// [`crate::McpHub::set_request_handler`]; it is shared by every server of the runtime.
+pub trait McpRequestHandler: Send + Sync {
+    /// The methods it answers; declared to each server it starts. Called when a server starts.
+    fn methods(&self) -> Vec<McpClientMethod>;
+
+    /// Answers `request` with its result object, or refuses it. Runs on a thread of its own
+    /// with no correx lock held, so it may block (to ask a person, or to run the host's
+    /// model); `cancel` fires when the server withdraws the request or stops, or the runtime
+    /// closes (which waits for this call to return). An answer that is not a JSON object is
+    /// sent as an error (-32603) instead; a panic too.
+    ///
+    /// # Errors
+    /// The refusal sent to the server.
+    fn handle(
+        &self,
+        request: &McpServerRequest<'_>,
+        cancel: &CancelToken,
+    ) -> Result<Value, McpRefusal>;
+}
+
+/// The runtime's handler, if one is registered: shared by its servers, looked up for each
+/// request.
+#[derive(Clone, Default)]
+pub(crate) struct HandlerSlot(Arc<RwLock<Option<Arc<dyn McpRequestHandler>>>>);
+
+impl HandlerSlot {
+    pub fn set(&self, handler: Option<Arc<dyn McpRequestHandler>>) {
+        // The old one is dropped outside the lock (a host destructor may run).
+        let old = std::mem::replace(&mut *self.0.write(), handler);
+        drop(old);
+    }
+
+    pub fn get(&self) -> Option<Arc<dyn McpRequestHandler>> {
+        self.0.read().clone()
+    }
+
+    /// The methods the registered handler answers, sorted, without repeats.
+    pub fn methods(&self) -> Vec<McpClientMethod> {
+        let mut m = self.get().map(|h| h.methods()).unwrap_or_default();
+        m.sort();
+        m.dedup();
+        m
+    }
+}
