@@ -227,10 +227,11 @@ typedef void (*correx_log_callback)(void *user_data, int32_t level, const char *
  * `"elicitation/create"`, `params_json` the request's `params` object as the server sent it;
  * all three live only during the call. Fill `answer` with `correx_mcp_answer_set` (the result
  * object: a `CreateMessageResult` for sampling, an `ElicitResult` for elicitation) and return
- * `CORREX_OK`; return anything else, or return without a result, to refuse (with the message
- * given to `correx_mcp_answer_refuse`, else "declined by the host"). It runs on a thread of
- * correx's, with no correx lock held: it may block (to ask a person, or to run a model, also
- * through this runtime) and should return soon after `correx_mcp_answer_cancelled` turns 1.
+ * `CORREX_OK`; return anything else to decline (JSON-RPC error -1 with the message given to
+ * `correx_mcp_answer_refuse`, else "declined by the host"); `CORREX_OK` without a result is
+ * error -32603. It runs on a thread of correx's, with no correx lock held: it may block (to
+ * ask a person, or to run a model, also through this runtime, but never free the runtime)
+ * and should return soon after `correx_mcp_answer_cancelled` turns 1.
  */
 typedef int32_t (*correx_mcp_handler_fn)(void *user_data,
                                          const char *server,

@@ -755,6 +755,97 @@ fn the_host_answers_a_server_s_sampling_and_elicitation_requests() -> TestResult
     Ok(())
 }
 
+/// A handler that, once told its request was withdrawn, takes a while to return (the host's
+/// code is not correx's to interrupt).
+struct Lingering {
+    asked: std::sync::atomic::AtomicBool,
+    returned: std::sync::atomic::AtomicBool,
+}
+
+impl correx::McpRequestHandler for Lingering {
+    fn methods(&self) -> Vec<correx::McpClientMethod> {
+        vec![correx::McpClientMethod::Sampling]
+    }
+
+    fn handle(
+        &self,
+        _: &correx::McpServerRequest<'_>,
+        cancel: &CancelToken,
+    ) -> Result<Value, correx::McpRefusal> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.asked.store(true, SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !cancel.is_cancelled() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        self.returned.store(true, SeqCst);
+        Err(correx::McpRefusal::declined("too late"))
+    }
+}
+
+#[test]
+fn closing_waits_for_the_handler_of_a_server_that_crashed_and_was_restarted() -> TestResult {
+    use std::sync::atomic::Ordering::SeqCst;
+    let Some(env) = installed() else {
+        return Ok(());
+    };
+    let dir = TempDir::new("mcp-host-crash");
+    let m = marker();
+    let rt = Arc::new(runtime(
+        &dir,
+        json!({"ev": everything_server(&env, &m, json!({}))}),
+    )?);
+    let host = Arc::new(Lingering {
+        asked: false.into(),
+        returned: false.into(),
+    });
+    rt.mcp().set_request_handler(Some(host.clone()));
+    ev_tools(&rt, Some("ev.trigger-sampling-request"));
+    let caller = {
+        let rt = rt.clone();
+        std::thread::spawn(move || {
+            call(
+                &rt,
+                "ev.trigger-sampling-request",
+                json!({"prompt": "wait", "maxTokens": 5}),
+            )
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !host.asked.load(SeqCst) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(host.asked.load(SeqCst), "the server never asked");
+    let pid = std::fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&m))
+        })
+        .ok_or("the server's process")?;
+    // SAFETY: a signal to a process this test started (through the runtime).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let r = caller.join().map_err(|_| "the caller")?;
+    assert!(!r.is_success(), "{r:?}");
+    // The next use starts the server again (after its backoff), leaving the crashed one's
+    // request still with the host.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !call(&rt, "ev.echo", json!({"message": "back"})).is_success()
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!host.returned.load(SeqCst), "the handler returned early");
+    rt.mcp().shutdown();
+    assert!(
+        host.returned.load(SeqCst),
+        "closing returned while the host was still answering the crashed server"
+    );
+    Ok(())
+}
+
 #[test]
 fn a_server_writing_a_line_past_its_bound_is_stopped_and_its_start_fails() -> TestResult {
     let Some(env) = installed() else {

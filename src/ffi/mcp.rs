@@ -31,10 +31,11 @@ pub struct correx_mcp_answer {
 /// `"elicitation/create"`, `params_json` the request's `params` object as the server sent it;
 /// all three live only during the call. Fill `answer` with `correx_mcp_answer_set` (the result
 /// object: a `CreateMessageResult` for sampling, an `ElicitResult` for elicitation) and return
-/// `CORREX_OK`; return anything else, or return without a result, to refuse (with the message
-/// given to `correx_mcp_answer_refuse`, else "declined by the host"). It runs on a thread of
-/// correx's, with no correx lock held: it may block (to ask a person, or to run a model, also
-/// through this runtime) and should return soon after `correx_mcp_answer_cancelled` turns 1.
+/// `CORREX_OK`; return anything else to decline (JSON-RPC error -1 with the message given to
+/// `correx_mcp_answer_refuse`, else "declined by the host"); `CORREX_OK` without a result is
+/// error -32603. It runs on a thread of correx's, with no correx lock held: it may block (to
+/// ask a person, or to run a model, also through this runtime, but never free the runtime)
+/// and should return soon after `correx_mcp_answer_cancelled` turns 1.
 pub type correx_mcp_handler_fn = Option<
     unsafe extern "C" fn(
         user_data: *mut c_void,
@@ -109,6 +110,10 @@ impl McpRequestHandler for HostMcpHandler {
         };
         match (rc, answer.result) {
             (CORREX_OK, Some(result)) => Ok(result),
+            (CORREX_OK, None) => Err(McpRefusal {
+                code: -32603,
+                message: "the host's handler gave no answer".into(),
+            }),
             _ => Err(McpRefusal::declined(
                 answer
                     .refusal

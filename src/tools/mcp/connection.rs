@@ -132,8 +132,18 @@ pub(crate) struct Shared {
     /// The methods declared to the server at its start (those the handler answered then).
     pub declared: Vec<McpClientMethod>,
     /// The server's requests the host's handler is answering, by request id.
-    host_calls: Mutex<HashMap<String, CancelToken>>,
+    host_calls: Mutex<HashMap<String, HostCall>>,
     host_calls_done: Condvar,
+    /// Calls of the server's tools under way (counted from before their request is sent, so
+    /// a restart never ends one).
+    pub calls: std::sync::atomic::AtomicUsize,
+}
+
+/// A request of the server's the host's handler is answering.
+struct HostCall {
+    cancel: CancelToken,
+    /// The thread answering it, once it runs.
+    thread: Option<std::thread::ThreadId>,
 }
 
 impl Shared {
@@ -160,6 +170,7 @@ impl Shared {
             declared,
             host_calls: Mutex::new(HashMap::new()),
             host_calls_done: Condvar::new(),
+            calls: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -227,22 +238,31 @@ impl Shared {
         drop(waiters);
         self.answered.notify_all();
         // The host's handlers in progress: no one will read their answers.
-        for cancel in self.host_calls.lock().values() {
-            cancel.cancel();
+        for call in self.host_calls.lock().values() {
+            call.cancel.cancel();
         }
     }
 
     /// Whether a call or a host-answered request is in progress.
     pub fn busy(&self) -> bool {
-        !self.waiters.lock().is_empty() || !self.host_calls.lock().is_empty()
+        self.calls.load(Ordering::Acquire) > 0
+            || !self.waiters.lock().is_empty()
+            || !self.host_calls.lock().is_empty()
+    }
+
+    /// Whether the host's handler is answering a request of this server.
+    pub fn answering(&self) -> bool {
+        !self.host_calls.lock().is_empty()
     }
 
     /// Waits until the host's handlers in progress have returned (told to stop by
-    /// [`Shared::end`]); each is the host's code, which correx cannot interrupt.
+    /// [`Shared::end`]); each is the host's code, which correx cannot interrupt. A handler
+    /// that closes the runtime itself is not waited for (it would wait for itself).
     pub fn wait_host_calls(&self) {
+        let me = std::thread::current().id();
         let mut calls = self.host_calls.lock();
         let mut warned = Instant::now();
-        while !calls.is_empty() {
+        while calls.values().any(|c| c.thread != Some(me)) {
             if warned.elapsed() >= Duration::from_secs(10) {
                 log::warn!(
                     "mcp server {}: waiting for {} host handler(s) to return",
@@ -495,8 +515,8 @@ impl Shared {
                 "notifications/cancelled" => {
                     // The server withdrew a request the host is answering.
                     let id = &m.get("params").unwrap_or(&Value::Null)["requestId"];
-                    if let Some(cancel) = self.host_calls.lock().get(&id.to_string()) {
-                        cancel.cancel();
+                    if let Some(call) = self.host_calls.lock().get(&id.to_string()) {
+                        call.cancel.cancel();
                     }
                 }
                 "notifications/tools/list_changed" => {
@@ -541,7 +561,11 @@ impl Shared {
             } else if self.is_ended() {
                 Some("the client is stopping this server".to_owned())
             } else {
-                calls.insert(key.clone(), cancel.clone());
+                let call = HostCall {
+                    cancel: cancel.clone(),
+                    thread: None,
+                };
+                calls.insert(key.clone(), call);
                 None
             }
         };
@@ -554,13 +578,18 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name(format!("correx-mcp-{}-host", self.name))
             .spawn(move || {
+                let key = reply_id.to_string();
+                if let Some(call) = shared.host_calls.lock().get_mut(&key) {
+                    call.thread = Some(std::thread::current().id());
+                }
                 let reply = shared.host_answer(&reply_id, method, &params, &cancel);
+                // Done before the reply goes: a server may reuse the id at once.
+                shared.host_calls.lock().remove(&key);
+                shared.host_calls_done.notify_all();
                 // Withdrawn by the server (or it is ending): no answer is wanted.
                 if !cancel.is_cancelled() {
                     let _ = shared.send(&reply);
                 }
-                shared.host_calls.lock().remove(&reply_id.to_string());
-                shared.host_calls_done.notify_all();
             });
         if let Err(e) = spawned {
             self.host_calls.lock().remove(&key);
@@ -577,6 +606,10 @@ impl Shared {
         params: &Value,
         cancel: &CancelToken,
     ) -> Value {
+        // Withdrawn before its turn: the handler is not asked (the reply is not sent).
+        if cancel.is_cancelled() {
+            return error_reply(id, -32603, "withdrawn");
+        }
         let Some(handler) = self
             .handlers
             .get()
@@ -730,6 +763,7 @@ mod tests {
     struct Host {
         answer: Value,
         wait: bool,
+        entered: AtomicU64,
         cancelled: AtomicU64,
     }
 
@@ -743,6 +777,7 @@ mod tests {
             _: &McpServerRequest<'_>,
             cancel: &CancelToken,
         ) -> Result<Value, McpRefusal> {
+            self.entered.fetch_add(1, Ordering::SeqCst);
             if self.wait {
                 while !cancel.is_cancelled() {
                     std::thread::sleep(Duration::from_millis(5));
@@ -767,6 +802,9 @@ mod tests {
         shared
             .attach_stdin(std::os::fd::OwnedFd::from(ours))
             .expect("attached");
+        theirs
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("a timeout");
         (shared, host, BufReader::new(theirs))
     }
 
@@ -785,6 +823,7 @@ mod tests {
         Host {
             answer,
             wait: false,
+            entered: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
         }
     }
@@ -830,6 +869,10 @@ mod tests {
             (Some(99), Some(-32603))
         );
         assert!(shared.busy());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while h.entered.load(Ordering::SeqCst) < MAX_IN_FLIGHT as u64 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         // Withdrawn by the server: its handler is told and nothing is sent for it.
         shared.line(
             br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":0}}"#,
@@ -845,9 +888,9 @@ mod tests {
         assert_eq!(h.cancelled.load(Ordering::SeqCst), MAX_IN_FLIGHT as u64);
         assert!(!shared.busy());
         drop(shared);
-        // Nothing was answered for a withdrawn request, nor after the end.
+        // Nothing was answered for the withdrawn request (sent before the end, had it been).
         let mut rest = String::new();
         std::io::Read::read_to_string(&mut r, &mut rest).expect("the rest");
-        assert_eq!(rest, "", "sent after a withdrawal or the end");
+        assert_eq!(rest, "", "an answer to a withdrawn request");
     }
 }

@@ -94,14 +94,17 @@ impl McpRefusal {
 /// Answers requests MCP servers send their client. Register one with
 /// [`crate::McpHub::set_request_handler`]; it is shared by every server of the runtime.
 pub trait McpRequestHandler: Send + Sync {
-    /// The methods it answers; declared to each server it starts. Called when a server starts.
+    /// The methods it answers; declared to each server it starts. Called at every use of a
+    /// server (to see whether a running one must learn of a change): keep it cheap, and do
+    /// not call correx from it.
     fn methods(&self) -> Vec<McpClientMethod>;
 
     /// Answers `request` with its result object, or refuses it. Runs on a thread of its own
     /// with no correx lock held, so it may block (to ask a person, or to run the host's
     /// model); `cancel` fires when the server withdraws the request or stops, or the runtime
-    /// closes (which waits for this call to return). An answer that is not a JSON object is
-    /// sent as an error (-32603) instead; a panic too.
+    /// closes (which waits for this call to return, so it must not close the runtime itself).
+    /// An answer that is not a JSON object is sent as an error (-32603) instead; a panic
+    /// too.
     ///
     /// # Errors
     /// The refusal sent to the server.

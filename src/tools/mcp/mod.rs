@@ -163,6 +163,12 @@ impl McpHub {
             .filter_map(|s| s.begin_shutdown())
             .collect();
         server::finish_stop(live, std::time::Instant::now() + server::STOP_GRACE);
+        // The host's handlers were told (their servers ended); once they returned, the
+        // handler is released here, so a host may free what it uses when this returns.
+        for s in self.servers.values() {
+            s.wait_retired();
+        }
+        self.handlers.set(None);
     }
 }
 

@@ -74,6 +74,9 @@ pub(crate) struct McpServer {
     closed: AtomicBool,
     /// The host's handler of the server's sampling and elicitation requests.
     handlers: HandlerSlot,
+    /// Connections of servers gone (or going) whose requests the host's handler may still be
+    /// answering: closing waits for them.
+    retired: Mutex<Vec<Arc<Shared>>>,
 }
 
 impl std::fmt::Debug for McpServer {
@@ -111,6 +114,7 @@ impl McpServer {
             state: Mutex::new(State::Down(Down::default())),
             closed: AtomicBool::new(false),
             handlers,
+            retired: Mutex::new(Vec::new()),
         }
     }
 
@@ -118,8 +122,53 @@ impl McpServer {
         record(self.events.as_ref(), &self.name, e);
     }
 
+    /// Keeps `shared` until the host's handlers answering its requests returned.
+    fn retire(&self, shared: &Arc<Shared>) {
+        let mut retired = self.retired.lock();
+        retired.retain(|s| s.answering());
+        retired.push(shared.clone());
+    }
+
+    /// Waits for the host's handlers answering requests of this server's ended connections
+    /// (told to stop when each ended).
+    pub fn wait_retired(&self) {
+        let retired = std::mem::take(&mut *self.retired.lock());
+        for shared in retired {
+            shared.wait_host_calls();
+        }
+    }
+
+    /// A running server told at its start of other methods than the host's handler answers
+    /// now is stopped (once none of its calls or host requests is in progress), to be started
+    /// again by the caller's next step; stopped without the state lock held, so a handler
+    /// that uses the server meanwhile does not wait on it.
+    fn restart_if_stale(&self) {
+        let methods = self.handlers.methods();
+        let live = {
+            let mut state = self.state.lock();
+            let stale = matches!(&*state, State::Up(live)
+                if !live.shared.is_ended()
+                    && live.shared.declared != methods
+                    && !live.shared.busy());
+            if !stale {
+                return;
+            }
+            match std::mem::replace(&mut *state, State::Down(Down::default())) {
+                State::Up(live) => live,
+                State::Down(_) => return,
+            }
+        };
+        log::info!(
+            "mcp server {}: restarted to declare what the host's handler answers",
+            self.name
+        );
+        self.retire(&live.shared);
+        stop(live);
+    }
+
     /// The server's tools, starting it if it is not running.
     pub fn tools(self: &Arc<Self>) -> Result<Vec<Arc<ToolDef>>, String> {
+        self.restart_if_stale();
         let mut state = self.state.lock();
         self.ensure(&mut state)?;
         match &*state {
@@ -133,6 +182,7 @@ impl McpServer {
     /// # Errors
     /// Why the server is not running (it could not start, or waits out its backoff).
     pub fn tool(self: &Arc<Self>, name: &str) -> Result<Option<Arc<ToolDef>>, String> {
+        self.restart_if_stale();
         let mut state = self.state.lock();
         self.ensure(&mut state)?;
         Ok(match &*state {
@@ -145,21 +195,6 @@ impl McpServer {
     fn ensure(self: &Arc<Self>, state: &mut State) -> Result<(), String> {
         if self.closed.load(Ordering::Acquire) {
             return Err(format!("mcp server {}: the runtime is closed", self.name));
-        }
-        // Started before the host's handler changed what this client answers: restarted
-        // (once idle) so it learns; a server told nothing would never send those requests.
-        let stale = matches!(&*state, State::Up(live)
-            if !live.shared.is_ended()
-                && live.shared.declared != self.handlers.methods()
-                && !live.shared.busy());
-        if stale {
-            if let State::Up(live) = std::mem::replace(state, State::Down(Down::default())) {
-                log::info!(
-                    "mcp server {}: restarted to declare what the host's handler answers",
-                    self.name
-                );
-                stop(live);
-            }
         }
         if let State::Up(live) = state {
             if !live.shared.is_ended() {
@@ -181,6 +216,7 @@ impl McpServer {
             if let Some(t) = live.thread.take() {
                 let _ = t.join();
             }
+            self.retire(&live.shared);
             let (why, at) = live
                 .shared
                 .ended_at()
@@ -319,6 +355,7 @@ impl McpServer {
                 Ok(Live { tools, ..live })
             }
             Err(e) => {
+                self.retire(&live.shared);
                 stop(live);
                 Err(e)
             }
@@ -336,14 +373,26 @@ impl McpServer {
         run: (&str, &str),
         cancel: &CancelToken,
     ) -> Result<(Value, Vec<Value>), RpcError> {
+        self.restart_if_stale();
         let shared = {
             let mut state = self.state.lock();
             self.ensure(&mut state).map_err(RpcError::Gone)?;
             match &*state {
-                State::Up(live) => live.shared.clone(),
+                State::Up(live) => {
+                    // Counted before the lock goes: a restart for the host's handler waits.
+                    live.shared.calls.fetch_add(1, Ordering::AcqRel);
+                    live.shared.clone()
+                }
                 State::Down(_) => return Err(RpcError::Gone("not running".into())),
             }
         };
+        struct Counted<'a>(&'a Shared);
+        impl Drop for Counted<'_> {
+            fn drop(&mut self) {
+                self.0.calls.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _counted = Counted(&shared);
         let mut params = Map::new();
         params.insert("name".into(), json!(tool));
         params.insert("arguments".into(), Value::Object(arguments));
@@ -374,6 +423,7 @@ impl McpServer {
         if let Some(live) = self.begin_shutdown() {
             finish_stop(vec![live], Instant::now() + EXIT_GRACE);
         }
+        self.wait_retired();
     }
 
     /// Closes the server for good and tells a running one to end (its stdin closed); the
@@ -385,6 +435,7 @@ impl McpServer {
             State::Up(live) => {
                 live.stopping.store(true, Ordering::Release);
                 live.shared.end("stopped by correx".into());
+                self.retire(&live.shared);
                 Some(LiveServer(live))
             }
             State::Down(_) => None,
@@ -416,9 +467,6 @@ pub(crate) fn finish_stop(servers: Vec<LiveServer>, deadline: Instant) {
         }
         shared.kill.cancel();
         let _ = t.join();
-        // The host's handlers were told (the server ended); the host may free what they use
-        // once this returns.
-        shared.wait_host_calls();
     }
 }
 

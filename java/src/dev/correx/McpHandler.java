@@ -5,8 +5,8 @@ package dev.correx;
 public interface McpHandler {
     /**
      * The result object as JSON (a {@code CreateMessageResult} for sampling, an
-     * {@code ElicitResult} for elicitation), or null to decline. An exception declines too (kept
-     * for {@link Runtime#lastCallbackError()}); so does an answer that is not a JSON object.
+     * {@code ElicitResult} for elicitation), or null to decline. An exception declines too, as
+     * does an answer that is not a JSON object (both kept for {@link Runtime#lastCallbackError()}).
      */
     String answer(McpRequest request) throws Exception;
 }

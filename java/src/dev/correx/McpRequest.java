@@ -12,7 +12,7 @@ public final class McpRequest {
     private final McpMethod method;
     private final String paramsJson;
     private final long answer;
-    private volatile boolean over;
+    private boolean over;
 
     McpRequest(String server, McpMethod method, String paramsJson, long answer) {
         this.server = server;
@@ -45,11 +45,12 @@ public final class McpRequest {
      * Whether the request was withdrawn (the server cancelled it or is stopping, or the runtime
      * is closing): no answer is wanted any more; return soon. True once the handler returned.
      */
-    public boolean isCancelled() {
+    public synchronized boolean isCancelled() {
+        // The native answer lives only until the handler returns (end()).
         return over || Native.mcpAnswerCancelled(answer);
     }
 
-    void end() {
+    synchronized void end() {
         over = true;
     }
 }

@@ -139,8 +139,10 @@ public final class Runtime implements AutoCloseable {
      * answered: the state of a new runtime). A server learns at its start what this client answers,
      * so one already running is restarted before its next use when that changed (once no call of it
      * is in progress): set it right after opening the runtime. The handler runs on a correx thread
-     * and may block (to ask a person, or to run a model); closing the runtime waits for handlers in
-     * progress, which see {@link McpRequest#isCancelled()} turn true.
+     * and may block (to ask a person, or to run a model), but must not close this runtime; closing
+     * it waits for handlers in progress, which see {@link McpRequest#isCancelled()} turn true. A
+     * handler that returns null, throws, or answers with anything but a JSON object declines
+     * (JSON-RPC error -1 to the server).
      */
     public void setMcpHandler(java.util.Set<McpMethod> methods, McpHandler handler) {
         int bits = 0;
@@ -174,7 +176,10 @@ public final class Runtime implements AutoCloseable {
         }
     }
 
-    /** The last exception an approver or stream listener of this runtime threw (null: none). */
+    /**
+     * The last exception an approver, stream listener or MCP handler of this runtime threw, or
+     * an MCP handler's answer that was not a JSON object (null: none).
+     */
     public Throwable lastCallbackError() {
         return callbackError.get();
     }
