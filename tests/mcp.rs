@@ -778,7 +778,8 @@ impl correx::McpRequestHandler for Lingering {
         while !cancel.is_cancelled() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(1500));
+        // Longer than a restart and a close take without waiting for it.
+        std::thread::sleep(Duration::from_secs(6));
         self.returned.store(true, SeqCst);
         Err(correx::McpRefusal::declined("too late"))
     }
