@@ -40,6 +40,7 @@ fn write_log(path: &std::path::Path) -> Result<SqliteEventStore, Box<dyn std::er
             pid: Some(4242),
             load_ms: 900,
             endpoints: vec![],
+            endpoint_features: Vec::new(),
             isolation: None,
         },
         "model-manager",

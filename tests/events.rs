@@ -63,6 +63,7 @@ fn every_domain_event() -> Vec<DomainEvent> {
             pid: Some(42),
             load_ms: 1300,
             endpoints: vec![],
+            endpoint_features: Vec::new(),
             isolation: None,
         },
         DomainEvent::ModelLoaded {
@@ -72,6 +73,7 @@ fn every_domain_event() -> Vec<DomainEvent> {
             pid: None,
             load_ms: 3,
             endpoints: vec!["http://10.0.0.5:8080".into()],
+            endpoint_features: Vec::new(),
             isolation: None,
         },
         DomainEvent::ModelEndpointFailover {

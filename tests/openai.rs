@@ -2,7 +2,8 @@
 //! `/v1/models` (vLLM, SGLang). The engine here is a STUB (named so): no GPU engine runs on
 //! this machine, so a loopback server answers as OpenAI's API reference documents it (model
 //! list, streamed chunks, a last chunk with usage for `stream_options.include_usage`, 401 for
-//! a wrong key), and records what it was sent.
+//! a wrong key; as vLLM documents it, `/tokenize` and a 400 for a JSON schema it cannot
+//! enforce), and records what it was sent.
 
 use correx::{
     CancelToken, DefaultModelManager, EndpointKind, EventStore, GenerationConfig, InferenceError,
@@ -27,6 +28,26 @@ struct Stub {
     seen: Arc<Mutex<Vec<Seen>>>,
 }
 
+/// What the stub engine offers.
+#[derive(Clone, Copy)]
+struct Offers {
+    /// The model it lists and serves.
+    serves: &'static str,
+    /// vLLM's `/tokenize`.
+    tokenize: bool,
+    /// A JSON-schema `response_format` (else 400, as an engine without guided decoding).
+    json_schema: bool,
+    /// Usage in streams when asked.
+    usage: bool,
+}
+
+const PLAIN: Offers = Offers {
+    serves: SERVED,
+    tokenize: false,
+    json_schema: true,
+    usage: true,
+};
+
 fn respond(out: &mut impl Write, status: &str, content_type: &str, body: &str) {
     let _ = write!(
         out,
@@ -37,6 +58,10 @@ fn respond(out: &mut impl Write, status: &str, content_type: &str, body: &str) {
 
 impl Stub {
     fn start(key: &'static str) -> std::io::Result<Stub> {
+        Stub::offering(key, PLAIN)
+    }
+
+    fn offering(key: &'static str, offers: Offers) -> std::io::Result<Stub> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -82,12 +107,27 @@ impl Stub {
                     continue;
                 }
                 if request_line.starts_with("GET /v1/models ") {
-                    let list = json!({"object": "list", "data": [{"id": SERVED, "object": "model", "owned_by": "stub"}]});
+                    let list = json!({"object": "list", "data": [{"id": offers.serves, "object": "model", "owned_by": "stub"}]});
                     respond(&mut out, "200 OK", "application/json", &list.to_string());
                     continue;
                 }
+                if offers.tokenize
+                    && request_line.starts_with("POST /tokenize ")
+                    && body["model"] == offers.serves
+                {
+                    // One token per word, as ids.
+                    let n = body["prompt"]
+                        .as_str()
+                        .unwrap_or("")
+                        .split_whitespace()
+                        .count();
+                    let tokens: Vec<usize> = (0..n).map(|i| 100 + i).collect();
+                    let answer = json!({"count": n, "max_model_len": 4096, "tokens": tokens});
+                    respond(&mut out, "200 OK", "application/json", &answer.to_string());
+                    continue;
+                }
                 if !request_line.starts_with("POST /v1/chat/completions ")
-                    || body["model"] != SERVED
+                    || body["model"] != offers.serves
                 {
                     respond(
                         &mut out,
@@ -97,9 +137,18 @@ impl Stub {
                     );
                     continue;
                 }
+                if !offers.json_schema && body["response_format"]["type"] == "json_schema" {
+                    respond(
+                        &mut out,
+                        "400 Bad Request",
+                        "application/json",
+                        r#"{"error":{"message":"guided decoding is not enabled","type":"BadRequestError"}}"#,
+                    );
+                    continue;
+                }
                 let chunk = |delta: Value, finish: Value| {
                     json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                           "model": SERVED,
+                           "model": offers.serves,
                            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
                 };
                 let mut events = vec![
@@ -108,10 +157,10 @@ impl Stub {
                     chunk(json!({"content": " there"}), Value::Null),
                     chunk(json!({}), json!("stop")),
                 ];
-                if body["stream_options"]["include_usage"] == true {
+                if offers.usage && body["stream_options"]["include_usage"] == true {
                     events.push(
                         json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
-                        "created": 1, "model": SERVED, "choices": [],
+                        "created": 1, "model": offers.serves, "choices": [],
                         "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}),
                     );
                 }
@@ -340,4 +389,118 @@ fn endpoint_settings_are_checked_before_anything_is_called() {
         "model_id": "m", "residency": "persistent", "endpoints": ["http://127.0.0.1:1"],
         "endpoint_kind": "vllm"}));
     assert!(parsed.is_err());
+}
+
+#[test]
+fn an_openai_endpoint_is_probed_at_load_for_what_it_offers() -> TestResult {
+    const KEY: &str = "sk-stub-probe";
+    let dir = crate::util::TempDir::new("openai-probe");
+    let (models, store) = manager(dir.path())?;
+    std::env::set_var("CORREX_TEST_OPENAI_PROBE_KEY", KEY);
+    let descriptor = |port: u16, id: &str| {
+        let mut d = descriptor(port, "CORREX_TEST_OPENAI_PROBE_KEY");
+        d.model_id = id.into();
+        d
+    };
+
+    // vLLM-like: it tokenizes, and has no guided decoding.
+    let vllm = Stub::offering(
+        KEY,
+        Offers {
+            tokenize: true,
+            json_schema: false,
+            ..PLAIN
+        },
+    )?;
+    let provider = models.load(&descriptor(vllm.port, "vllm"))?;
+    let loaded = store
+        .read_all(1, 1000)?
+        .into_iter()
+        .rfind(|e| e.type_id == "model.loaded")
+        .ok_or("model.loaded")?;
+    assert_eq!(
+        loaded.payload["endpoint_features"],
+        json!([{"url": format!("http://127.0.0.1:{}", vllm.port), "tokenize": true,
+                "json_schema": false, "llama_extras": false}]),
+        "{}",
+        loaded.payload
+    );
+    // Tokenizing goes to its /tokenize, in vLLM's shape.
+    assert_eq!(
+        provider.tokenizer().tokenize("three little words")?.len(),
+        3
+    );
+    let (head, body) = vllm
+        .seen
+        .lock()
+        .map_err(|_| "poisoned")?
+        .last()
+        .cloned()
+        .ok_or("no request")?;
+    assert!(head[0].starts_with("POST /tokenize "), "{head:?}");
+    assert_eq!(
+        (body["model"].as_str(), body["prompt"].as_str()),
+        (Some(SERVED), Some("three little words"))
+    );
+    // A JSON schema it cannot enforce is refused before anything is sent, not ignored.
+    let sent = vllm.seen.lock().map_err(|_| "poisoned")?.len();
+    let schema = InferenceRequest {
+        config: GenerationConfig {
+            response_format: Some(correx::ResponseFormat::JsonSchema {
+                json_schema: correx::JsonSchemaFormat {
+                    name: Some("answer".into()),
+                    schema: json!({"type": "object"}),
+                    strict: None,
+                },
+            }),
+            ..GenerationConfig::default()
+        },
+        ..InferenceRequest::default()
+    };
+    match provider.infer(&schema) {
+        Err(InferenceError::Unsupported { feature, .. }) => {
+            assert_eq!(feature, "response_format json_schema")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(vllm.seen.lock().map_err(|_| "poisoned")?.len(), sent);
+
+    // One with guided decoding takes the schema.
+    let guided = Stub::offering(KEY, PLAIN)?;
+    let provider = models.load(&descriptor(guided.port, "guided"))?;
+    assert_eq!(provider.infer(&schema)?.text, "Hello there");
+
+    // A served name it does not list: the load fails saying what it serves.
+    let other = Stub::offering(
+        KEY,
+        Offers {
+            serves: "org/another-model",
+            ..PLAIN
+        },
+    )?;
+    let e = models
+        .load(&descriptor(other.port, "typo"))
+        .err()
+        .ok_or("a load of a model the endpoint does not serve")?;
+    assert!(
+        matches!(e, ModelLoadError::EndpointsDown { .. })
+            && e.to_string().contains("org/another-model")
+            && e.to_string().contains("served_model"),
+        "{e}"
+    );
+
+    // Streams without usage: the load fails saying so, instead of every inference after it.
+    let silent = Stub::offering(
+        KEY,
+        Offers {
+            usage: false,
+            ..PLAIN
+        },
+    )?;
+    let e = models
+        .load(&descriptor(silent.port, "silent"))
+        .err()
+        .ok_or("a load of an engine whose streams carry no usage")?;
+    assert!(e.to_string().contains("usage"), "{e}");
+    Ok(())
 }

@@ -63,6 +63,11 @@ pub enum DomainEvent {
         /// A remote model's endpoints.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         endpoints: Vec<String>,
+        /// What each remote endpoint offers, as probed at the load (`{"url", "tokenize",
+        /// "json_schema", "llama_extras"}`; `{"url", "probed": false}` for one that did not
+        /// answer then, probed when it first does).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        endpoint_features: Vec<serde_json::Value>,
         /// How the spawned server was confined (`models.isolation`), as applied; absent for a
         /// remote model and in events written before servers were confined.
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -47,6 +47,28 @@ impl EndpointKind {
     }
 }
 
+/// What one endpoint offers, as probed when its model was loaded (`model.loaded` records it
+/// per endpoint). A request that needs what its endpoint lacks goes to one that has it, or
+/// fails with [`crate::InferenceError::Unsupported`] before anything is sent.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EndpointFeatures {
+    /// It tokenizes (`/tokenize`: llama-server's, or vLLM's with `model` and `prompt`).
+    pub tokenize: bool,
+    /// It accepts a JSON-schema `response_format` (structured output).
+    pub json_schema: bool,
+    /// llama-server's extras: a GBNF `grammar`, `top_k`, `min_p`, mirostat, `timings`.
+    pub llama_extras: bool,
+}
+
+impl EndpointFeatures {
+    /// llama-server's: everything.
+    pub const LLAMA_SERVER: EndpointFeatures = EndpointFeatures {
+        tokenize: true,
+        json_schema: true,
+        llama_extras: true,
+    };
+}
+
 /// Settings of the HTTP client.
 #[derive(Clone, Debug)]
 pub struct HttpOptions {
@@ -373,6 +395,8 @@ pub struct LlamaCppTokenizer {
     url: String,
     agent: ureq::Agent,
     authorization: Option<Redacted>,
+    /// vLLM's shape: the body names the model and the text is its `prompt`.
+    model: Option<String>,
 }
 
 impl LlamaCppTokenizer {
@@ -383,6 +407,15 @@ impl LlamaCppTokenizer {
             url: String::new(),
             agent: agent(options),
             authorization: None,
+            model: None,
+        }
+    }
+
+    /// vLLM's `/tokenize` at `base_url` (`{"model", "prompt"}`), for model `served`.
+    fn openai(base_url: &str, options: &HttpOptions, served: &str) -> Self {
+        LlamaCppTokenizer {
+            model: Some(served.to_owned()),
+            ..Self::new(base_url, options)
         }
     }
 
@@ -403,6 +436,7 @@ impl LlamaCppTokenizer {
             url: format!("{}/tokenize", base_url.trim_end_matches('/')),
             agent,
             authorization: None,
+            model: None,
         }
     }
 }
@@ -416,7 +450,12 @@ impl Tokenizer for LlamaCppTokenizer {
             });
         }
         let auth = self.authorization.as_ref().map(|Redacted(a)| a.as_str());
-        let body = post_json(&self.agent, &self.url, &json!({"content": text}), auth)?;
+        let request = match &self.model {
+            // No chat template around it, as llama-server's.
+            Some(m) => json!({"model": m, "prompt": text, "add_special_tokens": false}),
+            None => json!({"content": text}),
+        };
+        let body = post_json(&self.agent, &self.url, &request, auth)?;
         let tokens = body
             .get("tokens")
             .and_then(Value::as_array)
@@ -468,6 +507,9 @@ pub struct LlamaCppInferenceProvider {
     agent: ureq::Agent,
     health_agent: ureq::Agent,
     tokenizer: LlamaCppTokenizer,
+    /// The base URL and HTTP settings, for a tokenizer found by the probe.
+    base: String,
+    options: HttpOptions,
 }
 
 const CHAT_PATH: &str = "/v1/chat/completions";
@@ -528,6 +570,8 @@ impl LlamaCppInferenceProvider {
             chat,
             agent: shared,
             health_agent,
+            base: base.to_owned(),
+            options: options.clone(),
         }
     }
 
@@ -577,6 +621,135 @@ impl LlamaCppInferenceProvider {
     /// What the endpoint speaks.
     pub fn kind(&self) -> EndpointKind {
         self.kind
+    }
+
+    /// Finds what the endpoint offers (after a healthy [`InferenceProvider::health_check`]).
+    /// llama-server offers everything and is not asked. An `openai` endpoint is asked: its
+    /// `/v1/models` must list the served model; `/tokenize` is tried; a one-token streamed
+    /// completion must end with `usage` (correx records every inference's counts), and one
+    /// with a JSON-schema `response_format` says whether structured output is taken. The
+    /// endpoint's model then tokenizes through what the probe found.
+    ///
+    /// # Errors
+    /// Why the endpoint cannot serve this model: it does not list it, it does not answer a
+    /// completion, or its streams carry no usage.
+    pub fn probe(&self) -> Result<EndpointFeatures, String> {
+        if self.kind == EndpointKind::LlamaServer {
+            return Ok(EndpointFeatures::LLAMA_SERVER);
+        }
+        self.probe_models()?;
+        let tokenize = self
+            .probed_tokenizer()
+            .is_some_and(|t| t.tokenize("correx").is_ok_and(|t| !t.is_empty()));
+        let ask = |format: Option<ResponseFormat>| {
+            let request = InferenceRequest {
+                context: super::ContextPack {
+                    system: None,
+                    task: None,
+                    entries: vec![super::ContextEntry::new(
+                        super::SourceType::User,
+                        "Answer with one word.",
+                    )],
+                },
+                config: super::GenerationConfig {
+                    max_tokens: 1,
+                    temperature: 0.0,
+                    response_format: format,
+                    ..super::GenerationConfig::default()
+                },
+                session: None,
+            };
+            self.infer_stream(&request, &CancelToken::new(), &mut |_| {
+                StreamControl::Continue
+            })
+        };
+        match ask(None) {
+            Ok(_) => {}
+            Err(InferenceError::StreamIncomplete { .. }) => {
+                return Err(
+                    "its streamed completions carry no usage (stream_options.include_usage), \
+                     which correx records for every inference"
+                        .into(),
+                )
+            }
+            Err(e) => return Err(format!("a one-token completion failed: {e}")),
+        }
+        let schema = ResponseFormat::JsonSchema {
+            json_schema: super::contract::JsonSchemaFormat {
+                name: Some("probe".into()),
+                schema: json!({"type": "object"}),
+                strict: None,
+            },
+        };
+        let json_schema = match ask(Some(schema)) {
+            Ok(_) => true,
+            Err(InferenceError::Http { status, .. }) if (400..500).contains(&status) => false,
+            Err(e) => {
+                log::warn!(
+                    "{}: a completion with a JSON schema failed ({e}); taken as unsupported",
+                    self.base
+                );
+                false
+            }
+        };
+        Ok(EndpointFeatures {
+            tokenize,
+            json_schema,
+            llama_extras: false,
+        })
+    }
+
+    /// `/v1/models` lists the served model.
+    fn probe_models(&self) -> Result<(), String> {
+        let url = format!("{}/v1/models", self.base);
+        let mut get = self.health_agent.get(&url);
+        if let Some(Redacted(a)) = &self.authorization {
+            get = get.header("authorization", a);
+        }
+        let text = get
+            .call()
+            .map_err(|e| format!("listing its models: {}", transport(&url, e)))?
+            .body_mut()
+            .with_config()
+            .limit(4 * 1024 * 1024)
+            .read_to_string()
+            .map_err(|e| format!("listing its models: {e}"))?;
+        let listed: Vec<String> = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v.get("data").and_then(Value::as_array).cloned())
+            .ok_or_else(|| format!("/v1/models is not a model list: {}", prefix(&text)))?
+            .iter()
+            .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_owned))
+            .collect();
+        if listed.contains(&self.served) {
+            return Ok(());
+        }
+        let mut shown: Vec<&str> = listed.iter().map(String::as_str).take(10).collect();
+        if listed.len() > shown.len() {
+            shown.push("...");
+        }
+        Err(format!(
+            "it serves {}, not {:?} (set served_model to the name it serves)",
+            if shown.is_empty() {
+                "no model".to_owned()
+            } else {
+                shown.join(", ")
+            },
+            self.served
+        ))
+    }
+
+    /// The tokenizer an `openai` endpoint may have (vLLM's `/tokenize`), sharing this
+    /// provider's key; llama-server's for a llama-server.
+    pub(crate) fn probed_tokenizer(&self) -> Option<LlamaCppTokenizer> {
+        match self.kind {
+            EndpointKind::LlamaServer => Some(self.tokenizer.clone()),
+            EndpointKind::Openai => {
+                let mut t = LlamaCppTokenizer::openai(&self.base, &self.options, &self.served);
+                t.authorization = self.authorization.clone();
+                Some(t)
+            }
+        }
     }
 
     /// The model id this provider asks for.

@@ -16,8 +16,8 @@ pub use contract::{
 };
 pub use error::InferenceError;
 pub use llama::{
-    capabilities_for, chat_body, stream_body, EndpointKind, HttpOptions, LlamaCppInferenceProvider,
-    LlamaCppTokenizer,
+    capabilities_for, chat_body, stream_body, EndpointFeatures, EndpointKind, HttpOptions,
+    LlamaCppInferenceProvider, LlamaCppTokenizer,
 };
 pub use manager::{
     DefaultModelManager, ManagedInferenceProvider, ManagerOptions, ModelDescriptor, ModelManager,

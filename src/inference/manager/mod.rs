@@ -39,12 +39,13 @@ use scheduler::{ensure_loaded, stop_model, unload_model};
 use server::{default_log_dir, spawner_thread};
 
 use super::llama::{
-    capabilities_for, EndpointKind, HttpOptions, LlamaCppInferenceProvider, LlamaCppTokenizer,
+    capabilities_for, EndpointFeatures, EndpointKind, HttpOptions, LlamaCppInferenceProvider,
+    LlamaCppTokenizer,
 };
 use super::manager_error::ModelLoadError;
 use super::{
     CapabilityScore, InferenceError, InferenceProvider, InferenceRequest, InferenceResponse,
-    ProviderHealth, StreamChunk, StreamControl, Tokenizer,
+    ProviderHealth, ResponseFormat, StreamChunk, StreamControl, Tokenizer,
 };
 use crate::cancel::CancelToken;
 pub use crate::domain::MODEL_STREAM;

@@ -4,7 +4,10 @@
 //! lost endpoint moves only its own sessions), unless that one has
 //! `session_spill_in_flight` requests running; any other request goes to the healthy endpoint
 //! with the fewest in flight. A request moves to the next endpoint when one fails before
-//! answering (recorded as `model.endpoint_failover`).
+//! answering (recorded as `model.endpoint_failover`). Each endpoint is probed for what it
+//! offers once it first answers its health check ([`LlamaCppInferenceProvider::probe`]); a
+//! request that needs what an endpoint lacks (a JSON schema, tokenizing) goes to one that
+//! has it, or fails with `Unsupported` before anything is sent.
 
 use super::*;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -15,6 +18,14 @@ pub(super) struct RemoteEndpoint {
     tokenizer: LlamaCppTokenizer,
     in_flight: AtomicU32,
     healthy: AtomicBool,
+    /// What the probe found (once it answered its health check), and its tokenizer.
+    probed: parking_lot::Mutex<Option<(EndpointFeatures, Option<LlamaCppTokenizer>)>>,
+}
+
+impl RemoteEndpoint {
+    fn features(&self) -> Option<EndpointFeatures> {
+        self.probed.lock().as_ref().map(|(f, _)| f.clone())
+    }
 }
 
 /// A remote model's endpoints and their state, shared by the requests running on them.
@@ -78,6 +89,7 @@ impl EndpointSet {
                     tokenizer,
                     in_flight: AtomicU32::new(0),
                     healthy: AtomicBool::new(true),
+                    probed: parking_lot::Mutex::new(None),
                 }
             })
             .collect();
@@ -88,12 +100,26 @@ impl EndpointSet {
         }
     }
 
-    /// Health-checks every endpoint (blocking, one HTTP call each), keeping the results;
-    /// `Err` with what each answered when none is healthy.
+    /// Health-checks every endpoint (blocking, one HTTP call each; an endpoint healthy for
+    /// the first time is probed too), keeping the results; `Err` with what each answered when
+    /// none is healthy.
     pub(super) fn check_all(&self) -> Result<(), String> {
         let mut failures = Vec::new();
         for e in &self.endpoints {
-            let health = e.provider.health_check();
+            let mut health = e.provider.health_check();
+            if matches!(health, ProviderHealth::Healthy) && e.probed.lock().is_none() {
+                match e.provider.probe() {
+                    Ok(features) => {
+                        let tokenizer = features
+                            .tokenize
+                            .then(|| e.provider.probed_tokenizer())
+                            .flatten();
+                        *e.probed.lock() = Some((features, tokenizer));
+                    }
+                    // Asked again at the next check.
+                    Err(reason) => health = ProviderHealth::Unhealthy { reason },
+                }
+            }
             let ok = matches!(health, ProviderHealth::Healthy);
             e.healthy.store(ok, Ordering::Release);
             if let ProviderHealth::Unhealthy { reason } = health {
@@ -125,10 +151,29 @@ impl EndpointSet {
         untried().min_by_key(|&i| (!healthy(&i), in_flight(i)))
     }
 
-    /// The tokenizer of the endpoint a request would go to now.
+    /// The tokenizer of the endpoint a request would go to now, of those that tokenize (the
+    /// first endpoint's, which refuses, when none does).
     pub(super) fn tokenizer(&self) -> Option<LlamaCppTokenizer> {
-        self.pick(&[], None)
-            .map(|i| self.endpoints[i].tokenizer.clone())
+        let without: Vec<usize> = (0..self.endpoints.len())
+            .filter(|&i| !self.endpoints[i].features().is_none_or(|f| f.tokenize))
+            .collect();
+        match self.pick(&without, None) {
+            Some(i) => {
+                let e = &self.endpoints[i];
+                let probed = e.probed.lock().as_ref().and_then(|(_, t)| t.clone());
+                Some(probed.unwrap_or_else(|| e.tokenizer.clone()))
+            }
+            None => self.endpoints.first().map(|e| e.tokenizer.clone()),
+        }
+    }
+
+    /// Each endpoint's URL and what its probe found (`None`: not probed yet, it has not
+    /// answered).
+    pub(super) fn features(&self) -> Vec<(String, Option<EndpointFeatures>)> {
+        self.endpoints
+            .iter()
+            .map(|e| (e.url.clone(), e.features()))
+            .collect()
     }
 
     pub(super) fn status(&self) -> Vec<EndpointStatus> {
@@ -155,8 +200,23 @@ impl EndpointSet {
         restartable: bool,
     ) -> Result<(InferenceResponse, String), InferenceError> {
         let session = request.session.as_deref();
-        let mut tried = Vec::new();
+        // Endpoints known to lack what the request needs are never tried.
+        let needs_schema = matches!(
+            request.config.response_format,
+            Some(ResponseFormat::JsonSchema { .. })
+        );
+        let mut tried: Vec<usize> = (0..self.endpoints.len())
+            .filter(|&i| {
+                needs_schema && self.endpoints[i].features().is_some_and(|f| !f.json_schema)
+            })
+            .collect();
         let Some(mut at) = self.pick(&tried, session) else {
+            if !tried.is_empty() {
+                return Err(InferenceError::Unsupported {
+                    feature: "response_format json_schema".into(),
+                    endpoint_kind: self.endpoints[tried[0]].provider.kind().as_str().into(),
+                });
+            }
             return Err(InferenceError::ModelUnavailable {
                 detail: format!("model {} has no endpoints", self.model_id),
             });

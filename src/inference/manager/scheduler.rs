@@ -404,6 +404,7 @@ fn spawn_local(
             pid: Some(child.id()),
             load_ms: started.elapsed().as_millis() as u64,
             endpoints: Vec::new(),
+            endpoint_features: Vec::new(),
             isolation: Some(isolation),
         };
         if let Err(e) = append_domain(inner.events.as_ref(), MODEL_STREAM, &event) {
@@ -526,6 +527,18 @@ fn connect_remote(
             pid: None,
             load_ms: started.elapsed().as_millis() as u64,
             endpoints: d.endpoints.clone(),
+            endpoint_features: set
+                .features()
+                .into_iter()
+                .map(|(url, f)| match f {
+                    Some(f) => {
+                        let mut v = serde_json::to_value(f).unwrap_or_default();
+                        v["url"] = url.into();
+                        v
+                    }
+                    None => serde_json::json!({"url": url, "probed": false}),
+                })
+                .collect(),
             isolation: None,
         };
         append_domain(inner.events.as_ref(), MODEL_STREAM, &event).map_err(ModelLoadError::Events)
