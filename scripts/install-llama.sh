@@ -231,8 +231,12 @@ for level in $(levels); do
   config=$(config_of "$level")
   dir="$CACHE/llama-$LLAMA_VERSION-$(key_of "$config")"
   bin="$dir/llama-server"
-  if [ -f "$dir/failed-$MACHINE_KEY" ]; then
-    log "the $level build failed its smoke test on this machine before; skipping it"
+  # A build verified on this machine as it is now wins over an older failure (a marker left
+  # by another run, or by a build since replaced).
+  if [ -f "$dir/failed-$MACHINE_KEY" ] && ! { [ -x "$bin" ] &&
+    [ "$(cat "$dir/verified-$MACHINE_KEY" 2>/dev/null)" = "$(sha256sum "$bin" | cut -d' ' -f1)" ]; }; then
+    log "the $level build crashed in its smoke test on this machine before; skipping it" \
+      "(remove $dir to try it again)"
     continue
   fi
   fresh=0
@@ -252,14 +256,26 @@ for level in $(levels); do
     break
   fi
   log "smoke-testing the $level build on this machine"
-  if "$PY" "$SCRIPT_DIR/smoke-llama.py" "$bin" "$MODEL"; then
+  smoke=0
+  "$PY" "$SCRIPT_DIR/smoke-llama.py" "$bin" "$MODEL" || smoke=$?
+  if [ "$smoke" = 0 ]; then
     printf '%s\n' "$sum" >"$dir/verified-$MACHINE_KEY"
+    rm -f "$dir/failed-$MACHINE_KEY"
     if [ "$fresh" = 1 ]; then log "llama-server built and verified ($level)"; fi
     chosen="$level"
     break
   fi
-  : >"$dir/failed-$MACHINE_KEY"
-  log "the $level build cannot serve on this machine; trying a more conservative build"
+  if [ "$smoke" = 1 ]; then
+    # The server crashed: the build runs instructions this machine does not. Remembered, so
+    # later runs go straight to a build that serves.
+    printf '%s\n' "$sum" >"$dir/failed-$MACHINE_KEY"
+    log "the $level build cannot serve on this machine; trying a more conservative build"
+  else
+    # Not ready, or no answer, in time: a busy machine, not a bad build. Not remembered (a
+    # fallback without SIMD is many times slower), so the next run tries this build again.
+    log "the $level build did not pass its smoke test in time (a busy machine?); trying a" \
+      "more conservative build for this run only"
+  fi
 done
 
 if [ -z "$chosen" ]; then

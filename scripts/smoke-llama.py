@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Smoke test for a llama-server build: start it on a free loopback port with the model, wait for
 /health 200, run one short completion, stop it. Exits 0 when the server served; otherwise prints
-the server's last log lines and what failed, and exits 1.
+the server's last log lines and what failed, and exits 1 when the server crashed (the build runs
+instructions this machine does not: remembered) or 3 when it did not answer in time (a busy
+machine: tried again next time).
 
 Usage: smoke-llama.py LLAMA_SERVER MODEL
 """
@@ -65,8 +67,10 @@ def main():
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                             preexec_fn=die_with_parent)
     failure = None
+    crashed = False
     try:
         failure = exercise(proc, base, started)
+        crashed = proc.poll() is not None
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -84,7 +88,9 @@ def main():
             print(f"  {line}", file=sys.stderr)
         say(failure)
     os.unlink(log.name)
-    return 1 if failure else 0
+    if not failure:
+        return 0
+    return 1 if crashed else 3
 
 
 def exercise(proc, base, started):
