@@ -184,6 +184,13 @@
 #define MAX_STEP_KEY 256
 
 /**
+ * What one endpoint offers, as probed when its model was loaded (`model.loaded` records it
+ * per endpoint). A request that needs what its endpoint lacks goes to one that has it, or
+ * fails with [`crate::InferenceError::Unsupported`] before anything is sent.
+ */
+typedef struct EndpointFeatures EndpointFeatures;
+
+/**
  * A cancellation flag for blocking calls (`correx_model_load`, `correx_infer`,
  * `correx_infer_stream`, `correx_tool_execute_with_cancel`). Trigger it from any thread.
  */
@@ -275,6 +282,8 @@ typedef int32_t (*correx_approve_fn)(void *user_data,
                                      const char *tool,
                                      int32_t tier,
                                      const char *request_json);
+
+
 
 
 
@@ -747,8 +756,9 @@ int32_t correx_model_current(const struct correx_runtime *rt,
  * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
  *
  * # Blocking and threads
- * Blocks for one HTTP call per loaded model (each at most the health timeout, 2 s). Any
- * thread.
+ * Blocks for one HTTP call per loaded model (each at most the health timeout, 2 s); an
+ * `openai` endpoint answering for the first time (or whose failed probe is due again) is also
+ * probed: up to four short requests of at most 30 s each. Any thread.
  *
  * # Safety
  * Pointers are NULL or valid as documented.

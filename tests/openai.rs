@@ -469,6 +469,19 @@ fn an_openai_endpoint_is_probed_at_load_for_what_it_offers() -> TestResult {
     let guided = Stub::offering(KEY, PLAIN)?;
     let provider = models.load(&descriptor(guided.port, "guided"))?;
     assert_eq!(provider.infer(&schema)?.text, "Hello there");
+    let (_, body) = guided
+        .seen
+        .lock()
+        .map_err(|_| "poisoned")?
+        .last()
+        .cloned()
+        .ok_or("no request")?;
+    assert_eq!(body["response_format"]["type"], "json_schema", "{body}");
+    // It does not tokenize: a count falls back to an estimate, tokenizing is refused.
+    assert!(matches!(
+        provider.tokenizer().tokenize("hi"),
+        Err(InferenceError::Unsupported { .. })
+    ));
 
     // A served name it does not list: the load fails saying what it serves.
     let other = Stub::offering(
@@ -501,6 +514,10 @@ fn an_openai_endpoint_is_probed_at_load_for_what_it_offers() -> TestResult {
         .load(&descriptor(silent.port, "silent"))
         .err()
         .ok_or("a load of an engine whose streams carry no usage")?;
-    assert!(e.to_string().contains("usage"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("carry no usage (stream_options.include_usage)"),
+        "{e}"
+    );
     Ok(())
 }

@@ -64,8 +64,8 @@ pub enum DomainEvent {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         endpoints: Vec<String>,
         /// What each remote endpoint offers, as probed at the load (`{"url", "tokenize",
-        /// "json_schema", "llama_extras"}`; `{"url", "probed": false}` for one that did not
-        /// answer then, probed when it first does).
+        /// "json_schema", "llama_extras"}`; `{"url", "probed": false, "reason"}` for one that
+        /// did not answer then or failed its probe, probed again when it answers).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         endpoint_features: Vec<serde_json::Value>,
         /// How the spawned server was confined (`models.isolation`), as applied; absent for a

@@ -192,8 +192,9 @@ pub unsafe extern "C" fn correx_model_current(
 /// `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
 ///
 /// # Blocking and threads
-/// Blocks for one HTTP call per loaded model (each at most the health timeout, 2 s). Any
-/// thread.
+/// Blocks for one HTTP call per loaded model (each at most the health timeout, 2 s); an
+/// `openai` endpoint answering for the first time (or whose failed probe is due again) is also
+/// probed: up to four short requests of at most 30 s each. Any thread.
 ///
 /// # Safety
 /// Pointers are NULL or valid as documented.

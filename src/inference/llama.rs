@@ -15,6 +15,9 @@ use std::io::{BufReader, Read};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How long each request of a probe may take, at most (its completions are one token).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How long the start of an error body quoted in an error may be.
 const BODY_PREFIX: usize = 300;
 
@@ -54,7 +57,8 @@ impl EndpointKind {
 pub struct EndpointFeatures {
     /// It tokenizes (`/tokenize`: llama-server's, or vLLM's with `model` and `prompt`).
     pub tokenize: bool,
-    /// It accepts a JSON-schema `response_format` (structured output).
+    /// It accepts a JSON-schema `response_format` (structured output). Accepting is what a
+    /// probe can see: an engine that takes the field and ignores it cannot be told apart.
     pub json_schema: bool,
     /// llama-server's extras: a GBNF `grammar`, `top_k`, `min_p`, mirostat, `timings`.
     pub llama_extras: bool,
@@ -579,7 +583,9 @@ impl LlamaCppInferenceProvider {
     /// SGLang, ...): requests name `served_model` (default `model_id`), carry `api_key` as
     /// `Authorization: Bearer` when given, and health is `GET /v1/models`. A request that needs
     /// what only llama-server has (a grammar, `top_k`, `min_p`, mirostat, ...) is
-    /// [`InferenceError::Unsupported`] before anything is sent; so is tokenizing.
+    /// [`InferenceError::Unsupported`] before anything is sent; so is tokenizing through this
+    /// provider (a model loaded through the manager tokenizes when [`Self::probe`] finds
+    /// `/tokenize`).
     pub fn openai(
         model_id: &str,
         base_url: &str,
@@ -624,21 +630,25 @@ impl LlamaCppInferenceProvider {
     }
 
     /// Finds what the endpoint offers (after a healthy [`InferenceProvider::health_check`]).
-    /// llama-server offers everything and is not asked. An `openai` endpoint is asked: its
-    /// `/v1/models` must list the served model; `/tokenize` is tried; a one-token streamed
-    /// completion must end with `usage` (correx records every inference's counts), and one
-    /// with a JSON-schema `response_format` says whether structured output is taken. The
-    /// endpoint's model then tokenizes through what the probe found.
+    /// llama-server offers everything and is not asked. An `openai` endpoint is asked, each
+    /// request at most 30 s (or the read timeout, if shorter), giving up when `cancel` is
+    /// set: its `/v1/models` must list the served model; `/tokenize` is tried; a one-token
+    /// streamed completion must end with `usage` (correx records every inference's counts),
+    /// and one with a JSON-schema `response_format` says whether structured output is
+    /// accepted (a 400, 422 or 501 says it is not). The endpoint's model then tokenizes
+    /// through what the probe found.
     ///
     /// # Errors
-    /// Why the endpoint cannot serve this model: it does not list it, it does not answer a
-    /// completion, or its streams carry no usage.
-    pub fn probe(&self) -> Result<EndpointFeatures, String> {
+    /// Why the endpoint cannot serve this model now: it does not list it, it does not answer
+    /// a completion, its streams carry no usage, or a request failed otherwise (asked again
+    /// later).
+    pub fn probe(&self, cancel: &CancelToken) -> Result<EndpointFeatures, String> {
         if self.kind == EndpointKind::LlamaServer {
             return Ok(EndpointFeatures::LLAMA_SERVER);
         }
-        self.probe_models()?;
-        let tokenize = self
+        let quick = self.for_probe();
+        quick.probe_models()?;
+        let tokenize = quick
             .probed_tokenizer()
             .is_some_and(|t| t.tokenize("correx").is_ok_and(|t| !t.is_empty()));
         let ask = |format: Option<ResponseFormat>| {
@@ -659,9 +669,7 @@ impl LlamaCppInferenceProvider {
                 },
                 session: None,
             };
-            self.infer_stream(&request, &CancelToken::new(), &mut |_| {
-                StreamControl::Continue
-            })
+            quick.infer_stream(&request, cancel, &mut |_| StreamControl::Continue)
         };
         match ask(None) {
             Ok(_) => {}
@@ -683,20 +691,37 @@ impl LlamaCppInferenceProvider {
         };
         let json_schema = match ask(Some(schema)) {
             Ok(_) => true,
-            Err(InferenceError::Http { status, .. }) if (400..500).contains(&status) => false,
-            Err(e) => {
-                log::warn!(
-                    "{}: a completion with a JSON schema failed ({e}); taken as unsupported",
-                    self.base
-                );
-                false
-            }
+            Err(InferenceError::Http {
+                status: 400 | 422 | 501,
+                ..
+            }) => false,
+            Err(e) => return Err(format!("a completion with a JSON schema failed: {e}")),
         };
         Ok(EndpointFeatures {
             tokenize,
             json_schema,
             llama_extras: false,
         })
+    }
+
+    /// This provider with every read bounded by [`PROBE_TIMEOUT`].
+    fn for_probe(&self) -> Self {
+        let options = HttpOptions {
+            read_timeout: self.options.read_timeout.min(PROBE_TIMEOUT),
+            tokenize_timeout: self.options.tokenize_timeout.min(PROBE_TIMEOUT),
+            ..self.options.clone()
+        };
+        let authorization = self.authorization.as_ref().map(|Redacted(a)| a.clone());
+        let mut p = self.clone();
+        p.chat = Endpoint::parse(&self.base).map(|e| {
+            Arc::new(
+                HttpClient::new(e, options.connect_timeout, options.read_timeout)
+                    .with_authorization(authorization),
+            )
+        });
+        p.agent = agent(&options);
+        p.options = options;
+        p
     }
 
     /// `/v1/models` lists the served model.

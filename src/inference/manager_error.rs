@@ -196,7 +196,7 @@ impl fmt::Display for ModelLoadError {
             ),
             ModelLoadError::EndpointsDown { model_id, detail } => write!(
                 f,
-                "no endpoint of model {model_id} answers ({detail}); check that its servers run and are reachable"
+                "no endpoint of model {model_id} can serve it ({detail}); check that its servers run, are reachable and serve this model"
             ),
         }
     }

@@ -512,7 +512,7 @@ impl ModelManager for DefaultModelManager {
         for (id, target) in targets {
             let health = match target {
                 Target::Local(p) => p.health_check(),
-                Target::Remote(set) => match set.check_all() {
+                Target::Remote(set) => match set.check_all(&CancelToken::new()) {
                     Ok(()) => ProviderHealth::Healthy,
                     Err(reason) => ProviderHealth::Unhealthy { reason },
                 },

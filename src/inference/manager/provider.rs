@@ -295,7 +295,7 @@ impl InferenceProvider for ManagedInferenceProvider {
             .map(Running::target);
         match target {
             Some(Target::Local(p)) => p.health_check(),
-            Some(Target::Remote(set)) => match set.check_all() {
+            Some(Target::Remote(set)) => match set.check_all(&CancelToken::new()) {
                 Ok(()) => ProviderHealth::Healthy,
                 Err(reason) => ProviderHealth::Unhealthy { reason },
             },

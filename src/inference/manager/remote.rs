@@ -18,13 +18,67 @@ pub(super) struct RemoteEndpoint {
     tokenizer: LlamaCppTokenizer,
     in_flight: AtomicU32,
     healthy: AtomicBool,
-    /// What the probe found (once it answered its health check), and its tokenizer.
-    probed: parking_lot::Mutex<Option<(EndpointFeatures, Option<LlamaCppTokenizer>)>>,
+    /// What the probe found, once it answered its health check.
+    probed: parking_lot::Mutex<Probe>,
+}
+
+/// How long a failed probe waits before the endpoint is probed again.
+const PROBE_RETRY: Duration = Duration::from_secs(60);
+
+/// Where an endpoint's probe stands.
+enum Probe {
+    /// It has not answered a health check yet.
+    Unprobed,
+    /// A check is probing it now (no other starts meanwhile).
+    Probing,
+    /// What it offers, and its tokenizer when it tokenizes.
+    Done(EndpointFeatures, Option<LlamaCppTokenizer>),
+    /// Why it cannot serve the model; probed again from `retry_at`.
+    Failed { reason: String, retry_at: Instant },
 }
 
 impl RemoteEndpoint {
     fn features(&self) -> Option<EndpointFeatures> {
-        self.probed.lock().as_ref().map(|(f, _)| f.clone())
+        match &*self.probed.lock() {
+            Probe::Done(f, _) => Some(f.clone()),
+            _ => None,
+        }
+    }
+
+    /// Probes it if it is due (a first answer, or a failure's retry time passed) and no
+    /// other check is probing it; what keeps it from serving, if anything.
+    fn probe_if_due(&self, cancel: &CancelToken) -> Result<(), String> {
+        {
+            let mut p = self.probed.lock();
+            match &*p {
+                Probe::Done(..) => return Ok(()),
+                Probe::Probing => return Err("being probed".into()),
+                Probe::Failed { reason, retry_at } if Instant::now() < *retry_at => {
+                    return Err(reason.clone())
+                }
+                Probe::Unprobed | Probe::Failed { .. } => *p = Probe::Probing,
+            }
+        }
+        let found = self.provider.probe(cancel);
+        let mut p = self.probed.lock();
+        match found {
+            Ok(features) => {
+                let tokenizer = features
+                    .tokenize
+                    .then(|| self.provider.probed_tokenizer())
+                    .flatten();
+                *p = Probe::Done(features, tokenizer);
+                Ok(())
+            }
+            Err(reason) => {
+                log::warn!("endpoint {}: {reason}", self.url);
+                *p = Probe::Failed {
+                    reason: reason.clone(),
+                    retry_at: Instant::now() + PROBE_RETRY,
+                };
+                Err(reason)
+            }
+        }
     }
 }
 
@@ -89,7 +143,7 @@ impl EndpointSet {
                     tokenizer,
                     in_flight: AtomicU32::new(0),
                     healthy: AtomicBool::new(true),
-                    probed: parking_lot::Mutex::new(None),
+                    probed: parking_lot::Mutex::new(Probe::Unprobed),
                 }
             })
             .collect();
@@ -100,24 +154,17 @@ impl EndpointSet {
         }
     }
 
-    /// Health-checks every endpoint (blocking, one HTTP call each; an endpoint healthy for
-    /// the first time is probed too), keeping the results; `Err` with what each answered when
-    /// none is healthy.
-    pub(super) fn check_all(&self) -> Result<(), String> {
+    /// Health-checks every endpoint (blocking, one HTTP call each; an endpoint that answers
+    /// for the first time, or whose failed probe is due again, is probed too, giving up when
+    /// `cancel` is set), keeping the results; `Err` with what each answered when none is
+    /// healthy.
+    pub(super) fn check_all(&self, cancel: &CancelToken) -> Result<(), String> {
         let mut failures = Vec::new();
         for e in &self.endpoints {
             let mut health = e.provider.health_check();
-            if matches!(health, ProviderHealth::Healthy) && e.probed.lock().is_none() {
-                match e.provider.probe() {
-                    Ok(features) => {
-                        let tokenizer = features
-                            .tokenize
-                            .then(|| e.provider.probed_tokenizer())
-                            .flatten();
-                        *e.probed.lock() = Some((features, tokenizer));
-                    }
-                    // Asked again at the next check.
-                    Err(reason) => health = ProviderHealth::Unhealthy { reason },
+            if matches!(health, ProviderHealth::Healthy) {
+                if let Err(reason) = e.probe_if_due(cancel) {
+                    health = ProviderHealth::Unhealthy { reason };
                 }
             }
             let ok = matches!(health, ProviderHealth::Healthy);
@@ -151,28 +198,38 @@ impl EndpointSet {
         untried().min_by_key(|&i| (!healthy(&i), in_flight(i)))
     }
 
-    /// The tokenizer of the endpoint a request would go to now, of those that tokenize (the
-    /// first endpoint's, which refuses, when none does).
+    /// The tokenizer of the endpoint a request would go to now, of those found to tokenize
+    /// (else of any: its tokenizer refuses, or approximates a count).
     pub(super) fn tokenizer(&self) -> Option<LlamaCppTokenizer> {
+        let probed = |i: usize| match &*self.endpoints[i].probed.lock() {
+            Probe::Done(_, t) => t.clone(),
+            _ => None,
+        };
         let without: Vec<usize> = (0..self.endpoints.len())
-            .filter(|&i| !self.endpoints[i].features().is_none_or(|f| f.tokenize))
+            .filter(|&i| probed(i).is_none())
             .collect();
         match self.pick(&without, None) {
-            Some(i) => {
-                let e = &self.endpoints[i];
-                let probed = e.probed.lock().as_ref().and_then(|(_, t)| t.clone());
-                Some(probed.unwrap_or_else(|| e.tokenizer.clone()))
-            }
-            None => self.endpoints.first().map(|e| e.tokenizer.clone()),
+            Some(i) => probed(i),
+            None => self
+                .pick(&[], None)
+                .map(|i| self.endpoints[i].tokenizer.clone()),
         }
     }
 
-    /// Each endpoint's URL and what its probe found (`None`: not probed yet, it has not
-    /// answered).
-    pub(super) fn features(&self) -> Vec<(String, Option<EndpointFeatures>)> {
+    /// Each endpoint's URL and what its probe found, or why there is nothing yet.
+    pub(super) fn features(&self) -> Vec<(String, Result<EndpointFeatures, String>)> {
         self.endpoints
             .iter()
-            .map(|e| (e.url.clone(), e.features()))
+            .map(|e| {
+                let found = match &*e.probed.lock() {
+                    Probe::Done(f, _) => Ok(f.clone()),
+                    Probe::Failed { reason, .. } => Err(reason.clone()),
+                    Probe::Unprobed | Probe::Probing => {
+                        Err("it has not answered its health check".to_owned())
+                    }
+                };
+                (e.url.clone(), found)
+            })
             .collect()
     }
 

@@ -66,7 +66,7 @@ fn check_liveness(inner: &Inner, st: &mut MutexGuard<'_, State>) {
                 }
                 Target::Remote(set) => {
                     // Endpoints only change whether requests prefer them.
-                    let _ = set.check_all();
+                    let _ = set.check_all(&CancelToken::new());
                     None
                 }
             })

@@ -512,7 +512,7 @@ fn connect_remote(
     ));
     // Checked and recorded with the lock released; calls for this id wait meanwhile.
     let checked = MutexGuard::unlocked(st, || {
-        set.check_all()
+        set.check_all(cancel)
             .map_err(|detail| ModelLoadError::EndpointsDown {
                 model_id: d.model_id.clone(),
                 detail,
@@ -531,12 +531,14 @@ fn connect_remote(
                 .features()
                 .into_iter()
                 .map(|(url, f)| match f {
-                    Some(f) => {
+                    Ok(f) => {
                         let mut v = serde_json::to_value(f).unwrap_or_default();
                         v["url"] = url.into();
                         v
                     }
-                    None => serde_json::json!({"url": url, "probed": false}),
+                    Err(reason) => {
+                        serde_json::json!({"url": url, "probed": false, "reason": reason})
+                    }
                 })
                 .collect(),
             isolation: None,
