@@ -158,6 +158,30 @@ fn mcp_events(rt: &Runtime) -> Vec<(String, Value)> {
         .collect()
 }
 
+/// The pid of the server whose command line holds `marker`.
+fn server_pid(marker: &str) -> Result<i32, Box<dyn std::error::Error>> {
+    Ok(std::fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+        })
+        .ok_or("the server's process")?)
+}
+
+/// Calls server `ev`'s sampling tool on a thread of its own.
+fn sample_in_background(rt: &Arc<Runtime>) -> std::thread::JoinHandle<ToolResult> {
+    let rt = rt.clone();
+    std::thread::spawn(move || {
+        call(
+            &rt,
+            "ev.trigger-sampling-request",
+            json!({"prompt": "wait", "maxTokens": 5}),
+        )
+    })
+}
+
 fn marker() -> String {
     format!(
         "correx-mcp-test-{}-{}",
@@ -495,14 +519,7 @@ fn the_everything_server_gives_content_kinds_progress_and_cancels() -> TestResul
     );
 
     // Killed from outside: recorded crashed, started again on a later call.
-    let pid = std::fs::read_dir("/proc")?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .find(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&m))
-        })
-        .ok_or("the server's process")?;
+    let pid = server_pid(&m)?;
     // SAFETY: a signal to a process this test started (through the runtime).
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -729,16 +746,7 @@ fn the_host_answers_a_server_s_sampling_and_elicitation_requests() -> TestResult
     });
     rt.mcp().set_request_handler(Some(blocking.clone()));
     let rt = Arc::new(rt);
-    let caller = {
-        let rt = rt.clone();
-        std::thread::spawn(move || {
-            call(
-                &rt,
-                "ev.trigger-sampling-request",
-                json!({"prompt": "wait", "maxTokens": 5}),
-            )
-        })
-    };
+    let caller = sample_in_background(&rt);
     let deadline = Instant::now() + Duration::from_secs(20);
     while blocking.asked.lock().is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -803,29 +811,13 @@ fn closing_waits_for_the_handler_of_a_server_that_crashed_and_was_restarted() ->
     });
     rt.mcp().set_request_handler(Some(host.clone()));
     ev_tools(&rt, Some("ev.trigger-sampling-request"));
-    let caller = {
-        let rt = rt.clone();
-        std::thread::spawn(move || {
-            call(
-                &rt,
-                "ev.trigger-sampling-request",
-                json!({"prompt": "wait", "maxTokens": 5}),
-            )
-        })
-    };
+    let caller = sample_in_background(&rt);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !host.asked.load(SeqCst) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(host.asked.load(SeqCst), "the server never asked");
-    let pid = std::fs::read_dir("/proc")?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .find(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&m))
-        })
-        .ok_or("the server's process")?;
+    let pid = server_pid(&m)?;
     // SAFETY: a signal to a process this test started (through the runtime).
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let r = caller.join().map_err(|_| "the caller")?;
