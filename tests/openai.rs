@@ -57,6 +57,17 @@ fn respond(out: &mut impl Write, status: &str, content_type: &str, body: &str) {
 }
 
 impl Stub {
+    /// The last request it was sent.
+    fn last(&self) -> Result<Seen, Box<dyn std::error::Error>> {
+        let seen = self.seen.lock().map_err(|_| "poisoned")?;
+        Ok(seen.last().cloned().ok_or("no request")?)
+    }
+
+    /// How many requests it was sent.
+    fn count(&self) -> Result<usize, Box<dyn std::error::Error>> {
+        Ok(self.seen.lock().map_err(|_| "poisoned")?.len())
+    }
+
     fn start(key: &'static str) -> std::io::Result<Stub> {
         Stub::offering(key, PLAIN)
     }
@@ -247,13 +258,7 @@ fn an_openai_endpoint_gets_standard_requests_with_its_key_and_refuses_what_it_la
     );
     assert_eq!(answer.model, "engine");
 
-    let (head, body) = stub
-        .seen
-        .lock()
-        .map_err(|_| "poisoned")?
-        .last()
-        .cloned()
-        .ok_or("no request")?;
+    let (head, body) = stub.last()?;
     assert!(
         head[0].starts_with("POST /v1/chat/completions "),
         "{head:?}"
@@ -289,7 +294,7 @@ fn an_openai_endpoint_gets_standard_requests_with_its_key_and_refuses_what_it_la
     );
 
     // What only llama-server has is refused before anything is sent.
-    let sent = stub.seen.lock().map_err(|_| "poisoned")?.len();
+    let sent = stub.count()?;
     for (name, config) in [
         (
             "grammar",
@@ -331,11 +336,7 @@ fn an_openai_endpoint_gets_standard_requests_with_its_key_and_refuses_what_it_la
         provider.tokenizer().tokenize("hi"),
         Err(InferenceError::Unsupported { .. })
     ));
-    assert_eq!(
-        stub.seen.lock().map_err(|_| "poisoned")?.len(),
-        sent,
-        "nothing sent"
-    );
+    assert_eq!(stub.count()?, sent, "nothing sent");
 
     // The key is in no event, and the descriptor names only its variable.
     let all = store.read_all(1, 10_000)?;
@@ -430,20 +431,14 @@ fn an_openai_endpoint_is_probed_at_load_for_what_it_offers() -> TestResult {
         provider.tokenizer().tokenize("three little words")?.len(),
         3
     );
-    let (head, body) = vllm
-        .seen
-        .lock()
-        .map_err(|_| "poisoned")?
-        .last()
-        .cloned()
-        .ok_or("no request")?;
+    let (head, body) = vllm.last()?;
     assert!(head[0].starts_with("POST /tokenize "), "{head:?}");
     assert_eq!(
         (body["model"].as_str(), body["prompt"].as_str()),
         (Some(SERVED), Some("three little words"))
     );
     // A JSON schema it cannot enforce is refused before anything is sent, not ignored.
-    let sent = vllm.seen.lock().map_err(|_| "poisoned")?.len();
+    let sent = vllm.count()?;
     let schema = InferenceRequest {
         config: GenerationConfig {
             response_format: Some(correx::ResponseFormat::JsonSchema {
@@ -463,19 +458,13 @@ fn an_openai_endpoint_is_probed_at_load_for_what_it_offers() -> TestResult {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(vllm.seen.lock().map_err(|_| "poisoned")?.len(), sent);
+    assert_eq!(vllm.count()?, sent);
 
     // One with guided decoding takes the schema.
     let guided = Stub::offering(KEY, PLAIN)?;
     let provider = models.load(&descriptor(guided.port, "guided"))?;
     assert_eq!(provider.infer(&schema)?.text, "Hello there");
-    let (_, body) = guided
-        .seen
-        .lock()
-        .map_err(|_| "poisoned")?
-        .last()
-        .cloned()
-        .ok_or("no request")?;
+    let (_, body) = guided.last()?;
     assert_eq!(body["response_format"]["type"], "json_schema", "{body}");
     // It does not tokenize: a count falls back to an estimate, tokenizing is refused.
     assert!(matches!(

@@ -610,11 +610,7 @@ impl Shared {
         if cancel.is_cancelled() {
             return error_reply(id, -32603, "withdrawn");
         }
-        let Some(handler) = self
-            .handlers
-            .get()
-            .filter(|h| h.methods().contains(&method))
-        else {
+        let Some(handler) = self.handlers.answering(method) else {
             return error_reply(
                 id,
                 -32601,

@@ -94,9 +94,8 @@ impl McpRefusal {
 /// Answers requests MCP servers send their client. Register one with
 /// [`crate::McpHub::set_request_handler`]; it is shared by every server of the runtime.
 pub trait McpRequestHandler: Send + Sync {
-    /// The methods it answers; declared to each server it starts. Called at every use of a
-    /// server (to see whether a running one must learn of a change): keep it cheap, and do
-    /// not call correx from it.
+    /// The methods it answers; declared to each server it starts. Asked once, when the
+    /// handler is registered (register it again to change them).
     fn methods(&self) -> Vec<McpClientMethod>;
 
     /// Answers `request` with its result object, or refuses it. Runs on a thread of its own
@@ -115,27 +114,43 @@ pub trait McpRequestHandler: Send + Sync {
     ) -> Result<Value, McpRefusal>;
 }
 
+/// A registered handler and the methods it answers (asked once, sorted, without repeats).
+struct Registered {
+    handler: Arc<dyn McpRequestHandler>,
+    methods: Vec<McpClientMethod>,
+}
+
 /// The runtime's handler, if one is registered: shared by its servers, looked up for each
 /// request.
 #[derive(Clone, Default)]
-pub(crate) struct HandlerSlot(Arc<RwLock<Option<Arc<dyn McpRequestHandler>>>>);
+pub(crate) struct HandlerSlot(Arc<RwLock<Option<Registered>>>);
 
 impl HandlerSlot {
     pub fn set(&self, handler: Option<Arc<dyn McpRequestHandler>>) {
+        let registered = handler.map(|handler| {
+            let mut methods = handler.methods();
+            methods.sort();
+            methods.dedup();
+            Registered { handler, methods }
+        });
         // The old one is dropped outside the lock (a host destructor may run).
-        let old = std::mem::replace(&mut *self.0.write(), handler);
+        let old = std::mem::replace(&mut *self.0.write(), registered);
         drop(old);
     }
 
-    pub fn get(&self) -> Option<Arc<dyn McpRequestHandler>> {
-        self.0.read().clone()
+    /// The registered handler, if it answers `method`.
+    pub fn answering(&self, method: McpClientMethod) -> Option<Arc<dyn McpRequestHandler>> {
+        let slot = self.0.read();
+        let r = slot.as_ref()?;
+        r.methods.contains(&method).then(|| r.handler.clone())
     }
 
     /// The methods the registered handler answers, sorted, without repeats.
     pub fn methods(&self) -> Vec<McpClientMethod> {
-        let mut m = self.get().map(|h| h.methods()).unwrap_or_default();
-        m.sort();
-        m.dedup();
-        m
+        self.0
+            .read()
+            .as_ref()
+            .map(|r| r.methods.clone())
+            .unwrap_or_default()
     }
 }
