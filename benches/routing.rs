@@ -1,7 +1,9 @@
 //! `cargo bench --bench routing`: a remote model over two real llama-servers. Time to first
 //! token of a conversation's later turns when its requests stay on one endpoint (sessions)
-//! against the least-loaded endpoint, four conversations at once (`affinity_ttft_ratio`), with
-//! the prompt tokens each mode's turns computed (the servers' `timings.prompt_n`); and
+//! against the least-loaded endpoint, four agent conversations at once, each with a long
+//! context of its own and a tool run between turns, on servers that each keep two
+//! conversations (`affinity_ttft_ratio`, of the means; the medians' too), with the prompt tokens each mode's turns computed
+//! (the servers' `timings.prompt_n`); and
 //! one endpoint through the manager's router against the same requests posted by a bare
 //! client (`routing_overhead_ratio`).
 
@@ -29,7 +31,9 @@ impl Drop for Server {
     }
 }
 
-/// A llama-server on a free port, healthy; four slots sharing one KV cache.
+/// A llama-server on a free port, healthy; two slots sharing one KV cache and no host-memory
+/// prompt cache: it keeps two conversations, half of those the bench runs, as a server with
+/// more conversations than it can keep would (at a scale this machine runs).
 fn server(install: &LlamaInstall) -> Result<(Server, u16), Box<dyn std::error::Error>> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -38,7 +42,8 @@ fn server(install: &LlamaInstall) -> Result<(Server, u16), Box<dyn std::error::E
         .arg("--model")
         .arg(&install.model)
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--ctx-size", "16384", "--parallel", "4", "--kv-unified"])
+        .args(["--ctx-size", "16384", "--parallel", "2", "--kv-unified"])
+        .args(["--cache-ram", "0"])
         .args(["--threads", "1", "--no-jinja", "--chat-template", "gemma"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -65,10 +70,10 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// A turn of conversation `name`: a system prompt and task of its own, the earlier turns (each
-/// with the long tool output an agent's turn carries), and the new question last, as an
-/// agent's transcript grows: each turn's prompt extends the one before, so a server that kept
-/// it computes only the new part.
+/// A turn of conversation `name`: a system prompt and a long task of its own (~1,200 tokens,
+/// as an agent's instructions and project context), the earlier turns (each with a tool's
+/// output), and the new question last, as an agent's transcript grows: each turn's prompt
+/// extends the one before, so a server that kept it computes only the new part.
 fn turn(
     name: &str,
     history: &[(String, String)],
@@ -82,14 +87,14 @@ fn turn(
         entries.push(ContextEntry::new(SourceType::Model, a.clone()));
         entries.push(ContextEntry::new(
             SourceType::Tool,
-            format!("{name} log page {i}: {}", log.repeat(12)),
+            format!("{name} log page {i}: {}", log.repeat(2)),
         ));
     }
     entries.push(ContextEntry::new(SourceType::User, question.to_owned()));
     InferenceRequest {
         context: ContextPack {
             system: Some(format!("Conversation {name}. You keep the harbour log.")),
-            task: None,
+            task: Some(format!("The log so far: {}", log.repeat(56))),
             entries,
         },
         config: GenerationConfig {
@@ -100,6 +105,14 @@ fn turn(
         },
         session: session.then(|| name.to_owned()),
     }
+}
+
+/// How long conversation `c`'s tool runs after its turn `i`: 0 to 1.5 s, the same in both
+/// modes. Agents think between turns; without it the conversations run in lockstep, and the
+/// least loaded endpoint is the one a conversation just left, so it stays by accident.
+fn tool_run(c: usize, i: usize) -> Duration {
+    let h = ((c * 7919 + i * 104_729) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
+    Duration::from_millis(h % 1500)
 }
 
 /// What one later turn cost: its time to first token, and the prompt tokens the server
@@ -149,6 +162,7 @@ fn conversations(
                             ttfts.push((ttft, computed));
                         }
                         history.push(((*q).to_owned(), answer.text));
+                        std::thread::sleep(tool_run(c, i));
                     }
                     Ok(ttfts)
                 })
@@ -202,11 +216,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "least_loaded_prompt_tokens_computed_mean: {:.0}",
         computed(&without)
     );
-    let ttft = |v: Vec<Turn>| median(v.into_iter().map(|t| t.0).collect());
-    let (with, without) = (ttft(with), ttft(without));
-    println!("affinity_ttft_ms_p50: {:.1}", with * 1e3);
-    println!("least_loaded_ttft_ms_p50: {:.1}", without * 1e3);
-    println!("affinity_ttft_ratio: {:.3}", with / without);
+    // The ratio is of the means, the time the turns waited in all: what affinity saves is the
+    // turns that compute their whole conversation again, and a median does not see them while
+    // fewer than half the turns are such. The medians are printed too.
+    let p50 = |v: &[Turn]| median(v.iter().map(|t| t.0).collect());
+    let mean = |v: &[Turn]| v.iter().map(|t| t.0).sum::<f64>() / v.len() as f64;
+    println!("affinity_ttft_ms_p50: {:.1}", p50(&with) * 1e3);
+    println!("least_loaded_ttft_ms_p50: {:.1}", p50(&without) * 1e3);
+    println!("affinity_ttft_p50_ratio: {:.3}", p50(&with) / p50(&without));
+    println!("affinity_ttft_ms_mean: {:.1}", mean(&with) * 1e3);
+    println!("least_loaded_ttft_ms_mean: {:.1}", mean(&without) * 1e3);
+    println!("affinity_ttft_ratio: {:.3}", mean(&with) / mean(&without));
 
     // One endpoint through the router against a bare client, alternating, the same body.
     let single = ModelDescriptor::remote("single", vec![url(port_one)]);
@@ -231,7 +251,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     routed.infer_with_cancel(&request, &CancelToken::new())?;
     bare.request("POST", "/v1/chat/completions", &body)?;
     let (mut ours, mut raw) = (Vec::new(), Vec::new());
-    for _ in 0..25 {
+    for _ in 0..30 {
         let t = Instant::now();
         routed.infer_with_cancel(&request, &CancelToken::new())?;
         ours.push(t.elapsed().as_secs_f64());

@@ -278,8 +278,9 @@ pub struct InferenceRequest {
     pub config: GenerationConfig,
     /// A key for the conversation this request belongs to (a session id): a remote model
     /// sends every request of it to the same endpoint, where its prompt is cached, while that
-    /// endpoint is healthy and not over `models.session_spill_in_flight` (rendezvous hashing
-    /// over the healthy endpoints). None: the endpoint with the fewest requests in flight.
+    /// endpoint is healthy and not over `models.session_spill_in_flight` (placed by rendezvous
+    /// hashing with bounded loads over the healthy endpoints). None: the endpoint with the
+    /// fewest requests in flight.
     /// Local models ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,

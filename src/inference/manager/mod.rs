@@ -22,6 +22,7 @@ mod descriptor;
 mod estimate;
 mod isolation;
 mod options;
+mod placement;
 mod provider;
 mod remote;
 mod residency;

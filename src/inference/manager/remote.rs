@@ -1,7 +1,8 @@
 //! Remote models: llama-servers already running elsewhere, named by URL. Nothing is spawned or
-//! killed. A request of a session goes to the session's endpoint (rendezvous hashing over the
-//! healthy endpoints: each session's highest-weighted one, so its prompt cache is reused and a
-//! lost endpoint moves only its own sessions), unless that one has
+//! killed. A request of a session goes to the session's endpoint (placed by rendezvous hashing
+//! with bounded loads, [`super::placement`]: its highest-weighted healthy endpoint unless that
+//! one holds more than its share of the sessions; it stays there, so its prompt cache is
+//! reused, and a lost endpoint moves only its own sessions), unless that one has
 //! `session_spill_in_flight` requests running; any other request goes to the healthy endpoint
 //! with the fewest in flight. A request moves to the next endpoint when one fails before
 //! answering (recorded as `model.endpoint_failover`). Each endpoint is probed for what it
@@ -9,6 +10,7 @@
 //! request that needs what an endpoint lacks (a JSON schema, tokenizing) goes to one that
 //! has it, or fails with `Unsupported` before anything is sent.
 
+use super::placement::Placement;
 use super::*;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
@@ -88,6 +90,8 @@ pub(super) struct EndpointSet {
     pub(super) endpoints: Vec<RemoteEndpoint>,
     /// A session's endpoint with this many requests in flight takes no more of them.
     spill_at: u32,
+    /// Which endpoint each session is served by.
+    placement: parking_lot::Mutex<Placement>,
 }
 
 /// Counts a request on an endpoint while it lives.
@@ -112,7 +116,7 @@ fn worth_another(e: &InferenceError) -> bool {
 
 impl EndpointSet {
     pub(super) fn new(d: &ModelDescriptor, http: &HttpOptions, spill_at: u32) -> Self {
-        let endpoints = d
+        let endpoints: Vec<RemoteEndpoint> = d
             .endpoints
             .iter()
             .map(|url| {
@@ -149,6 +153,7 @@ impl EndpointSet {
             .collect();
         EndpointSet {
             model_id: d.model_id.clone(),
+            placement: parking_lot::Mutex::new(Placement::new(endpoints.len())),
             endpoints,
             spill_at,
         }
@@ -180,17 +185,22 @@ impl EndpointSet {
         }
     }
 
-    /// The endpoint to try next, of those not `tried`: `session`'s (the healthy one of highest
-    /// rendezvous weight) unless it is at the spill bound, else healthy ones first, then the
-    /// fewest in flight; `None` when every endpoint was tried.
+    /// The endpoint to try next, of those not `tried`: `session`'s (placed among the healthy
+    /// ones, [`Placement::choose`]) unless it is at the spill bound, else healthy ones first,
+    /// then the fewest in flight; `None` when every endpoint was tried.
     fn pick(&self, tried: &[usize], session: Option<&str>) -> Option<usize> {
         let untried = || (0..self.endpoints.len()).filter(|i| !tried.contains(i));
         let healthy = |i: &usize| self.endpoints[*i].healthy.load(Ordering::Acquire);
         let in_flight = |i: usize| self.endpoints[i].in_flight.load(Ordering::Acquire);
         if let Some(key) = session {
-            let own = untried()
+            let candidates: Vec<(usize, u64)> = untried()
                 .filter(healthy)
-                .max_by_key(|&i| rendezvous_weight(key, &self.endpoints[i].url));
+                .map(|i| (i, rendezvous_weight(key, &self.endpoints[i].url)))
+                .collect();
+            let own =
+                self.placement
+                    .lock()
+                    .choose(key, &candidates, |i| healthy(&i), Instant::now());
             if let Some(own) = own.filter(|&i| in_flight(i) < self.spill_at) {
                 return Some(own);
             }
@@ -371,8 +381,8 @@ mod tests {
             );
             per_endpoint[first] += 1;
         }
-        // Rendezvous hashing spreads sessions about evenly (each about a third).
-        assert!(per_endpoint.iter().all(|&n| n > 60), "{per_endpoint:?}");
+        // Placing with bounded loads spreads them evenly.
+        assert_eq!(per_endpoint, [100, 100, 100]);
     }
 
     #[test]

@@ -1,0 +1,200 @@
+//! Where a remote model's sessions are served. A session new to this process goes to the
+//! endpoint of highest rendezvous weight among those holding no more than their share of the
+//! sessions placed so far (consistent hashing with bounded loads, as HAProxy's
+//! `hash-balance-factor` does for connections), and stays there while that endpoint is healthy.
+//! Plain hashing is balanced only on average: with four conversations on two endpoints it puts
+//! three or four on one of them half the time, and a server whose cache keeps two computes
+//! every turn of the third again. Placing counts sessions, not requests in flight, because a
+//! server's cache holds conversations whether or not they are running right now.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// A session unused this long is forgotten: its endpoint has likely reused its cache, and it
+/// no longer counts against that endpoint's share.
+const IDLE: Duration = Duration::from_secs(30 * 60);
+
+/// At most this many sessions are remembered; beyond, the least recently used is forgotten.
+const MOST: usize = 16_384;
+
+/// How often forgotten sessions are swept out.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// The sessions placed on a remote model's endpoints (by index).
+pub(super) struct Placement {
+    placed: HashMap<String, Placed>,
+    /// How many remembered sessions each endpoint holds.
+    per_endpoint: Vec<usize>,
+    swept: Instant,
+}
+
+struct Placed {
+    endpoint: usize,
+    used: Instant,
+}
+
+impl Placement {
+    pub(super) fn new(endpoints: usize) -> Self {
+        Placement {
+            placed: HashMap::new(),
+            per_endpoint: vec![0; endpoints],
+            swept: Instant::now(),
+        }
+    }
+
+    /// The endpoint for a request of `session`, of `candidates` (the endpoints it may use now,
+    /// each with the session's rendezvous weight for it): the session's own when it is a
+    /// candidate; else the highest-weighted candidate holding less than its share, and that
+    /// becomes the session's own unless its own is still `healthy` (then only this request
+    /// goes elsewhere: a failover, or an endpoint that lacks what the request needs).
+    pub(super) fn choose(
+        &mut self,
+        session: &str,
+        candidates: &[(usize, u64)],
+        healthy: impl Fn(usize) -> bool,
+        now: Instant,
+    ) -> Option<usize> {
+        self.sweep(now);
+        if let Some(p) = self.placed.get_mut(session) {
+            if candidates.iter().any(|&(i, _)| i == p.endpoint) {
+                p.used = now;
+                return Some(p.endpoint);
+            }
+        }
+        // Within share: below the even split of the candidates' sessions plus this one, so
+        // some candidate always is.
+        let held = |i: usize| self.per_endpoint.get(i).copied().unwrap_or(0);
+        let total: usize = candidates.iter().map(|&(i, _)| held(i)).sum();
+        let share = (total + 1).div_ceil(candidates.len().max(1));
+        let (chosen, _) = candidates
+            .iter()
+            .filter(|&&(i, _)| held(i) < share)
+            .max_by_key(|&&(_, weight)| weight)
+            .copied()?;
+        let keep = self
+            .placed
+            .get(session)
+            .is_some_and(|p| p.endpoint != chosen && healthy(p.endpoint));
+        if !keep {
+            self.forget(session);
+            if self.placed.len() >= MOST {
+                self.forget_least_recent();
+            }
+            self.placed.insert(
+                session.to_owned(),
+                Placed {
+                    endpoint: chosen,
+                    used: now,
+                },
+            );
+            if let Some(n) = self.per_endpoint.get_mut(chosen) {
+                *n += 1;
+            }
+        }
+        Some(chosen)
+    }
+
+    fn forget(&mut self, session: &str) {
+        if let Some(p) = self.placed.remove(session) {
+            if let Some(n) = self.per_endpoint.get_mut(p.endpoint) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+
+    fn forget_least_recent(&mut self) {
+        let oldest = self
+            .placed
+            .iter()
+            .min_by_key(|(_, p)| p.used)
+            .map(|(k, _)| k.clone());
+        if let Some(k) = oldest {
+            self.forget(&k);
+        }
+    }
+
+    /// Forgets sessions idle longer than [`IDLE`], at most once a [`SWEEP_EVERY`].
+    fn sweep(&mut self, now: Instant) {
+        if now.saturating_duration_since(self.swept) < SWEEP_EVERY {
+            return;
+        }
+        self.swept = now;
+        let per_endpoint = &mut self.per_endpoint;
+        self.placed.retain(|_, p| {
+            let live = now.saturating_duration_since(p.used) < IDLE;
+            if !live {
+                if let Some(n) = per_endpoint.get_mut(p.endpoint) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            live
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Candidates 0..n with weights that prefer endpoint `favourite` for every session.
+    fn all(n: usize, favourite: usize) -> Vec<(usize, u64)> {
+        (0..n)
+            .map(|i| (i, if i == favourite { 10 } else { i as u64 }))
+            .collect()
+    }
+
+    #[test]
+    fn sessions_that_all_prefer_one_endpoint_are_spread_evenly() {
+        let mut p = Placement::new(2);
+        let now = Instant::now();
+        let chosen: Vec<usize> = (0..4)
+            .map(|s| p.choose(&format!("s{s}"), &all(2, 0), |_| true, now))
+            .collect::<Option<_>>()
+            .expect("an endpoint each");
+        assert_eq!(chosen, [0, 1, 0, 1]);
+        // Each keeps its endpoint afterwards, whatever its weights say.
+        for (s, was) in chosen.iter().enumerate() {
+            assert_eq!(
+                p.choose(&format!("s{s}"), &all(2, 0), |_| true, now),
+                Some(*was)
+            );
+        }
+    }
+
+    #[test]
+    fn a_lost_endpoint_s_sessions_move_and_a_failover_moves_only_the_request() {
+        let mut p = Placement::new(2);
+        let now = Instant::now();
+        assert_eq!(p.choose("s", &all(2, 0), |_| true, now), Some(0));
+        // Endpoint 0 failed this request but is healthy: this request goes to 1, the session
+        // stays on 0.
+        assert_eq!(p.choose("s", &[(1, 1)], |_| true, now), Some(1));
+        assert_eq!(p.choose("s", &all(2, 0), |_| true, now), Some(0));
+        // Endpoint 0 is unhealthy: the session moves, and stays moved when 0 comes back
+        // (its prompt is cached on 1 now).
+        assert_eq!(p.choose("s", &[(1, 1)], |i| i != 0, now), Some(1));
+        assert_eq!(p.choose("s", &all(2, 0), |_| true, now), Some(1));
+        assert_eq!(p.per_endpoint, [0, 1]);
+    }
+
+    #[test]
+    fn idle_sessions_are_forgotten_and_free_their_share() {
+        let mut p = Placement::new(2);
+        let start = Instant::now();
+        p.choose("old", &all(2, 0), |_| true, start);
+        let later = start + IDLE + SWEEP_EVERY;
+        // "old" is forgotten, so "new" may take endpoint 0 (its favourite) and "newer" too
+        // would exceed the share: it goes to 1.
+        assert_eq!(p.choose("new", &all(2, 0), |_| true, later), Some(0));
+        assert_eq!(p.choose("newer", &all(2, 0), |_| true, later), Some(1));
+        assert_eq!(p.placed.len(), 2);
+        assert_eq!(p.per_endpoint, [1, 1]);
+    }
+
+    #[test]
+    fn no_candidate_means_no_endpoint() {
+        let mut p = Placement::new(2);
+        assert_eq!(p.choose("s", &[], |_| true, Instant::now()), None);
+        assert!(p.placed.is_empty());
+    }
+}
