@@ -67,10 +67,11 @@ fn server(install: &LlamaInstall) -> Result<(Server, u16), Box<dyn std::error::E
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let n = v.len();
+    (v[(n - 1) / 2] + v[n / 2]) / 2.0
 }
 
-/// A turn of conversation `name`: a system prompt and a long task of its own (~1,200 tokens,
+/// A turn of conversation `name`: a system prompt and a long task of its own (~900 tokens,
 /// as an agent's instructions and project context), the earlier turns (each with a tool's
 /// output), and the new question last, as an agent's transcript grows: each turn's prompt
 /// extends the one before, so a server that kept it computes only the new part.

@@ -1,8 +1,10 @@
 //! Where a remote model's sessions are served. A session new to this process goes to the
-//! endpoint of highest rendezvous weight among those holding no more than their share of the
+//! endpoint of highest rendezvous weight among those holding less than an even share of the
 //! sessions placed so far (consistent hashing with bounded loads, as HAProxy's
-//! `hash-balance-factor` does for connections), and stays there while that endpoint is healthy.
-//! Plain hashing is balanced only on average: with four conversations on two endpoints it puts
+//! `hash-balance-factor` does for connections, here with no slack), and stays there; while that
+//! endpoint cannot take it, its requests go where a new session would, and come back. The
+//! placement is this process's: another process, or this one after a restart, places by
+//! arrival too (the same endpoint when the load allows it). Plain hashing is balanced only on average: with four conversations on two endpoints it puts
 //! three or four on one of them half the time, and a server whose cache keeps two computes
 //! every turn of the third again. Placing counts sessions, not requests in flight, because a
 //! server's cache holds conversations whether or not they are running right now.
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 /// no longer counts against that endpoint's share.
 const IDLE: Duration = Duration::from_secs(30 * 60);
 
-/// At most this many sessions are remembered; beyond, the least recently used is forgotten.
+/// At most this many sessions are remembered; beyond, the least recently used are forgotten.
 const MOST: usize = 16_384;
 
 /// How often forgotten sessions are swept out.
@@ -44,20 +46,21 @@ impl Placement {
 
     /// The endpoint for a request of `session`, of `candidates` (the endpoints it may use now,
     /// each with the session's rendezvous weight for it): the session's own when it is a
-    /// candidate; else the highest-weighted candidate holding less than its share, and that
-    /// becomes the session's own unless its own is still `healthy` (then only this request
-    /// goes elsewhere: a failover, or an endpoint that lacks what the request needs).
+    /// candidate. A session new here is placed on the highest-weighted candidate holding less
+    /// than its share, which becomes its own. A session whose own endpoint is not a candidate
+    /// (down, tried and failed, or lacking what the request needs) keeps it: this request
+    /// goes where a new session would, and the session's requests go back once its endpoint
+    /// is a candidate again, where its cache is.
     pub(super) fn choose(
         &mut self,
         session: &str,
         candidates: &[(usize, u64)],
-        healthy: impl Fn(usize) -> bool,
         now: Instant,
     ) -> Option<usize> {
         self.sweep(now);
         if let Some(p) = self.placed.get_mut(session) {
+            p.used = now;
             if candidates.iter().any(|&(i, _)| i == p.endpoint) {
-                p.used = now;
                 return Some(p.endpoint);
             }
         }
@@ -71,12 +74,7 @@ impl Placement {
             .filter(|&&(i, _)| held(i) < share)
             .max_by_key(|&&(_, weight)| weight)
             .copied()?;
-        let keep = self
-            .placed
-            .get(session)
-            .is_some_and(|p| p.endpoint != chosen && healthy(p.endpoint));
-        if !keep {
-            self.forget(session);
+        if !self.placed.contains_key(session) {
             if self.placed.len() >= MOST {
                 self.forget_least_recent();
             }
@@ -102,14 +100,21 @@ impl Placement {
         }
     }
 
+    /// Forgets the least recently used eighth of the sessions remembered (a batch, so that a
+    /// full table is scanned once per [`MOST`]/8 new sessions, not for each).
     fn forget_least_recent(&mut self) {
-        let oldest = self
+        let mut by_use: Vec<(Instant, String)> = self
             .placed
             .iter()
-            .min_by_key(|(_, p)| p.used)
-            .map(|(k, _)| k.clone());
-        if let Some(k) = oldest {
-            self.forget(&k);
+            .map(|(k, p)| (p.used, k.clone()))
+            .collect();
+        let n = (by_use.len() / 8).max(1).min(by_use.len());
+        if n == 0 {
+            return;
+        }
+        by_use.select_nth_unstable_by_key(n - 1, |(used, _)| *used);
+        for (_, k) in &by_use[..n] {
+            self.forget(k);
         }
     }
 
@@ -148,45 +153,56 @@ mod tests {
         let mut p = Placement::new(2);
         let now = Instant::now();
         let chosen: Vec<usize> = (0..4)
-            .map(|s| p.choose(&format!("s{s}"), &all(2, 0), |_| true, now))
+            .map(|s| p.choose(&format!("s{s}"), &all(2, 0), now))
             .collect::<Option<_>>()
             .expect("an endpoint each");
         assert_eq!(chosen, [0, 1, 0, 1]);
         // Each keeps its endpoint afterwards, whatever its weights say.
         for (s, was) in chosen.iter().enumerate() {
-            assert_eq!(
-                p.choose(&format!("s{s}"), &all(2, 0), |_| true, now),
-                Some(*was)
-            );
+            assert_eq!(p.choose(&format!("s{s}"), &all(2, 0), now), Some(*was));
         }
     }
 
     #[test]
-    fn a_lost_endpoint_s_sessions_move_and_a_failover_moves_only_the_request() {
-        let mut p = Placement::new(2);
+    fn a_session_whose_endpoint_is_away_goes_elsewhere_and_comes_back() {
+        let mut p = Placement::new(3);
         let now = Instant::now();
-        assert_eq!(p.choose("s", &all(2, 0), |_| true, now), Some(0));
-        // Endpoint 0 failed this request but is healthy: this request goes to 1, the session
-        // stays on 0.
-        assert_eq!(p.choose("s", &[(1, 1)], |_| true, now), Some(1));
-        assert_eq!(p.choose("s", &all(2, 0), |_| true, now), Some(0));
-        // Endpoint 0 is unhealthy: the session moves, and stays moved when 0 comes back
-        // (its prompt is cached on 1 now).
-        assert_eq!(p.choose("s", &[(1, 1)], |i| i != 0, now), Some(1));
-        assert_eq!(p.choose("s", &all(2, 0), |_| true, now), Some(1));
-        assert_eq!(p.per_endpoint, [0, 1]);
+        assert_eq!(p.choose("s", &all(3, 0), now), Some(0));
+        // Endpoint 0 is down (or failed this request): the request goes to the best of the
+        // others, the session stays placed on 0 and counts there only.
+        assert_eq!(p.choose("s", &[(1, 1), (2, 2)], now), Some(2));
+        assert_eq!(p.per_endpoint, [1, 0, 0]);
+        // Back: so is the session.
+        assert_eq!(p.choose("s", &all(3, 0), now), Some(0));
+    }
+
+    #[test]
+    fn a_full_table_forgets_its_least_recently_used_eighth() {
+        let mut p = Placement::new(2);
+        let start = Instant::now();
+        for n in 0..MOST {
+            let at = start + Duration::from_millis(n as u64);
+            p.choose(&format!("s{n}"), &all(2, 0), at);
+        }
+        assert_eq!(p.placed.len(), MOST);
+        let later = start + Duration::from_millis(MOST as u64);
+        p.choose("one more", &all(2, 0), later);
+        assert_eq!(p.placed.len(), MOST - MOST / 8 + 1);
+        assert!(!p.placed.contains_key("s0"), "the oldest is forgotten");
+        assert!(p.placed.contains_key(&format!("s{}", MOST - 1)));
+        assert_eq!(p.per_endpoint.iter().sum::<usize>(), p.placed.len());
     }
 
     #[test]
     fn idle_sessions_are_forgotten_and_free_their_share() {
         let mut p = Placement::new(2);
         let start = Instant::now();
-        p.choose("old", &all(2, 0), |_| true, start);
+        p.choose("old", &all(2, 0), start);
         let later = start + IDLE + SWEEP_EVERY;
         // "old" is forgotten, so "new" may take endpoint 0 (its favourite) and "newer" too
         // would exceed the share: it goes to 1.
-        assert_eq!(p.choose("new", &all(2, 0), |_| true, later), Some(0));
-        assert_eq!(p.choose("newer", &all(2, 0), |_| true, later), Some(1));
+        assert_eq!(p.choose("new", &all(2, 0), later), Some(0));
+        assert_eq!(p.choose("newer", &all(2, 0), later), Some(1));
         assert_eq!(p.placed.len(), 2);
         assert_eq!(p.per_endpoint, [1, 1]);
     }
@@ -194,7 +210,7 @@ mod tests {
     #[test]
     fn no_candidate_means_no_endpoint() {
         let mut p = Placement::new(2);
-        assert_eq!(p.choose("s", &[], |_| true, Instant::now()), None);
+        assert_eq!(p.choose("s", &[], Instant::now()), None);
         assert!(p.placed.is_empty());
     }
 }

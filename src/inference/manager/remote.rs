@@ -2,7 +2,7 @@
 //! killed. A request of a session goes to the session's endpoint (placed by rendezvous hashing
 //! with bounded loads, [`super::placement`]: its highest-weighted healthy endpoint unless that
 //! one holds more than its share of the sessions; it stays there, so its prompt cache is
-//! reused, and a lost endpoint moves only its own sessions), unless that one has
+//! reused, and while its endpoint is down only its own requests go elsewhere), unless that one has
 //! `session_spill_in_flight` requests running; any other request goes to the healthy endpoint
 //! with the fewest in flight. A request moves to the next endpoint when one fails before
 //! answering (recorded as `model.endpoint_failover`). Each endpoint is probed for what it
@@ -197,10 +197,10 @@ impl EndpointSet {
                 .filter(healthy)
                 .map(|i| (i, rendezvous_weight(key, &self.endpoints[i].url)))
                 .collect();
-            let own =
-                self.placement
-                    .lock()
-                    .choose(key, &candidates, |i| healthy(&i), Instant::now());
+            let own = self
+                .placement
+                .lock()
+                .choose(key, &candidates, Instant::now());
             if let Some(own) = own.filter(|&i| in_flight(i) < self.spill_at) {
                 return Some(own);
             }
