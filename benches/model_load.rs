@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 const LOADS: usize = 10;
 const SWAPS: usize = 6;
-const BARE_PAIRS: usize = 12;
+const BARE_PAIRS: usize = 16;
 const CONFINED_PAIRS: usize = 16;
 const EVICTIONS: usize = 6;
-const SWITCH_REQUESTS: usize = 40;
+const SWITCH_REQUESTS: usize = 160;
 
 fn health_200(port: u16) -> bool {
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
