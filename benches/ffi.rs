@@ -130,7 +130,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         t.elapsed() / 40
     };
     let (mut rust, mut c) = (Vec::new(), Vec::new());
-    for i in 0..25 {
+    for i in 0..61 {
         // Who goes first alternates too.
         if i % 2 == 0 {
             rust.push(round(&rust_call));
