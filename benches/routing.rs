@@ -2,10 +2,10 @@
 //! token of a conversation's later turns when its requests stay on one endpoint (sessions)
 //! against the least-loaded endpoint, four agent conversations at once, each with a long
 //! context of its own and a tool run between turns, on servers that each keep two
-//! conversations (`affinity_ttft_ratio`, of the means; the medians' too), with the prompt tokens each mode's turns computed
-//! (the servers' `timings.prompt_n`); and
-//! one endpoint through the manager's router against the same requests posted by a bare
-//! client (`routing_overhead_ratio`).
+//! conversations (`affinity_ttft_ratio`, of the means; the medians' too), with the prompt
+//! tokens each mode's turns computed (the servers' `timings.prompt_n`); and one endpoint
+//! through the manager's router against the same requests posted by a bare client
+//! (`routing_overhead_ratio`).
 
 use correx::{
     chat_body, CancelToken, ContextEntry, ContextPack, DefaultModelManager, GenerationConfig,

@@ -4,9 +4,9 @@
 //! `hash-balance-factor` does for connections, here with no slack), and stays there; while that
 //! endpoint cannot take it, its requests go where a new session would, and come back. The
 //! placement is this process's: another process, or this one after a restart, places by
-//! arrival too (the same endpoint when the load allows it). Plain hashing is balanced only on average: with four conversations on two endpoints it puts
-//! three or four on one of them half the time, and a server whose cache keeps two computes
-//! every turn of the third again. Placing counts sessions, not requests in flight, because a
+//! arrival too (the same endpoint when the load allows it). Plain hashing is balanced only on
+//! average: with four conversations on two endpoints it puts three or four on one of them half
+//! the time, and a server whose cache keeps two computes every turn of the third again. Placing counts sessions, not requests in flight, because a
 //! server's cache holds conversations whether or not they are running right now.
 
 use std::collections::HashMap;
@@ -101,17 +101,15 @@ impl Placement {
     }
 
     /// Forgets the least recently used eighth of the sessions remembered (a batch, so that a
-    /// full table is scanned once per [`MOST`]/8 new sessions, not for each).
+    /// full table is scanned once per [`MOST`]/8 new sessions, not for each); called when the
+    /// table is full.
     fn forget_least_recent(&mut self) {
         let mut by_use: Vec<(Instant, String)> = self
             .placed
             .iter()
             .map(|(k, p)| (p.used, k.clone()))
             .collect();
-        let n = (by_use.len() / 8).max(1).min(by_use.len());
-        if n == 0 {
-            return;
-        }
+        let n = (by_use.len() / 8).max(1);
         by_use.select_nth_unstable_by_key(n - 1, |(used, _)| *used);
         for (_, k) in &by_use[..n] {
             self.forget(k);
@@ -124,16 +122,15 @@ impl Placement {
             return;
         }
         self.swept = now;
-        let per_endpoint = &mut self.per_endpoint;
-        self.placed.retain(|_, p| {
-            let live = now.saturating_duration_since(p.used) < IDLE;
-            if !live {
-                if let Some(n) = per_endpoint.get_mut(p.endpoint) {
-                    *n = n.saturating_sub(1);
-                }
-            }
-            live
-        });
+        let idle: Vec<String> = self
+            .placed
+            .iter()
+            .filter(|(_, p)| now.saturating_duration_since(p.used) >= IDLE)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &idle {
+            self.forget(k);
+        }
     }
 }
 

@@ -2,8 +2,8 @@
 //! killed. A request of a session goes to the session's endpoint (placed by rendezvous hashing
 //! with bounded loads, [`super::placement`]: its highest-weighted healthy endpoint unless that
 //! one holds more than its share of the sessions; it stays there, so its prompt cache is
-//! reused, and while its endpoint is down only its own requests go elsewhere), unless that one has
-//! `session_spill_in_flight` requests running; any other request goes to the healthy endpoint
+//! reused, and while its endpoint is down only its own requests go elsewhere), unless that one
+//! has `session_spill_in_flight` requests running; any other request goes to the healthy endpoint
 //! with the fewest in flight. A request moves to the next endpoint when one fails before
 //! answering (recorded as `model.endpoint_failover`). Each endpoint is probed for what it
 //! offers once it first answers its health check ([`LlamaCppInferenceProvider::probe`]); a
