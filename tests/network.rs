@@ -43,50 +43,62 @@ impl Site {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (hits, stop) = (hits.clone(), stop.clone());
+            let (pages, root) = (Arc::new(pages), Arc::new(root));
             std::thread::spawn(move || {
                 for conn in listener.incoming() {
                     if stop.load(Ordering::SeqCst) {
                         return;
                     }
-                    let Ok(mut conn) = conn else { continue };
+                    let Ok(conn) = conn else { continue };
                     hits.fetch_add(1, Ordering::SeqCst);
-                    let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
-                    let mut head = Vec::new();
-                    let mut b = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
-                        match conn.read(&mut b) {
-                            Ok(1) => head.push(b[0]),
-                            _ => break,
-                        }
-                    }
-                    let text = String::from_utf8_lossy(&head);
-                    let target = text.split(' ').nth(1).unwrap_or("/");
-                    let path = target.split('?').next().unwrap_or("/").to_owned();
-                    let file = root
-                        .as_ref()
-                        .filter(|_| !path.contains(".."))
-                        .and_then(|r| std::fs::read(r.join(path.trim_start_matches('/'))).ok());
-                    let kind = if path.ends_with('/') {
-                        "text/html"
-                    } else {
-                        "application/octet-stream"
-                    };
-                    let reply = match pages.get(&path).cloned().or(file) {
-                        Some(body) => {
-                            let mut r = format!(
-                                "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                                body.len()
-                            )
-                            .into_bytes();
-                            r.extend(body);
-                            r
-                        }
-                        None => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
-                    };
-                    let _ = conn.write_all(&reply);
+                    // A thread each, as a real server: git fetches several objects at once,
+                    // and one connection slow to send its head must not hold the others.
+                    let (pages, root) = (pages.clone(), root.clone());
+                    std::thread::spawn(move || answer(conn, &pages, root.as_deref()));
                 }
             })
         };
+        /// Reads one request head and answers it from `pages`, else from a file under `root`.
+        fn answer(
+            mut conn: TcpStream,
+            pages: &BTreeMap<String, Vec<u8>>,
+            root: Option<&std::path::Path>,
+        ) {
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
+                match conn.read(&mut b) {
+                    Ok(1) => head.push(b[0]),
+                    _ => break,
+                }
+            }
+            let text = String::from_utf8_lossy(&head);
+            let target = text.split(' ').nth(1).unwrap_or("/");
+            let path = target.split('?').next().unwrap_or("/").to_owned();
+            let file = root
+                .filter(|_| !path.contains(".."))
+                .and_then(|r| std::fs::read(r.join(path.trim_start_matches('/'))).ok());
+            let kind = if path.ends_with('/') {
+                "text/html"
+            } else {
+                "application/octet-stream"
+            };
+            let reply = match pages.get(&path).cloned().or(file) {
+                Some(body) => {
+                    let mut r = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes();
+                    r.extend(body);
+                    r
+                }
+                None => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_vec(),
+            };
+            let _ = conn.write_all(&reply);
+        }
         Ok(Site {
             port,
             hits,
