@@ -10,6 +10,7 @@
 
 mod approvals;
 mod cancel;
+mod confine;
 mod domain;
 mod events;
 pub mod ffi;
@@ -21,6 +22,7 @@ mod platform;
 mod private_dir;
 mod runtime;
 mod sandbox;
+mod services;
 mod sessions;
 mod settings;
 mod strict_json;
@@ -34,6 +36,9 @@ pub use approvals::{
     DenyAll, EngineChoice, RuleAction,
 };
 pub use cancel::CancelToken;
+pub use confine::{
+    Allowlist, IsolationMode, IsolationOptions, NetworkPolicy, ResourceLimits, RunAs,
+};
 pub use domain::{
     append_domain, check_domain_event, verify_log, verify_log_sealed, DomainEvent, EventType,
     UnloadReason,
@@ -68,21 +73,23 @@ pub use runtime::{build_registry, Runtime, RuntimeConfig, RuntimeError, CONFIG_V
 pub use sandbox::{
     default_work_root, session_stream, Recovered, SandboxError, SandboxedToolExecutor,
 };
+pub use services::jobs::{
+    signal_number, InterruptedJob, JobCursor, JobEndReason, JobError, JobInfo, JobOutput,
+    JobStatus, JobTable, JobsOptions, SIGNALS,
+};
+pub use services::mcp::{
+    McpClientMethod, McpHub, McpRefusal, McpRequestHandler, McpServerConfig, McpServerRequest,
+    McpServers, McpStart, McpToolSettings, MCP_STREAM, PROTOCOL_VERSIONS,
+};
 pub use sessions::{Session, SessionError, Step, MAX_STEP_KEY};
 pub use settings::{ConfigError, Section};
 pub use tools::{
-    looks_secret, Allowlist, BuildContext, BuiltinTool, ConfineError, DispatchingToolExecutor,
-    FileAffectingTool, FileEditTool, FileReadTool, FileToolConfig, FileWriteTool, IsolationMode,
-    IsolationOptions, NetworkPolicy, ResolveMode, ResourceLimits, Roots, RunAs, ShellOptions,
-    ShellTool, Tier, Tool, ToolCapability, ToolConfig, ToolError, ToolErrorKind, ToolExecutor,
-    ToolRegistry, ToolRequest, ToolResult, ToolRow, ValidationResult, BUILTIN_TOOLS,
-    DEFAULT_MAX_READ_BYTES, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
-};
-pub use tools::{
-    signal_number, InterruptedJob, JobCursor, JobEndReason, JobError, JobInfo, JobOutput,
-    JobStatus, JobTable, JobsOptions, JobsTool, JobsToolOptions, McpClientMethod, McpHub,
-    McpRefusal, McpRequestHandler, McpServerConfig, McpServerRequest, McpServers, McpStart,
-    McpToolSettings, MCP_STREAM, PROTOCOL_VERSIONS, SIGNALS,
+    looks_secret, BuildContext, BuiltinTool, ConfineError, DispatchingToolExecutor,
+    FileAffectingTool, FileEditTool, FileReadTool, FileToolConfig, FileWriteTool, JobsTool,
+    JobsToolOptions, ResolveMode, Roots, ShellOptions, ShellTool, Tier, Tool, ToolCapability,
+    ToolConfig, ToolError, ToolErrorKind, ToolExecutor, ToolRegistry, ToolRequest, ToolResult,
+    ToolRow, ToolSource, ValidationResult, BUILTIN_TOOLS, DEFAULT_MAX_READ_BYTES,
+    DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
 };
 
 #[cfg(test)]

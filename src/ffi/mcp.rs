@@ -6,7 +6,7 @@ use super::{
     correx_error, guard, Failure, FfiResult, CORREX_E_INVALID_ARGUMENT, CORREX_E_NULL, CORREX_OK,
 };
 use crate::cancel::CancelToken;
-use crate::tools::{McpClientMethod, McpRefusal, McpRequestHandler, McpServerRequest};
+use crate::services::mcp::{McpClientMethod, McpRefusal, McpRequestHandler, McpServerRequest};
 use serde_json::Value;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::Arc;

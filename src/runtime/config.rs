@@ -7,8 +7,9 @@ use crate::approvals::ApprovalsConfig;
 use crate::events::{Durability, SealConfig};
 use crate::inference::ManagerOptions;
 use crate::observe::otlp::OtlpConfig;
+use crate::services::mcp::McpServers;
 use crate::settings::{self, ConfigError};
-use crate::tools::{McpServers, ToolConfig, BUILTIN_TOOLS};
+use crate::tools::{ToolConfig, BUILTIN_TOOLS};
 use serde::Deserialize;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -122,8 +123,9 @@ impl RuntimeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::confine::RunAs;
     use crate::inference::ServerIsolation;
-    use crate::tools::{RunAs, ShellOptions, ShellTool};
+    use crate::tools::{ShellOptions, ShellTool};
     use std::time::Duration;
 
     fn shell(c: &RuntimeConfig) -> &ShellOptions {

@@ -11,12 +11,11 @@ use crate::inference::DefaultModelManager;
 use crate::observe::otlp::{OtlpError, OtlpExporter};
 use crate::observe::{LiveMetrics, LogMetrics};
 use crate::sandbox::{default_work_root, SandboxError, SandboxedToolExecutor};
+use crate::services::jobs::{InterruptedJob, JobError, JobTable};
+use crate::services::mcp::McpHub;
 use crate::sessions::{Session, SessionError};
 use crate::settings::ConfigError;
-use crate::tools::{
-    BuildContext, DispatchingToolExecutor, InterruptedJob, JobError, JobTable, McpHub, ToolConfig,
-    ToolError, ToolRegistry,
-};
+use crate::tools::{BuildContext, DispatchingToolExecutor, ToolConfig, ToolError, ToolRegistry};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;

@@ -450,6 +450,10 @@ pub(crate) struct Ended {
     pub duration: Duration,
 }
 
+/// What a started run holds until it ends (its temp directory, cgroup, proxy), given back
+/// when this runs, once every process of it is gone.
+pub(crate) type Cleanup = Box<dyn FnOnce() + Send>;
+
 /// A program that has exec'd, confined and contained, and is running: its supervisor and its
 /// pipes. [`Started::wait`] reads its output until it ends; dropped instead, it kills and
 /// reaps everything it started.

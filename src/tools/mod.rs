@@ -18,10 +18,7 @@ mod contract;
 mod describe;
 mod error;
 pub(crate) mod fs;
-mod isolation;
 pub(crate) mod jobs;
-mod mcp;
-mod network;
 mod params;
 pub(crate) mod process;
 mod registry;
@@ -38,17 +35,8 @@ pub use fs::{
     ConfineError, FileEditTool, FileReadTool, FileToolConfig, FileWriteTool, ResolveMode, Roots,
     DEFAULT_MAX_READ_BYTES,
 };
-pub use isolation::{IsolationMode, IsolationOptions, ResourceLimits, RunAs};
-pub use jobs::{
-    signal_number, InterruptedJob, JobCursor, JobEndReason, JobError, JobInfo, JobOutput,
-    JobStatus, JobTable, JobsOptions, JobsTool, JobsToolOptions, SIGNALS,
-};
-pub use mcp::{
-    McpClientMethod, McpHub, McpRefusal, McpRequestHandler, McpServerConfig, McpServerRequest,
-    McpServers, McpStart, McpToolSettings, MCP_STREAM, PROTOCOL_VERSIONS,
-};
-pub use network::{Allowlist, NetworkPolicy};
+pub use jobs::{JobsTool, JobsToolOptions};
 pub(crate) use params::json_kind;
-pub use registry::{DispatchingToolExecutor, ToolRegistry};
+pub use registry::{DispatchingToolExecutor, ToolRegistry, ToolSource};
 pub use shell::{looks_secret, ShellOptions, ShellTool, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT};
 pub use table::{BuildContext, BuiltinTool, ToolConfig, ToolRow, BUILTIN_TOOLS};

@@ -2,6 +2,18 @@ use super::{Tool, ToolError, ToolExecutor, ToolRequest, ToolResult, ToolRow, BUI
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// Tools a long-lived service offers beside the registry's own, found by name when asked for
+/// (an MCP hub: `<server>.<tool>`, its server started on first use).
+pub trait ToolSource: Send + Sync {
+    /// The tool named `name`, if this source has it.
+    fn resolve(&self, name: &str) -> Option<Arc<dyn Tool>>;
+    /// Every tool it has (an MCP hub starts its servers to list them), and a disabled entry
+    /// for each part that cannot be listed, saying why.
+    fn describe(&self) -> Vec<super::ToolDescription>;
+    /// The prefixes of its tools' names (an MCP server's name), listed as `<prefix>.*`.
+    fn prefixes(&self) -> Vec<&str>;
+}
+
 /// The tools a runtime offers, fixed when built: there is no way to add one afterwards.
 #[derive(Clone)]
 pub struct ToolRegistry {
@@ -9,7 +21,7 @@ pub struct ToolRegistry {
     /// The table whose disabled rows a listing shows too.
     table: Vec<ToolRow>,
     /// MCP servers, whose tools (`<server>.<tool>`) are listed by their servers.
-    mcp: Option<Arc<super::McpHub>>,
+    mcp: Option<Arc<dyn ToolSource>>,
 }
 
 impl Default for ToolRegistry {
@@ -55,8 +67,8 @@ impl ToolRegistry {
         self
     }
 
-    /// The same tools, and those of `hub`'s MCP servers.
-    pub fn with_mcp(mut self, hub: Arc<super::McpHub>) -> Self {
+    /// The same tools, and those of `hub` (the runtime's MCP servers).
+    pub fn with_mcp(mut self, hub: Arc<dyn ToolSource>) -> Self {
         self.mcp = Some(hub);
         self
     }
@@ -116,7 +128,7 @@ impl ToolRegistry {
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.tools.keys().cloned().collect();
         if let Some(hub) = &self.mcp {
-            names.extend(hub.names().into_iter().map(|s| format!("{s}.*")));
+            names.extend(hub.prefixes().into_iter().map(|s| format!("{s}.*")));
         }
         names
     }

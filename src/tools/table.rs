@@ -41,7 +41,7 @@ pub struct BuildContext {
     pub protected: Vec<PathBuf>,
     /// The runtime's background jobs: the shell starts them (`background: true`) and the
     /// `jobs` tool reaches them. Without it, background runs are refused.
-    pub jobs: Option<Arc<super::JobTable>>,
+    pub jobs: Option<Arc<crate::services::jobs::JobTable>>,
 }
 
 /// One row of a tool table.
@@ -366,8 +366,9 @@ mod tests {
         std::fs::create_dir_all(&work).expect("a temp dir");
         let events =
             crate::events::SqliteEventStore::open(work.join("events.db")).expect("an event log");
-        let (table, _) = super::super::JobTable::open(Arc::new(events), &work.join("sandbox"))
-            .expect("a job table");
+        let (table, _) =
+            crate::services::jobs::JobTable::open(Arc::new(events), &work.join("sandbox"))
+                .expect("a job table");
         let context = BuildContext {
             jobs: Some(Arc::new(table)),
             ..BuildContext::default()

@@ -1,17 +1,17 @@
 //! [`ShellTool`]: runs one executable from an allowlist, by argv, never through a shell.
 
 use super::fs::{Located, Roots};
-use super::isolation::{self, Policy, Route, RunNetwork};
-use super::network::{self, RunProxy};
 use super::params::{json_kind, optional_str};
 use super::{
     Tier, Tool, ToolCapability, ToolError, ToolErrorKind, ToolRequest, ToolResult, ValidationResult,
 };
 use crate::cancel::CancelToken;
+use crate::confine::net::{self as network, RunProxy};
+use crate::confine::{self, Policy, Route, RunNetwork};
 use crate::private_dir::{check_private, PrivateDir};
-use crate::sys::spawn::{self, Captured, Exit, RunNet, SpawnSpec, Started};
+use crate::services::jobs::{JobTable, JobsOptions};
+use crate::sys::spawn::{self, Captured, Cleanup, Exit, RunNet, SpawnSpec, Started};
 use crate::sys::{resolve_both, FIXED_PATH};
-use crate::tools::jobs::{JobTable, JobsOptions};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -61,10 +61,6 @@ pub struct ShellTool {
     jobs: Option<(Arc<JobTable>, JobsOptions)>,
     jobs_options: JobsOptions,
 }
-
-/// What a started run holds until it ends (its temp directory, cgroup, proxy), given back
-/// when this runs, once every process of it is gone.
-pub(crate) type Cleanup = Box<dyn FnOnce() + Send>;
 
 /// A run about to start: what [`ShellTool::prepare`] made for it. Dropped, everything goes.
 struct Prepared<'a> {
@@ -346,7 +342,7 @@ impl ShellTool {
             .collect();
         let tmp_base = tmp_base();
         let root_confined =
-            crate::sys::euid() == 0 && options.isolation.mode != super::IsolationMode::None;
+            crate::sys::euid() == 0 && options.isolation.mode != confine::IsolationMode::None;
         // A root host's runs see the temp base through an idmapped mount made now: it must
         // exist, under its real path.
         let tmp_base = if root_confined {
@@ -359,7 +355,7 @@ impl ShellTool {
         } else {
             tmp_base
         };
-        let policy = isolation::plan(&options.isolation, &working_roots, &exec_dirs, &tmp_base)
+        let policy = confine::plan(&options.isolation, &working_roots, &exec_dirs, &tmp_base)
             .map_err(|reason| {
                 log::warn!("shell tool: every run will be refused: {reason}");
                 Refusal {
@@ -762,7 +758,7 @@ impl ShellTool {
             let job_id = slot
                 .launch(
                     started,
-                    crate::tools::jobs::Launch {
+                    crate::services::jobs::Launch {
                         invocation_id: id.to_string(),
                         command,
                         timeout,

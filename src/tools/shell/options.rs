@@ -2,10 +2,11 @@
 //! and how the runtime builds it.
 
 use super::ShellTool;
+use crate::confine::{IsolationOptions, RunAs};
+use crate::services::jobs::JobsOptions;
 use crate::settings::{self, ConfigError, Section};
-use crate::tools::isolation::{IsolationOptions, RunAs};
 use crate::tools::table::{BuildContext, BuiltinTool};
-use crate::tools::{JobsOptions, ToolError};
+use crate::tools::ToolError;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -44,7 +45,7 @@ pub struct ShellOptions {
     /// private temp directory. Config `working_dirs`, absolute paths.
     #[serde(rename = "working_dirs")]
     pub working_roots: Vec<PathBuf>,
-    /// How the child is confined by the kernel; default [`IsolationMode::Required`](crate::tools::IsolationMode::Required).
+    /// How the child is confined by the kernel; default [`IsolationMode::Required`](crate::confine::IsolationMode::Required).
     pub isolation: IsolationOptions,
     /// Bounds on background jobs (`"background": true`): per session, timeout, buffers.
     pub jobs: JobsOptions,
@@ -82,7 +83,7 @@ impl Section for ShellOptions {
         if self.isolation.network.allowlist().is_some() {
             for k in self.env.keys() {
                 settings::check(
-                    !crate::tools::network::PROXY_VARIABLES.contains(&k.as_str()),
+                    !crate::confine::net::PROXY_VARIABLES.contains(&k.as_str()),
                     &format!("env.{k}"),
                     "is set by correx for a run with a network allowlist (its proxy)",
                 )?;
@@ -168,10 +169,11 @@ impl BuiltinTool for ShellTool {
                     o.timeout.as_secs(),
                     i.mode,
                     match &i.network {
-                        crate::tools::NetworkPolicy::Off => "denied".to_owned(),
-                        crate::tools::NetworkPolicy::Open => "allowed".to_owned(),
-                        crate::tools::NetworkPolicy::Loopback => "its own loopback only".to_owned(),
-                        crate::tools::NetworkPolicy::Allowlist(a) =>
+                        crate::confine::NetworkPolicy::Off => "denied".to_owned(),
+                        crate::confine::NetworkPolicy::Open => "allowed".to_owned(),
+                        crate::confine::NetworkPolicy::Loopback =>
+                            "its own loopback only".to_owned(),
+                        crate::confine::NetworkPolicy::Allowlist(a) =>
                             format!("through a proxy to {:?} only", a.allow),
                     }
                 ),

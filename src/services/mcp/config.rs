@@ -1,7 +1,8 @@
 //! [`McpServers`]: the config section `mcp_servers`, a server per name.
 
+use crate::confine::IsolationOptions;
 use crate::settings::{self, ConfigError, Section};
-use crate::tools::{IsolationOptions, Tier};
+use crate::tools::Tier;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -12,16 +12,13 @@
 mod buffer;
 mod options;
 mod record;
-mod tool;
 
 pub use options::JobsOptions;
-pub(crate) use tool::{operate, schema};
-pub use tool::{JobsTool, JobsToolOptions, DESCRIPTION};
 
 use crate::cancel::CancelToken;
+use crate::domain::session_stream;
 use crate::domain::DomainEvent;
 use crate::events::{EventStore, ExpectedVersion};
-use crate::sandbox::session_stream;
 use crate::sys::spawn::{Exit, Started};
 use buffer::Tail;
 use parking_lot::{Condvar, Mutex};
@@ -699,7 +696,7 @@ pub(crate) struct Launch {
     pub buffer_bytes: usize,
     /// Runs once every process of the job is gone, before its end is recorded (the run's
     /// temp directory, cgroup and proxy go).
-    pub cleanup: crate::tools::shell::Cleanup,
+    pub cleanup: crate::sys::spawn::Cleanup,
 }
 
 impl Slot<'_> {

@@ -750,7 +750,7 @@ fn file_uri(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::McpRequestHandler;
+    use crate::services::mcp::McpRequestHandler;
     use std::io::{BufRead, BufReader};
     use std::os::unix::net::UnixStream;
 

@@ -18,7 +18,7 @@ use crate::cancel::CancelToken;
 use crate::events::EventStore;
 use crate::tools::{
     ShellOptions, ShellTool, Tier, Tool, ToolCapability, ToolDescription, ToolError, ToolErrorKind,
-    ToolRequest, ToolResult, ValidationResult,
+    ToolRequest, ToolResult, ToolSource, ValidationResult,
 };
 use connection::RpcError;
 use serde_json::{json, Value};
@@ -36,6 +36,20 @@ pub struct McpHub {
 impl std::fmt::Debug for McpHub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.servers.keys()).finish()
+    }
+}
+
+impl ToolSource for McpHub {
+    fn resolve(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        McpHub::resolve(self, name)
+    }
+
+    fn describe(&self) -> Vec<ToolDescription> {
+        McpHub::describe(self)
+    }
+
+    fn prefixes(&self) -> Vec<&str> {
+        self.names()
     }
 }
 

@@ -10,7 +10,7 @@
 
 use super::policy::{split_port, Host, Refusal, Rules};
 use super::tls;
-use crate::tools::isolation::Route;
+use crate::confine::Route;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};

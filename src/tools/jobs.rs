@@ -2,8 +2,8 @@
 //! output since a cursor, wait for one, signal it, or stop it. It reaches only jobs of the
 //! request's own session.
 
-use super::{signal_number, JobCursor, JobTable, STOP_GRACE};
 use crate::cancel::CancelToken;
+use crate::services::jobs::{signal_number, JobCursor, JobError, JobStatus, JobTable, STOP_GRACE};
 use crate::settings::{ConfigError, Section};
 use crate::tools::table::{BuildContext, BuiltinTool};
 use crate::tools::{
@@ -92,11 +92,9 @@ pub(crate) fn operate(
     cancel: &CancelToken,
 ) -> Result<Value, (ToolErrorKind, String)> {
     let invalid = |reason: String| (ToolErrorKind::InvalidRequest, reason);
-    let job_err = |e: super::JobError| {
+    let job_err = |e: JobError| {
         let kind = match e {
-            super::JobError::Unknown { .. } | super::JobError::BadSignal { .. } => {
-                ToolErrorKind::InvalidRequest
-            }
+            JobError::Unknown { .. } | JobError::BadSignal { .. } => ToolErrorKind::InvalidRequest,
             _ => ToolErrorKind::Io,
         };
         (kind, e.to_string())
@@ -174,7 +172,7 @@ pub(crate) fn operate(
                 let status = table.wait(session, job, slice).map_err(job_err)?;
                 if left.is_zero()
                     || cancel.is_cancelled()
-                    || !matches!(status, super::JobStatus::Running { .. })
+                    || !matches!(status, JobStatus::Running { .. })
                 {
                     break status;
                 }
