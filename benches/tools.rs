@@ -88,7 +88,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let confined = shell_with(IsolationMode::Required, true)?;
     println!(
         "confined_process_bound: {}",
-        confined.applied_policy()["limits"]["process_bound"]
+        confined.applied_policy().to_json()["limits"]["process_bound"]
             .as_str()
             .unwrap_or("?")
     );

@@ -37,7 +37,9 @@ pub use approvals::{
 };
 pub use cancel::CancelToken;
 pub use confine::{
-    Allowlist, IsolationMode, IsolationOptions, NetworkPolicy, ResourceLimits, RunAs,
+    Allowlist, AllowlistNetwork, Applied, AppliedPolicy, Capabilities, Devices, Filesystem,
+    Identity, Ipc, IsolationMode, IsolationOptions, Limits, LoopbackNetwork, Namespaces, Network,
+    NetworkPolicy, PlainNetwork, ResourceLimits, RunAs, Scopes,
 };
 pub use domain::{
     append_domain, check_domain_event, verify_log, verify_log_sealed, DomainEvent, EventType,

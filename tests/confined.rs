@@ -131,7 +131,7 @@ fn escapes_with(subreaper: bool) -> TestResult {
         o.isolation.force_subreaper = subreaper;
     });
     if subreaper {
-        assert_eq!(t.applied_policy()["containment"], "subreaper");
+        assert_eq!(t.applied_policy().to_json()["containment"], "subreaper");
     }
     // A detached daemon, and a successful return.
     let m = marker();
@@ -359,17 +359,17 @@ fn fork_bomb() -> TestResult {
         o.timeout = Duration::from_secs(3);
         o.isolation.limits.max_processes = Some(64);
     });
-    let enforced = t.applied_policy()["limits"]["max_processes_enforced"] == json!(true);
+    let enforced = t.applied_policy().to_json()["limits"]["max_processes_enforced"] == json!(true);
     if !enforced {
         eprintln!(
             "!!! fork bomb not run: max_processes is not enforced here ({}) !!!",
-            t.applied_policy()["containment"]
+            t.applied_policy().to_json()["containment"]
         );
         return Ok(());
     }
     eprintln!(
         "process bound: {}",
-        t.applied_policy()["limits"]["process_bound"]
+        t.applied_policy().to_json()["limits"]["process_bound"]
     );
     let m = marker();
     let bomb = format!("m={m}; b() {{ b | b & }}; b; sleep 100");
@@ -648,7 +648,7 @@ fn root_powers() -> TestResult {
     assert_eq!(std::fs::metadata(work.join("abs.txt"))?.uid(), host_uid);
 
     // The policy recorded is the one applied.
-    let p = t.applied_policy();
+    let p = t.applied_policy().to_json();
     assert_eq!(p["capabilities"], "none", "{p}");
     assert_eq!(p["no_new_privs"], true);
     assert_eq!(p["namespaces"]["uts"], true, "{p}");
@@ -863,7 +863,7 @@ fn required_refuses_a_kernel_without_the_needed_landlock_abi() {
         why.contains("Landlock ABI 2") && why.contains("ABI 3"),
         "{why}"
     );
-    assert_eq!(refused.applied_policy()["refused"], json!(why));
+    assert_eq!(refused.applied_policy().to_json()["refused"], json!(why));
     let r = run(&refused, &["true"]);
     assert!(!r.is_success(), "required ran on a pretended ABI 2");
     assert!(
@@ -873,7 +873,7 @@ fn required_refuses_a_kernel_without_the_needed_landlock_abi() {
     );
     // best_effort runs, and records what it applied.
     let t = ShellTool::new(options(IsolationMode::BestEffort)).expect("best_effort builds");
-    let p = t.applied_policy();
+    let p = t.applied_policy().to_json();
     assert_eq!(p["mode"], "best_effort");
     assert_eq!(p["landlock_abi"], 2);
     assert_eq!(p["filesystem"]["truncate_handled"], false);
@@ -881,8 +881,8 @@ fn required_refuses_a_kernel_without_the_needed_landlock_abi() {
     assert!(run(&t, &["true"]).is_success());
     // none records that nothing is confined.
     let t = ShellTool::new(options(IsolationMode::None)).expect("none builds");
-    assert_eq!(t.applied_policy()["filesystem"], Value::Null);
-    assert_eq!(t.applied_policy()["network"]["allowed"], true);
+    assert_eq!(t.applied_policy().to_json()["filesystem"], Value::Null);
+    assert_eq!(t.applied_policy().to_json()["network"]["allowed"], true);
 }
 
 /// On a root host, a working dir of another user's (a project owned by uid 1000) is mapped
@@ -962,7 +962,7 @@ fn a_working_dir_that_cannot_be_idmapped_is_detected() {
     assert!(!run(&refused, &["true"]).is_success());
     let t = build(IsolationMode::BestEffort);
     assert_eq!(t.refusal(), None);
-    let p = t.applied_policy();
+    let p = t.applied_policy().to_json();
     assert_eq!(p["identity"]["run_as"], "host_root", "{p}");
     assert_eq!(p["identity"]["uid"], 0);
     assert!(
@@ -984,9 +984,12 @@ fn a_working_dir_that_cannot_be_idmapped_is_detected() {
         ..ShellOptions::default()
     })
     .expect("builds");
-    assert_eq!(host.applied_policy()["identity"]["run_as"], "host_root");
     assert_eq!(
-        host.applied_policy()["identity"]["working_dirs_idmapped"],
+        host.applied_policy().to_json()["identity"]["run_as"],
+        "host_root"
+    );
+    assert_eq!(
+        host.applied_policy().to_json()["identity"]["working_dirs_idmapped"],
         false
     );
     assert!(run(&host, &["true"]).is_success());
@@ -1033,7 +1036,7 @@ fn the_started_event_records_the_policy_applied() -> TestResult {
     std::fs::create_dir_all(&work)?;
     let store = Arc::new(SqliteEventStore::open(dir.join("events.db"))?);
     let shell = tool(&["true"], &[&work], |_| {});
-    let expected = shell.applied_policy().clone();
+    let expected = shell.applied_policy().to_json().clone();
     let tools = vec![Arc::new(shell) as Arc<dyn Tool>];
     let exec = SandboxedToolExecutor::new(
         Arc::new(DispatchingToolExecutor::new(ToolRegistry::build(

@@ -265,7 +265,7 @@ fn allowlist_scenario() -> TestResult {
         ..Allowlist::default()
     };
     let t = shell(allowlist, work.path());
-    let policy = t.applied_policy();
+    let policy = t.applied_policy().to_json();
     assert_eq!(policy["network"]["mode"], "allowlist", "{policy}");
     assert_eq!(policy["network"]["enforced_by"], "network_namespace");
     assert_eq!(policy["namespaces"]["net"], true);
@@ -661,7 +661,7 @@ fn subreaper_scenario() -> TestResult {
     let t = ShellTool::new(o)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
-        let policy = t.applied_policy();
+        let policy = t.applied_policy().to_json();
         assert_eq!(policy["containment"], "subreaper");
         assert_eq!(policy["namespaces"]["net"], true, "{policy}");
         assert_eq!(policy["network"]["enforced_by"], "network_namespace");
@@ -687,7 +687,7 @@ fn subreaper_scenario() -> TestResult {
         assert_eq!(site.hits(), 1, "only the proxied fetch reached the site");
     } else if correx::kernel_features().seccomp_user_notification {
         // No namespace for a user without user namespaces: correx makes the run's connects.
-        let policy = t.applied_policy();
+        let policy = t.applied_policy().to_json();
         assert_eq!(policy["namespaces"]["net"], false, "{policy}");
         assert_eq!(
             policy["network"]["enforced_by"],
@@ -738,7 +738,7 @@ fn mediated_scenario() -> TestResult {
     o.isolation.force_mediated_network = true;
     let t = ShellTool::new(o)?;
     assert_eq!(t.refusal(), None);
-    let policy = t.applied_policy();
+    let policy = t.applied_policy().to_json();
     assert_eq!(
         policy["network"]["enforced_by"], "seccomp_user_notification",
         "{policy}"
@@ -923,9 +923,12 @@ fn loopback_scenario() -> TestResult {
         ..ShellOptions::default()
     })?;
     assert_eq!(tool.refusal(), None, "this kernel cannot confine the shell");
-    assert_eq!(tool.applied_policy()["network"]["mode"], "loopback");
     assert_eq!(
-        tool.applied_policy()["network"]["enforced_by"],
+        tool.applied_policy().to_json()["network"]["mode"],
+        "loopback"
+    );
+    assert_eq!(
+        tool.applied_policy().to_json()["network"]["enforced_by"],
         "network_namespace"
     );
     // A server and its client in one run, on the run's loopback.

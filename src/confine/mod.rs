@@ -5,10 +5,21 @@
 //! Tools and services start confined programs through this module; they do not know how the
 //! confinement is made.
 
+mod applied;
+mod filesystem;
+mod identity;
+mod kernel;
+mod limits;
 pub(crate) mod net;
+mod network;
 mod options;
 mod policy;
 
+pub use applied::{
+    AllowlistNetwork, Applied, AppliedPolicy, Capabilities, Devices, Filesystem, Identity, Ipc,
+    Limits, LoopbackNetwork, Namespaces, Network, PlainNetwork, Scopes,
+};
 pub use net::{Allowlist, NetworkPolicy};
+pub(crate) use network::{Route, RunNetwork};
 pub use options::{IsolationMode, IsolationOptions, ResourceLimits, RunAs};
-pub(crate) use policy::{plan, Policy, Route, RunNetwork};
+pub(crate) use policy::{plan, Policy};

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use std::path::PathBuf;
 
 /// How strictly the shell's child is confined.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IsolationMode {
     /// Every layer of the policy must be enforced by the kernel (Landlock ABI >= 3, the seccomp

@@ -23,6 +23,7 @@ mod legacy;
 
 use crate::approvals::{ApprovalContext, ApprovalEngine, ApprovalPolicy, ApprovalRequest};
 use crate::cancel::CancelToken;
+use crate::confine::AppliedPolicy;
 pub use crate::domain::session_stream;
 use crate::domain::{DomainEvent, EventType};
 use crate::events::{EventStore, EventStoreError, ExpectedVersion};
@@ -597,7 +598,7 @@ impl SandboxedToolExecutor {
                 invocation_id: base.1.clone(),
                 tool_name: base.2.clone(),
                 tier,
-                isolation: tool.isolation(),
+                isolation: tool.isolation().map(AppliedPolicy::to_json),
             },
         ) {
             backups.abandon();

@@ -9,7 +9,7 @@
 //! to `clone`. Where the run has no IPC namespace of its own, SysV IPC and POSIX message queues
 //! fail with `EPERM` too ([`IPC`]).
 //!
-//! Without network ([`Options::network`] false): `socket` with any family but `AF_UNIX` fails
+//! Without network ([`Sockets::UnixOnly`]): `socket` with any family but `AF_UNIX` fails
 //! with `EACCES`, and so do `connect`, `sendto` with an address, and UNIX **datagram** sockets
 //! (`socket` and `socketpair` with `SOCK_DGRAM`: `sendmsg` can carry a destination address the
 //! filter cannot read, and a datagram socket would reach any socket on the host with it; stream
@@ -665,19 +665,27 @@ const INET_ONLY: &[Rule] = &[
 pub(crate) struct Options {
     /// The floor (and no nested user namespace); false where the spawner thread holds it.
     pub floor: bool,
-    /// Leave the network alone (no [`NO_NETWORK`] rules).
-    pub network: bool,
     /// Refuse SysV IPC and message queues (the run has no IPC namespace).
     pub deny_ipc: bool,
+    /// Which sockets the run may make and what they may reach.
+    pub sockets: Sockets,
+}
+
+/// The socket rules of a filter: one network mode each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sockets {
+    /// Every socket (no network rules).
+    Any,
     /// Sockets of TCP/IP and netlink only, socketpairs of streams only (a server that needs
-    /// TCP but must reach no UNIX socket).
-    pub inet_only: bool,
-    /// Without `network`: TCP too, for a run whose network namespace holds only its proxy
-    /// ([`PROXIED`] instead of [`NO_NETWORK`]).
-    pub proxied: bool,
-    /// With `proxied`, the run shares the host's network: every `connect` is held for correx
-    /// ([`MEDIATED`] instead of [`PROXIED`]; the filter is installed with a listener).
-    pub mediated: bool,
+    /// TCP but must reach no UNIX socket) ([`INET_ONLY`]).
+    InetOnly,
+    /// `AF_UNIX` only, and no datagrams ([`NO_NETWORK`]).
+    UnixOnly,
+    /// TCP too, for a run whose network namespace holds only its proxy ([`PROXIED`]).
+    Proxied,
+    /// As proxied, but the run shares the host's network: every `connect` is held for correx
+    /// ([`MEDIATED`]; the filter is installed with a listener).
+    Mediated,
 }
 
 /// A BPF program, kept alive for a child to install.
@@ -701,15 +709,13 @@ fn rules(options: Options) -> Vec<Rule> {
     if options.deny_ipc {
         all.extend_from_slice(IPC);
     }
-    if !options.network && options.proxied && options.mediated {
-        all.extend_from_slice(MEDIATED);
-    } else if !options.network && options.proxied {
-        all.extend_from_slice(PROXIED);
-    } else if !options.network {
-        all.extend_from_slice(NO_NETWORK);
-    } else if options.inet_only {
-        all.extend_from_slice(INET_ONLY);
-    }
+    all.extend_from_slice(match options.sockets {
+        Sockets::Any => &[],
+        Sockets::InetOnly => INET_ONLY,
+        Sockets::UnixOnly => NO_NETWORK,
+        Sockets::Proxied => PROXIED,
+        Sockets::Mediated => MEDIATED,
+    });
     // Numbers below 0 stand for syscalls this architecture does not have.
     all.retain(|r| r.nr >= 0);
     all
@@ -868,9 +874,7 @@ impl Filter {
     /// The tables do not assemble (a bug: a unit test assembles every variant); callers fail
     /// closed rather than run unfiltered.
     pub fn new(options: Options) -> Result<Option<Filter>, String> {
-        if !SUPPORTED
-            || (!options.floor && !options.deny_ipc && options.network && !options.inet_only)
-        {
+        if !SUPPORTED || (!options.floor && !options.deny_ipc && options.sockets == Sockets::Any) {
             return Ok(None);
         }
         compile(&rules(options))
@@ -944,35 +948,23 @@ mod tests {
     const ALL: [Options; 4] = [
         Options {
             floor: true,
-            network: false,
+            sockets: Sockets::UnixOnly,
             deny_ipc: false,
-            inet_only: false,
-            proxied: false,
-            mediated: false,
         },
         Options {
             floor: true,
-            network: true,
+            sockets: Sockets::Any,
             deny_ipc: false,
-            inet_only: false,
-            proxied: false,
-            mediated: false,
         },
         Options {
             floor: true,
-            network: false,
+            sockets: Sockets::UnixOnly,
             deny_ipc: true,
-            inet_only: false,
-            proxied: false,
-            mediated: false,
         },
         Options {
             floor: true,
-            network: true,
+            sockets: Sockets::Any,
             deny_ipc: true,
-            inet_only: false,
-            proxied: false,
-            mediated: false,
         },
     ];
 
@@ -1104,7 +1096,13 @@ mod tests {
         let flags = (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u64;
         let eacces = errno(libc::EACCES);
         for o in ALL {
-            let deny = |allowed: bool| if o.network || allowed { ALLOW } else { eacces };
+            let deny = |allowed: bool| {
+                if o.sockets == Sockets::Any || allowed {
+                    ALLOW
+                } else {
+                    eacces
+                }
+            };
             let socket = |family: u64, ty: u64| run(o, libc::SYS_socket, [family, ty, 0, 0, 0, 0]);
             assert_eq!(socket(unix, stream), ALLOW);
             assert_eq!(socket(unix, stream | flags), ALLOW);
@@ -1140,11 +1138,8 @@ mod tests {
         for deny_ipc in [false, true] {
             let o = Options {
                 floor: true,
-                network: false,
+                sockets: Sockets::Proxied,
                 deny_ipc,
-                inet_only: false,
-                proxied: true,
-                mediated: false,
             };
             let socket = |family: i32, ty: i32| {
                 run(o, libc::SYS_socket, [family as u64, ty as u64, 0, 0, 0, 0])
@@ -1193,11 +1188,8 @@ mod tests {
         let eacces = errno(libc::EACCES);
         let o = Options {
             floor: true,
-            network: false,
+            sockets: Sockets::Mediated,
             deny_ipc: false,
-            inet_only: false,
-            proxied: true,
-            mediated: true,
         };
         let socket = |family: i32, ty: i32, protocol: i32| {
             run(
@@ -1257,7 +1249,7 @@ mod tests {
         );
         // Not mediated (a namespace of its own): connect, bind and listen are the run's own.
         let ns = Options {
-            mediated: false,
+            sockets: Sockets::Proxied,
             ..o
         };
         assert_eq!(run(ns, libc::SYS_connect, [3, 0x1000, 16, 0, 0, 0]), ALLOW);
@@ -1268,21 +1260,15 @@ mod tests {
     fn without_the_floor_only_the_rest_is_checked() {
         let o = Options {
             floor: false,
-            network: false,
+            sockets: Sockets::UnixOnly,
             deny_ipc: false,
-            inet_only: false,
-            proxied: false,
-            mediated: false,
         };
         assert_eq!(run(o, libc::SYS_mount, [0; 6]), ALLOW);
         assert_eq!(run(o, libc::SYS_connect, [0; 6]), errno(libc::EACCES));
         let none = Options {
             floor: false,
-            network: true,
+            sockets: Sockets::Any,
             deny_ipc: false,
-            inet_only: false,
-            proxied: false,
-            mediated: false,
         };
         assert!(
             Filter::new(none).expect("assembles").is_none(),
@@ -1294,11 +1280,8 @@ mod tests {
     fn a_server_gets_tcp_ip_and_netlink_sockets_only() {
         let o = Options {
             floor: true,
-            network: true,
+            sockets: Sockets::InetOnly,
             deny_ipc: true,
-            inet_only: true,
-            proxied: false,
-            mediated: false,
         };
         let socket =
             |family: i32, ty: i32| run(o, libc::SYS_socket, [family as u64, ty as u64, 0, 0, 0, 0]);

@@ -356,7 +356,7 @@ pub trait Tool: Send + Sync {
     }
     /// The kernel confinement every run of this tool gets, as recorded in
     /// `tool.execution_started`; `None` for tools that run in the host process.
-    fn isolation(&self) -> Option<serde_json::Value> {
+    fn isolation(&self) -> Option<&crate::confine::AppliedPolicy> {
         None
     }
     /// The tool as a [`FileAffectingTool`], when it touches files the sandbox must back up.

@@ -17,6 +17,7 @@
 
 use crate::sys::landlock::{self, Access, FsRule, TcpPorts};
 use crate::sys::limits::Rlimit;
+use crate::sys::seccomp::Sockets;
 use crate::sys::seccomp::{self, Filter};
 use crate::sys::ForkConfinement;
 use serde_json::{json, Value};
@@ -163,11 +164,8 @@ pub(super) fn plan(
     let filter = if seccomp::available() {
         Filter::new(seccomp::Options {
             floor: true,
-            network: true,
+            sockets: Sockets::InetOnly,
             deny_ipc: true,
-            inet_only: true,
-            proxied: false,
-            mediated: false,
         })?
     } else {
         None

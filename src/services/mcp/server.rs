@@ -350,7 +350,7 @@ impl McpServer {
                     server: self.name.clone(),
                     protocol_version: protocol,
                     tools: tools.iter().map(|t| t.name.clone()).collect(),
-                    isolation: Some(self.launcher.applied_policy().clone()),
+                    isolation: Some(self.launcher.applied_policy().to_json()),
                 });
                 Ok(Live { tools, ..live })
             }

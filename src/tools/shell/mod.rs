@@ -7,7 +7,7 @@ use super::{
 };
 use crate::cancel::CancelToken;
 use crate::confine::net::{self as network, RunProxy};
-use crate::confine::{self, Policy, Route, RunNetwork};
+use crate::confine::{self, AppliedPolicy, Policy, Route, RunNetwork};
 use crate::private_dir::{check_private, PrivateDir};
 use crate::services::jobs::{JobTable, JobsOptions};
 use crate::sys::spawn::{self, Captured, Cleanup, Exit, RunNet, SpawnSpec, Started};
@@ -144,7 +144,7 @@ type Background<'a> = (&'a JobTable, &'a JobsOptions, Duration);
 #[derive(Debug)]
 struct Refusal {
     reason: String,
-    recorded: serde_json::Value,
+    applied: AppliedPolicy,
 }
 
 impl Drop for ShellTool {
@@ -359,10 +359,10 @@ impl ShellTool {
             .map_err(|reason| {
                 log::warn!("shell tool: every run will be refused: {reason}");
                 Refusal {
-                    recorded: serde_json::json!({
-                        "mode": options.isolation.mode.as_str(),
-                        "refused": reason,
-                    }),
+                    applied: AppliedPolicy::Refused {
+                        mode: options.isolation.mode,
+                        refused: reason.clone(),
+                    },
                     reason,
                 }
             });
@@ -459,10 +459,10 @@ impl ShellTool {
 
     /// The confinement actually applied to every run, as recorded in `tool.execution_started`;
     /// where `required` cannot be met on this kernel, `{"mode": "required", "refused": why}`.
-    pub fn applied_policy(&self) -> &serde_json::Value {
+    pub fn applied_policy(&self) -> &AppliedPolicy {
         match &self.policy {
-            Ok(p) => &p.recorded,
-            Err(r) => &r.recorded,
+            Ok(p) => &p.applied,
+            Err(r) => &r.applied,
         }
     }
 
@@ -941,8 +941,8 @@ impl Tool for ShellTool {
         &[ToolCapability::ShellExec, ToolCapability::ProcessSpawn]
     }
 
-    fn isolation(&self) -> Option<serde_json::Value> {
-        Some(self.applied_policy().clone())
+    fn isolation(&self) -> Option<&AppliedPolicy> {
+        Some(self.applied_policy())
     }
 
     fn validate_request(&self, request: &ToolRequest) -> ValidationResult {
