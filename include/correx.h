@@ -649,7 +649,7 @@ int32_t correx_mcp_answer_cancelled(const struct correx_mcp_answer *answer);
  * endpoint serves): what the log records (`correx_tool_runs_total{tool,outcome}`, approval
  * waits, inference latency and tokens, model loads and unloads by reason, jobs, session
  * steps) and what the runtime knows live (models resident and in flight, append latency).
- * The README lists every family.
+ * docs/observability.md lists every family.
  *
  * # Returns
  * `CORREX_OK`, `CORREX_E_EVENT_STORE`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
@@ -934,8 +934,8 @@ int32_t correx_models_status(const struct correx_runtime *rt,
  *   "otlp": {"endpoint": "http://127.0.0.1:4318", "service_name": "correx",
  *   "queue_spans": 2048, "timeout_ms": 5000}}`. Every tool is disabled
  *   unless `"enabled": true`; empty allowlists deny everything; an MCP server's tools are
- *   `name.tool` in `correx_tools_list` and `correx_tool_execute`. See the README for every
- *   field. `event_log` may instead be `"postgres://USER@HOST:PORT/DB"` in a library built
+ *   `name.tool` in `correx_tools_list` and `correx_tool_execute`. docs/reference/config.md
+ *   lists every field. `event_log` may instead be `"postgres://USER@HOST:PORT/DB"` in a library built
  *   with the cargo feature `postgres` (the password from `PGPASSWORD` or a password file,
  *   never the URL); a library without it refuses one with `CORREX_E_CONFIG`.
  * - `out`: receives the new runtime.

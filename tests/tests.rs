@@ -7,6 +7,7 @@ mod util;
 
 mod cli;
 mod confined;
+mod docs;
 mod events;
 mod evidence;
 mod ffi;

@@ -10,7 +10,7 @@ use std::ffi::{c_char, CString};
 /// endpoint serves): what the log records (`correx_tool_runs_total{tool,outcome}`, approval
 /// waits, inference latency and tokens, model loads and unloads by reason, jobs, session
 /// steps) and what the runtime knows live (models resident and in flight, append latency).
-/// The README lists every family.
+/// docs/observability.md lists every family.
 ///
 /// # Returns
 /// `CORREX_OK`, `CORREX_E_EVENT_STORE`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.

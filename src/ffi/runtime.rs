@@ -224,8 +224,8 @@ pub(super) unsafe fn answer_json(
 ///   "otlp": {"endpoint": "http://127.0.0.1:4318", "service_name": "correx",
 ///   "queue_spans": 2048, "timeout_ms": 5000}}`. Every tool is disabled
 ///   unless `"enabled": true`; empty allowlists deny everything; an MCP server's tools are
-///   `name.tool` in `correx_tools_list` and `correx_tool_execute`. See the README for every
-///   field. `event_log` may instead be `"postgres://USER@HOST:PORT/DB"` in a library built
+///   `name.tool` in `correx_tools_list` and `correx_tool_execute`. docs/reference/config.md
+///   lists every field. `event_log` may instead be `"postgres://USER@HOST:PORT/DB"` in a library built
 ///   with the cargo feature `postgres` (the password from `PGPASSWORD` or a password file,
 ///   never the URL); a library without it refuses one with `CORREX_E_CONFIG`.
 /// - `out`: receives the new runtime.

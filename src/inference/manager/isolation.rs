@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ServerIsolation {
-    /// `required` where the kernel offers every layer (Landlock ABI 4 and the seccomp filter),
+    /// `required` where the kernel offers every layer (Landlock ABI 6 and the seccomp filter),
     /// else `best_effort` with a warning. The default.
     #[default]
     #[serde(skip)]

@@ -29,10 +29,10 @@ pub struct ManagerOptions {
     /// default 1. A load beyond it first evicts the least recently used model with nothing in
     /// flight, else waits (see `max_queued`).
     pub max_loaded: usize,
-    /// Memory the resident servers may use, in bytes; default none. Decisions use each loaded
-    /// server's measured RSS (from `/proc`, its estimate while that is unknown) plus the
-    /// estimate for the model to load: the GGUF size plus its KV cache at the context size,
-    /// read from the file's metadata.
+    /// Memory the resident servers may use (config: mebibytes; held here in bytes); default
+    /// none. Decisions use each loaded server's measured RSS (from `/proc`, its estimate while
+    /// that is unknown) plus the estimate for the model to load: the GGUF size plus its KV
+    /// cache at the context size, read from the file's metadata.
     #[serde(rename = "memory_budget_mb", deserialize_with = "settings::mebibytes")]
     pub memory_budget: Option<u64>,
     /// How many loads may wait at once for a model to become evictable; a load beyond it

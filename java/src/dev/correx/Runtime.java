@@ -11,8 +11,8 @@ import java.util.concurrent.atomic.AtomicReference;
 
 /**
  * A correx runtime: the event log, the model manager and the sandboxed tools, opened from a
- * config (the JSON of {@code correx_runtime_new}, see the README, or a {@link Builder}). Share
- * one among threads freely; {@link #close()} it once: it waits for the calls in progress,
+ * config (the JSON of {@code correx_runtime_new}, see docs/config.md, or a {@link Builder}).
+ * Share one among threads freely; {@link #close()} it once: it waits for the calls in progress,
  * closes its subscriptions, stops its model servers and closes the log.
  *
  * <pre>{@code
