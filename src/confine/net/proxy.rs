@@ -115,6 +115,24 @@ struct Shared {
 }
 
 impl Shared {
+    /// A proxy's state before anything connected; `own_listener` is the mediated route's.
+    fn new(rules: Arc<Rules>, own_listener: Option<Arc<TcpListener>>) -> Shared {
+        Shared {
+            rules,
+            stop: AtomicBool::new(false),
+            opened: AtomicU32::new(0),
+            bytes: AtomicU64::new(0),
+            report: parking_lot::Mutex::new(Report::default()),
+            sockets: parking_lot::Mutex::new(BTreeMap::new()),
+            next_socket: AtomicU64::new(0),
+            start: Instant::now(),
+            expected: own_listener
+                .as_ref()
+                .map(|_| parking_lot::Mutex::new(BTreeSet::new())),
+            listener: parking_lot::Mutex::new(own_listener),
+        }
+    }
+
     fn deny(&self, host: &str, port: u16, why: Refusal) {
         let mut r = self.report.lock();
         if r.denied.len() < MAX_DENIALS {
@@ -133,12 +151,16 @@ impl Shared {
         }
     }
 
-    /// Keeps a handle on `s` while the guard lives, so a stop can shut it; the guard shuts it
-    /// when its connection is done (a clone would otherwise keep it open).
-    fn track<'a>(&'a self, s: &TcpStream) -> Tracked<'a> {
+    /// Keeps `s` in a guard registered while it lives, so a stop can shut it; the guard shuts
+    /// it when its connection is done (a clone would otherwise keep it open).
+    fn track(&self, s: TcpStream) -> Tracked<'_> {
         let id = self.next_socket.fetch_add(1, Ordering::SeqCst);
         self.sockets.lock().insert(id, s.as_raw_fd());
-        Tracked(self, id)
+        Tracked {
+            shared: self,
+            id,
+            stream: s,
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -146,12 +168,33 @@ impl Shared {
     }
 }
 
-/// Registers a socket while it lives; declared after the socket, so it leaves first.
-struct Tracked<'a>(&'a Shared, u64);
+/// A socket registered while it lives. It owns the socket, so the socket is unregistered and
+/// shut before it closes: a descriptor number shut after its close may be another socket's by
+/// then (a run's next mediated connect got EPIPE that way, when the guard outlived a socket
+/// moved elsewhere).
+struct Tracked<'a> {
+    shared: &'a Shared,
+    id: u64,
+    stream: TcpStream,
+}
+
+impl std::ops::Deref for Tracked<'_> {
+    type Target = TcpStream;
+    fn deref(&self) -> &TcpStream {
+        &self.stream
+    }
+}
+
+impl std::ops::DerefMut for Tracked<'_> {
+    fn deref_mut(&mut self) -> &mut TcpStream {
+        &mut self.stream
+    }
+}
 
 impl Drop for Tracked<'_> {
     fn drop(&mut self) {
-        if let Some(fd) = self.0.sockets.lock().remove(&self.1) {
+        // The stream closes after this returns, with the number no longer registered.
+        if let Some(fd) = self.shared.sockets.lock().remove(&self.id) {
             crate::sys::net::shut(fd);
         }
     }
@@ -182,20 +225,7 @@ impl RunProxy {
             Route::Namespace => None,
             Route::Mediated => Some(Arc::new(TcpListener::bind("127.0.0.1:0")?)),
         };
-        let shared = Arc::new(Shared {
-            rules,
-            stop: AtomicBool::new(false),
-            opened: AtomicU32::new(0),
-            bytes: AtomicU64::new(0),
-            report: parking_lot::Mutex::new(Report::default()),
-            sockets: parking_lot::Mutex::new(BTreeMap::new()),
-            next_socket: AtomicU64::new(0),
-            start: Instant::now(),
-            listener: parking_lot::Mutex::new(own_listener.clone()),
-            expected: own_listener
-                .as_ref()
-                .map(|_| parking_lot::Mutex::new(BTreeSet::new())),
-        });
+        let shared = Arc::new(Shared::new(rules, own_listener.clone()));
         let receiver = Arc::new(receiver);
         let mut proxy = RunProxy {
             shared: shared.clone(),
@@ -477,8 +507,9 @@ fn authority(text: &str, default: u16) -> Option<(Host, u16)> {
 }
 
 /// One client connection: its one request, checked, then the bytes both ways.
-fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
-    let _client = shared.track(&client);
+fn serve(shared: &Arc<Shared>, client: TcpStream) {
+    let mut tracked = shared.track(client);
+    let client: &mut TcpStream = &mut tracked;
     // No Nagle, here and upstream: the two ends made their own choice, and a relay that waits
     // for an ACK before passing a small segment on adds a delayed ACK (~40 ms) to every flight
     // of a handshake.
@@ -487,11 +518,11 @@ fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
     if shared.stop.load(Ordering::SeqCst) {
         return;
     }
-    let Some((head, rest)) = read_head(&mut client) else {
-        return refuse(shared, &mut client, "", 0, Refusal::BadRequest);
+    let Some((head, rest)) = read_head(&mut *client) else {
+        return refuse(shared, &mut *client, "", 0, Refusal::BadRequest);
     };
     let Some(req) = parse_head(&head) else {
-        return refuse(shared, &mut client, "", 0, Refusal::BadRequest);
+        return refuse(shared, &mut *client, "", 0, Refusal::BadRequest);
     };
     let connect = req.method.eq_ignore_ascii_case("CONNECT");
     let target = if connect {
@@ -503,11 +534,11 @@ fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
     };
     let Some((host, port)) = target else {
         let shown = req.target.chars().take(200).collect::<String>();
-        return refuse(shared, &mut client, &shown, 0, Refusal::BadRequest);
+        return refuse(shared, &mut *client, &shown, 0, Refusal::BadRequest);
     };
     let name = host.to_string();
     if let Err(why) = shared.rules.check(&host, port) {
-        return refuse(shared, &mut client, &name, port, why);
+        return refuse(shared, &mut *client, &name, port, why);
     }
     if !connect {
         // The Host header must name what the URL names (no fronting on plain HTTP).
@@ -518,13 +549,13 @@ fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
             .map(|(_, v)| *v);
         if let Some(h) = header {
             if authority(h, 80) != Some((host.clone(), port)) {
-                return refuse(shared, &mut client, &name, port, Refusal::HostMismatch);
+                return refuse(shared, &mut *client, &name, port, Refusal::HostMismatch);
             }
         }
     }
     let addresses = match shared.rules.addresses(&host, port) {
         Ok(a) => a,
-        Err(why) => return refuse(shared, &mut client, &name, port, why),
+        Err(why) => return refuse(shared, &mut *client, &name, port, why),
     };
     if connect {
         if client
@@ -533,7 +564,7 @@ fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
         {
             return;
         }
-        let hello = tls::read_client_hello(&mut (&rest[..]).chain(&mut client));
+        let hello = tls::read_client_hello(&mut (&rest[..]).chain(&mut *client));
         let (raw, hello) = match hello {
             Ok(h) => h,
             Err(_) => return shared.deny(&name, port, Refusal::NoSni),
@@ -562,7 +593,7 @@ fn serve(shared: &Arc<Shared>, mut client: TcpStream) {
         splice(shared, client, upstream, (name, port), raw.len() as u64);
     } else {
         let Some(mut upstream) = reach(shared, &addresses, port) else {
-            return refuse(shared, &mut client, &name, port, Refusal::Unreachable);
+            return refuse(shared, &mut *client, &name, port, Refusal::Unreachable);
         };
         let path = req
             .target
@@ -612,12 +643,13 @@ fn reach(shared: &Shared, addresses: &[IpAddr], port: u16) -> Option<TcpStream> 
 /// Copies both ways until both ends are done, counting bytes against the run's bound.
 fn splice(
     shared: &Arc<Shared>,
-    client: TcpStream,
+    client: &TcpStream,
     upstream: TcpStream,
     key: (String, u16),
     already_up: u64,
 ) {
-    let _upstream = shared.track(&upstream);
+    let upstream = shared.track(upstream);
+    let upstream: &TcpStream = &upstream;
     if shared.stop.load(Ordering::SeqCst) {
         return;
     }
@@ -630,7 +662,7 @@ fn splice(
         .connections += 1;
     shared.bytes.fetch_add(already_up, Ordering::SeqCst);
     // Reads wake now and then to look at the connection's last activity, either way.
-    for s in [&client, &upstream] {
+    for s in [client, upstream] {
         let _ = s.set_read_timeout(Some(IDLE_CHECK));
     }
     // The connection is idle when neither way moved a byte for IDLE_TIMEOUT: a long download
@@ -686,8 +718,8 @@ fn splice(
         total
     };
     let (up, down) = std::thread::scope(|s| {
-        let up = s.spawn(|| copy(&client, &upstream));
-        let down = copy(&upstream, &client);
+        let up = s.spawn(|| copy(client, upstream));
+        let down = copy(upstream, client);
         (up.join().unwrap_or(0), down)
     });
     let mut r = shared.report.lock();
@@ -699,6 +731,35 @@ fn splice(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tracked_socket_is_shut_and_unregistered_before_it_closes() -> io::Result<()> {
+        let a = super::super::Allowlist {
+            allow: vec!["a.example".into()],
+            ..Default::default()
+        };
+        let rules = Arc::new(Rules::new(&a).map_err(io::Error::other)?);
+        let shared = Shared::new(rules, None);
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let peer = TcpStream::connect(listener.local_addr()?)?;
+        let (ours, _) = listener.accept()?;
+        let fd = ours.as_raw_fd();
+        let guard = shared.track(ours);
+        assert_eq!(
+            shared.sockets.lock().values().copied().collect::<Vec<_>>(),
+            [fd]
+        );
+        drop(guard);
+        assert!(shared.sockets.lock().is_empty(), "still registered");
+        let mut byte = [0u8; 1];
+        assert_eq!((&peer).read(&mut byte)?, 0, "the peer sees the end");
+        // The number is free: the socket that takes it next is nobody's to shut, and works.
+        let next = TcpStream::connect(listener.local_addr()?)?;
+        let (served, _) = listener.accept()?;
+        (&next).write_all(b"x")?;
+        assert_eq!((&served).read(&mut byte)?, 1);
+        Ok(())
+    }
 
     #[test]
     fn request_heads_and_authorities_parse_strictly() {
