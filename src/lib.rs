@@ -88,9 +88,9 @@ pub use settings::{ConfigError, Section};
 pub use tools::{
     looks_secret, BuildContext, BuiltinTool, ConfineError, DispatchingToolExecutor,
     FileAffectingTool, FileEditTool, FileReadTool, FileToolConfig, FileWriteTool, JobsTool,
-    JobsToolOptions, ResolveMode, Roots, ShellOptions, ShellTool, Tier, Tool, ToolCapability,
-    ToolConfig, ToolError, ToolErrorKind, ToolExecutor, ToolRegistry, ToolRequest, ToolResult,
-    ToolRow, ToolSource, ValidationResult, BUILTIN_TOOLS, DEFAULT_MAX_READ_BYTES,
+    JobsToolOptions, Recoverable, ResolveMode, Roots, ShellOptions, ShellTool, Tier, Tool,
+    ToolCapability, ToolConfig, ToolError, ToolErrorKind, ToolExecutor, ToolRegistry, ToolRequest,
+    ToolResult, ToolRow, ToolSource, ValidationResult, BUILTIN_TOOLS, DEFAULT_MAX_READ_BYTES,
     DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
 };
 

@@ -1,4 +1,5 @@
 use crate::util::{child_test, is_child, BeforeAppend, HookedStore, TempDir};
+use correx::Recoverable;
 use correx::{
     session_stream, ApprovalContext, ApprovalEngine, ApprovalRequest, AutoApprove,
     CallbackApprover, DenyAll, DispatchingToolExecutor, EventStore, FileAffectingTool,
@@ -359,7 +360,7 @@ fn a_failing_tool_has_its_file_restored_byte_for_byte() -> TestResult {
     std::fs::write(&target, &original)?;
     let tool = scripted("mangle", Tier::T2, target.clone(), |r, t| {
         let _ = std::fs::write(t, b"garbage");
-        ToolResult::failure(&r.invocation_id, "it went wrong", true)
+        ToolResult::failure(&r.invocation_id, "it went wrong", Recoverable::Yes)
     });
     let ex = rig.executor(vec![tool], Arc::new(AutoApprove::up_to(Tier::T3)))?;
     let r = ex.execute(&req("mangle", json!({})));
@@ -378,7 +379,7 @@ fn a_file_created_by_a_failing_tool_is_removed() -> TestResult {
     let target = rig.tmp.join("new.txt");
     let tool = scripted("create", Tier::T2, target.clone(), |r, t| {
         let _ = std::fs::write(t, b"half");
-        ToolResult::failure(&r.invocation_id, "failed after creating", true)
+        ToolResult::failure(&r.invocation_id, "failed after creating", Recoverable::Yes)
     });
     let ex = rig.executor(vec![tool], Arc::new(AutoApprove::up_to(Tier::T3)))?;
     assert!(!ex.execute(&req("create", json!({}))).is_success());
@@ -1238,7 +1239,7 @@ fn a_cancel_before_the_start_rejects_and_one_during_the_run_restores() -> TestRe
     let tool = scripted("edit", Tier::T2, target.clone(), move |r, path| {
         let _ = std::fs::write(path, "half-written");
         inside.cancel();
-        ToolResult::failure(&r.invocation_id, "stopped: cancelled", false)
+        ToolResult::failure(&r.invocation_id, "stopped: cancelled", Recoverable::No)
     });
     let ex = rig.executor(vec![tool], Arc::new(AutoApprove::up_to(Tier::T3)))?;
     assert!(!ex
@@ -1596,7 +1597,7 @@ fn a_directory_swapped_for_a_symlink_mid_run_cannot_redirect_the_restore() -> Te
             let _ = std::fs::write(s.join("f.txt"), "damaged");
             let _ = std::fs::rename(&s, &m);
             let _ = std::os::unix::fs::symlink(&o, &s);
-            ToolResult::failure(&r.invocation_id, "failed after the swap", true)
+            ToolResult::failure(&r.invocation_id, "failed after the swap", Recoverable::Yes)
         });
         let ex = rig.executor(vec![tool], Arc::new(DenyAll))?;
         let r = ex.execute(&req("swap", json!({})));

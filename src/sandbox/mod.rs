@@ -27,6 +27,7 @@ use crate::confine::AppliedPolicy;
 pub use crate::domain::session_stream;
 use crate::domain::{DomainEvent, EventType};
 use crate::events::{EventStore, EventStoreError, ExpectedVersion};
+use crate::tools::Recoverable;
 use crate::tools::{
     ToolErrorKind, ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult,
 };
@@ -465,7 +466,7 @@ impl SandboxedToolExecutor {
                     request.tool_name,
                     self.registry.names().join(", ")
                 ),
-                false,
+                Recoverable::No,
             );
         };
         let stream = session_stream(request.session_id.as_str());
@@ -502,7 +503,7 @@ impl SandboxedToolExecutor {
                     Ok(_) => String::new(),
                     Err(e) => format!(" (and the rejection could not be recorded: {e})"),
                 };
-                ToolResult::failure_of(id, kind, format!("{shown}{note}"), false)
+                ToolResult::failure_of(id, kind, format!("{shown}{note}"), Recoverable::No)
             };
         // A malformed request fails at once, before any approver (a person) is asked about it.
         if let ValidationResult::Invalid { reason } = tool.validate_request(request) {
@@ -606,7 +607,7 @@ impl SandboxedToolExecutor {
                 id,
                 ToolErrorKind::Io,
                 format!("the tool did not run: its start could not be recorded: {e}"),
-                true,
+                Recoverable::Yes,
             );
         }
         seam("started");
@@ -709,7 +710,7 @@ impl SandboxedToolExecutor {
                     .map(|s| (*s).to_owned())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
-                ToolResult::failure(id, format!("the tool panicked: {what}"), false)
+                ToolResult::failure(id, format!("the tool panicked: {what}"), Recoverable::No)
             }
         };
         match result {
@@ -728,7 +729,7 @@ impl SandboxedToolExecutor {
                             reason.push_str("; ");
                             reason.push_str(&err);
                         }
-                        ToolResult::failure_of(id, ToolErrorKind::Io, reason, true)
+                        ToolResult::failure_of(id, ToolErrorKind::Io, reason, Recoverable::Yes)
                     }
                 }
             }

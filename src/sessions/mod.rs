@@ -31,6 +31,7 @@ use crate::inference::{
     ContextPack, InferenceError, InferenceProvider, InferenceRequest, InferenceResponse,
     StreamChunk, StreamControl,
 };
+use crate::tools::Recoverable;
 use crate::tools::{ToolErrorKind, ToolExecutor, ToolRequest, ToolResult};
 use fold::{Index, StepState};
 use owner::{Claim, Liveness};
@@ -731,7 +732,8 @@ fn result_from_outcome(run: &str, ty: &str, outcome: &Value) -> ToolResult {
     // (put back as they were), `unchanged` (never touched), `unknown`.
     let data = |state: &str| json!({"recovered_from": ty, "state": state});
     let failure = |kind, reason: String, recoverable, state: &str| {
-        ToolResult::failure_of(&id, kind, reason, recoverable).with_data(data(state))
+        ToolResult::failure_of(&id, kind, reason, Recoverable::from(recoverable))
+            .with_data(data(state))
     };
     match ty {
         "tool.execution_completed" => ToolResult::Success {

@@ -229,6 +229,27 @@ pub enum ToolResult {
     },
 }
 
+/// Whether a failed request may succeed after a change the model can make (a different
+/// argument, a shorter timeout): the `recoverable` of [`ToolResult::Failure`], named at each
+/// call instead of a bare `true` or `false`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recoverable {
+    /// A changed request may succeed.
+    Yes,
+    /// Retrying cannot help (denied, outside the allowed roots, the tool is broken).
+    No,
+}
+
+impl From<bool> for Recoverable {
+    fn from(recoverable: bool) -> Self {
+        if recoverable {
+            Recoverable::Yes
+        } else {
+            Recoverable::No
+        }
+    }
+}
+
 impl ToolResult {
     /// A success with no metadata.
     pub fn success(invocation_id: &ToolInvocationId, output: impl Into<String>) -> Self {
@@ -245,7 +266,7 @@ impl ToolResult {
     pub fn failure(
         invocation_id: &ToolInvocationId,
         reason: impl Into<String>,
-        recoverable: bool,
+        recoverable: Recoverable,
     ) -> Self {
         Self::failure_of(invocation_id, ToolErrorKind::Other, reason, recoverable)
     }
@@ -255,12 +276,12 @@ impl ToolResult {
         invocation_id: &ToolInvocationId,
         kind: ToolErrorKind,
         reason: impl Into<String>,
-        recoverable: bool,
+        recoverable: Recoverable,
     ) -> Self {
         ToolResult::Failure {
             invocation_id: invocation_id.clone(),
             reason: crate::text::bounded(reason),
-            recoverable,
+            recoverable: recoverable == Recoverable::Yes,
             kind,
             data: None,
         }
@@ -418,7 +439,7 @@ pub(crate) fn cancelled_before_start(request: &ToolRequest) -> ToolResult {
         &request.invocation_id,
         ToolErrorKind::Cancelled,
         "cancelled by the host before the tool started; nothing was changed",
-        false,
+        Recoverable::No,
     )
 }
 

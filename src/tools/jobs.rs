@@ -6,6 +6,7 @@ use crate::cancel::CancelToken;
 use crate::services::jobs::{signal_number, JobCursor, JobError, JobStatus, JobTable, STOP_GRACE};
 use crate::settings::{ConfigError, Section};
 use crate::tools::table::{BuildContext, BuiltinTool};
+use crate::tools::Recoverable;
 use crate::tools::{
     json_kind, Tier, Tool, ToolCapability, ToolError, ToolErrorKind, ToolRequest, ToolResult,
     ValidationResult,
@@ -78,7 +79,7 @@ impl JobsTool {
                 metadata: Default::default(),
                 data: Some(data),
             },
-            Err((kind, reason)) => ToolResult::failure_of(id, kind, reason, true),
+            Err((kind, reason)) => ToolResult::failure_of(id, kind, reason, Recoverable::Yes),
         }
     }
 }

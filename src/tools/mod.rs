@@ -26,8 +26,8 @@ pub(crate) mod shell;
 mod table;
 
 pub use contract::{
-    FileAffectingTool, Tier, Tool, ToolCapability, ToolErrorKind, ToolExecutor, ToolRequest,
-    ToolResult, ValidationResult,
+    FileAffectingTool, Recoverable, Tier, Tool, ToolCapability, ToolErrorKind, ToolExecutor,
+    ToolRequest, ToolResult, ValidationResult,
 };
 pub use describe::ToolDescription;
 pub use error::ToolError;

@@ -1,6 +1,7 @@
 //! Reading tool parameters with failures a model can act on.
 
 use super::{ToolRequest, ToolResult};
+use crate::tools::Recoverable;
 
 /// A required string parameter.
 pub(crate) fn required_str<'a>(req: &'a ToolRequest, name: &str) -> Result<&'a str, ToolResult> {
@@ -13,13 +14,13 @@ pub(crate) fn required_str<'a>(req: &'a ToolRequest, name: &str) -> Result<&'a s
                 "parameter {name:?} must be a string, got {}",
                 json_kind(other)
             ),
-            true,
+            Recoverable::Yes,
         )),
         None => Err(ToolResult::failure_of(
             &req.invocation_id,
             crate::tools::ToolErrorKind::InvalidRequest,
             format!("missing required parameter {name:?}"),
-            true,
+            Recoverable::Yes,
         )),
     }
 }

@@ -1,4 +1,5 @@
 use super::{Tool, ToolError, ToolExecutor, ToolRequest, ToolResult, ToolRow, BUILTIN_TOOLS};
+use crate::tools::Recoverable;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -167,7 +168,7 @@ impl ToolExecutor for DispatchingToolExecutor {
                     request.tool_name,
                     self.registry.names().join(", ")
                 ),
-                false,
+                Recoverable::No,
             ),
         }
     }

@@ -16,6 +16,7 @@ pub use server::{MCP_STREAM, PROTOCOL_VERSIONS};
 
 use crate::cancel::CancelToken;
 use crate::events::EventStore;
+use crate::tools::Recoverable;
 use crate::tools::{
     ShellOptions, ShellTool, Tier, Tool, ToolCapability, ToolDescription, ToolError, ToolErrorKind,
     ToolRequest, ToolResult, ToolSource, ValidationResult,
@@ -223,7 +224,7 @@ impl Tool for Unavailable {
             &r.invocation_id,
             ToolErrorKind::InvalidRequest,
             self.why.clone(),
-            true,
+            Recoverable::Yes,
         )
     }
 }
@@ -299,7 +300,7 @@ impl Tool for McpTool {
                     id,
                     kind,
                     format!("{}: {e}", self.full_name),
-                    recoverable,
+                    Recoverable::from(recoverable),
                 );
             }
         };
@@ -326,7 +327,8 @@ impl Tool for McpTool {
             } else {
                 output
             };
-            return ToolResult::failure_of(id, ToolErrorKind::Other, reason, false).with_data(data);
+            return ToolResult::failure_of(id, ToolErrorKind::Other, reason, Recoverable::No)
+                .with_data(data);
         }
         ToolResult::Success {
             invocation_id: id.clone(),

@@ -21,6 +21,7 @@ use super::{
     FileAffectingTool, Tier, Tool, ToolCapability, ToolError, ToolRequest, ToolResult,
     ValidationResult,
 };
+use crate::tools::Recoverable;
 use ops::FsError;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,7 +31,12 @@ pub const DEFAULT_MAX_READ_BYTES: u64 = 10 * 1024 * 1024;
 
 fn fail(req: &ToolRequest, e: FsError) -> ToolResult {
     let recoverable = e.recoverable();
-    ToolResult::failure_of(&req.invocation_id, e.kind(), e.to_string(), recoverable)
+    ToolResult::failure_of(
+        &req.invocation_id,
+        e.kind(),
+        e.to_string(),
+        Recoverable::from(recoverable),
+    )
 }
 
 fn locate(roots: &Roots, req: &ToolRequest, path: &str) -> Result<Located, ToolResult> {
@@ -81,7 +87,7 @@ impl Protected {
                 format!(
                     "{shown} is an executable the shell tool is allowed to run; the file tools do not write, edit or delete it"
                 ),
-                false,
+                Recoverable::No,
             ));
         }
         Ok(())
@@ -100,7 +106,7 @@ fn operation<'a>(req: &'a ToolRequest, allowed: &[&str]) -> Result<&'a str, Tool
                 "unknown operation {op:?}; use one of: {}",
                 allowed.join(", ")
             ),
-            true,
+            Recoverable::Yes,
         ))
     }
 }
@@ -443,14 +449,14 @@ impl FileEditTool {
                 return Err(ToolResult::failure(
                     &req.invocation_id,
                     "parameter \"target\" is empty; give the exact text to replace",
-                    true,
+                    Recoverable::Yes,
                 ));
             }
             let text = String::from_utf8(old).map_err(|_| {
                 ToolResult::failure(
                     &req.invocation_id,
                     format!("{path} is not UTF-8 text"),
-                    false,
+                    Recoverable::No,
                 )
             })?;
             let count = text.matches(target).count();
@@ -460,7 +466,7 @@ impl FileEditTool {
                     format!(
                         "target text occurs {count} times in {path}; it must occur exactly once (add surrounding lines to make it unique)"
                     ),
-                    false,
+                    Recoverable::No,
                 ));
             }
             text.replacen(target, replacement, 1).into_bytes()
@@ -508,8 +514,9 @@ impl Tool for FileEditTool {
                 }
                 _ => {
                     let diff = required_str(request, "patch")?;
-                    patch::parse(diff)
-                        .map_err(|r| ToolResult::failure(&request.invocation_id, r, true))?;
+                    patch::parse(diff).map_err(|r| {
+                        ToolResult::failure(&request.invocation_id, r, Recoverable::Yes)
+                    })?;
                 }
             }
             Ok(())

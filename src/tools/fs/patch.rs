@@ -5,6 +5,7 @@ use super::ops::{self, FsError};
 use super::{fail, Roots};
 use crate::private_dir::PrivateDir;
 use crate::tools::process::{self, resolve_executable, Exit, RunSpec};
+use crate::tools::Recoverable;
 use crate::tools::{ToolRequest, ToolResult};
 use std::path::{Component, Path};
 use std::time::Duration;
@@ -167,7 +168,7 @@ fn patch_failure(req: &ToolRequest, what: &str, out: &process::RunOutput) -> Too
     ToolResult::failure(
         &req.invocation_id,
         format!("{what} ({exit}); nothing was changed: {}", text.trim()),
-        true,
+        Recoverable::Yes,
     )
 }
 
@@ -179,19 +180,19 @@ pub(crate) fn apply(
     cap: u64,
 ) -> Result<ToolResult, ToolResult> {
     let id = &req.invocation_id;
-    let files = parse(diff).map_err(|r| ToolResult::failure(id, r, true))?;
+    let files = parse(diff).map_err(|r| ToolResult::failure(id, r, Recoverable::Yes))?;
     let patch_bin = resolve_executable("patch").ok_or_else(|| {
         ToolResult::failure(
             id,
             "the patch binary is not installed on this machine",
-            false,
+            Recoverable::No,
         )
     })?;
     let internal = |e: std::io::Error| {
         ToolResult::failure(
             id,
             format!("could not prepare a private copy for patch: {e}"),
-            true,
+            Recoverable::Yes,
         )
     };
     let work = PrivateDir::new_in(&std::env::temp_dir(), "correx-patch-").map_err(internal)?;
@@ -216,7 +217,7 @@ pub(crate) fn apply(
                     return Err(ToolResult::failure(
                         id,
                         format!("the diff creates {} but it already exists", f.path),
-                        true,
+                        Recoverable::Yes,
                     ));
                 }
             }
@@ -251,7 +252,7 @@ pub(crate) fn apply(
             timeout: PATCH_TIMEOUT,
             output_cap: PATCH_OUTPUT_CAP,
         })
-        .map_err(|e| ToolResult::failure(id, format!("could not run patch: {e}"), false))
+        .map_err(|e| ToolResult::failure(id, format!("could not run patch: {e}"), Recoverable::No))
     };
     let dry = run(true)?;
     if dry.exit != Exit::Code(0) || dry.timed_out {
@@ -271,7 +272,7 @@ pub(crate) fn apply(
                         "patch left {} as something other than a regular file; nothing was written",
                         f.path
                     ),
-                    false,
+                    Recoverable::No,
                 ))
             }
             _ => {}

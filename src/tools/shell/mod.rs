@@ -12,6 +12,7 @@ use crate::private_dir::{check_private, PrivateDir};
 use crate::services::jobs::{JobTable, JobsOptions};
 use crate::sys::spawn::{self, Captured, Cleanup, Exit, RunNet, SpawnSpec, Started};
 use crate::sys::{resolve_both, FIXED_PATH};
+use crate::tools::Recoverable;
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -106,7 +107,7 @@ impl Prepared<'_> {
             ToolResult::failure(
                 &id,
                 format!("could not start {}: {e}", self.program.display()),
-                false,
+                Recoverable::No,
             )
         })?;
         let Some(started) = started else {
@@ -115,7 +116,7 @@ impl Prepared<'_> {
                 &id,
                 ToolErrorKind::TimedOut,
                 what,
-                true,
+                Recoverable::Yes,
             ));
         };
         let Prepared {
@@ -523,10 +524,12 @@ impl ShellTool {
         if let Some(cwd) = optional_str(request, "cwd")? {
             let loc: Located = roots
                 .locate(cwd)
-                .map_err(|e| ToolResult::failure(id, format!("cwd: {e}"), false))?;
+                .map_err(|e| ToolResult::failure(id, format!("cwd: {e}"), Recoverable::No))?;
             return roots
                 .open_at(&loc, libc::O_PATH | libc::O_DIRECTORY, 0)
-                .map_err(|e| ToolResult::failure(id, format!("cwd: {e}"), e.recoverable()));
+                .map_err(|e| {
+                    ToolResult::failure(id, format!("cwd: {e}"), Recoverable::from(e.recoverable()))
+                });
         }
         let opened = match (&self.run_roots, self.working_roots.first()) {
             (Some(run_roots), Some(_)) => run_roots.open_root(0),
@@ -545,7 +548,11 @@ impl ShellTool {
             },
         };
         opened.map_err(|e| {
-            ToolResult::failure(id, format!("opening the run's start directory: {e}"), true)
+            ToolResult::failure(
+                id,
+                format!("opening the run's start directory: {e}"),
+                Recoverable::Yes,
+            )
         })
     }
 
@@ -597,7 +604,7 @@ impl ShellTool {
                 id,
                 ToolErrorKind::NotAllowed,
                 format!("the shell cannot be confined as required: {}", r.reason),
-                false,
+                Recoverable::No,
             )
         })?;
         let permitted = self.permitted(argv[0]).ok_or_else(|| {
@@ -613,7 +620,7 @@ impl ShellTool {
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
-                false,
+                Recoverable::No,
             )
         })?;
         let (program, arg0, allowed) = permitted;
@@ -625,7 +632,7 @@ impl ShellTool {
                     "{} changed since the shell tool was built (replaced or rewritten); it is not run",
                     program.display()
                 ),
-                false,
+                Recoverable::No,
             ));
         }
         // The run's namespace shows each working dir and the temp base as they were when the
@@ -640,20 +647,24 @@ impl ShellTool {
                          its runs would not see it: build the tool again (a new runtime)",
                         p.display()
                     ),
-                    false,
+                    Recoverable::No,
                 )
             })?;
         }
         let tmp = self.run_tmp().map_err(|e| {
-            ToolResult::failure(id, format!("creating the run's temp directory: {e}"), true)
+            ToolResult::failure(
+                id,
+                format!("creating the run's temp directory: {e}"),
+                Recoverable::Yes,
+            )
         })?;
         let cwd = self.start_dir(request, tmp.path())?;
         let confinement = policy
             .confinement(tmp.path())
-            .map_err(|e| ToolResult::failure(id, e, true))?;
+            .map_err(|e| ToolResult::failure(id, e, Recoverable::Yes))?;
         let cgroup = policy
             .run_cgroup()
-            .map_err(|e| ToolResult::failure(id, e, true))?;
+            .map_err(|e| ToolResult::failure(id, e, Recoverable::Yes))?;
         let mut env = Vec::with_capacity(self.env.len() + 2);
         env.push(("PATH".to_owned(), FIXED_PATH.to_owned()));
         env.push(("TMPDIR".to_owned(), tmp.path().display().to_string()));
@@ -663,10 +674,18 @@ impl ShellTool {
         let (proxy, net_end) = match &policy.network {
             RunNetwork::Proxied(rules, route) => {
                 let (host_end, run_end) = crate::sys::net::socketpair().map_err(|e| {
-                    ToolResult::failure(id, format!("the run's proxy socket: {e}"), true)
+                    ToolResult::failure(
+                        id,
+                        format!("the run's proxy socket: {e}"),
+                        Recoverable::Yes,
+                    )
                 })?;
                 let proxy = RunProxy::start(rules.clone(), host_end, *route).map_err(|e| {
-                    ToolResult::failure(id, format!("starting the run's proxy: {e}"), true)
+                    ToolResult::failure(
+                        id,
+                        format!("starting the run's proxy: {e}"),
+                        Recoverable::Yes,
+                    )
                 })?;
                 env.extend(
                     self.env
@@ -727,17 +746,17 @@ impl ShellTool {
 
     fn run(&self, request: &ToolRequest, cancel: &CancelToken) -> Result<ToolResult, ToolResult> {
         let id = &request.invocation_id;
-        let argv = self
-            .argv(request)
-            .map_err(|r| ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, true))?;
+        let argv = self.argv(request).map_err(|r| {
+            ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, Recoverable::Yes)
+        })?;
         let background = self
             .background(request)
-            .map_err(|(kind, r)| ToolResult::failure_of(id, kind, r, false))?;
+            .map_err(|(kind, r)| ToolResult::failure_of(id, kind, r, Recoverable::No))?;
         let timeout = match background {
             Some((_, _, t)) => t,
-            None => self
-                .timeout_of(request)
-                .map_err(|r| ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, true))?,
+            None => self.timeout_of(request).map_err(|r| {
+                ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, Recoverable::Yes)
+            })?,
         };
         let prepared = self.prepare(request, &argv)?;
         // A job's slot is taken before its program starts, so racing starts respect the
@@ -747,7 +766,12 @@ impl ShellTool {
                 table
                     .reserve(request.session_id.as_str(), options.max_per_session)
                     .map_err(|e| {
-                        ToolResult::failure_of(id, ToolErrorKind::NotAllowed, e.to_string(), true)
+                        ToolResult::failure_of(
+                            id,
+                            ToolErrorKind::NotAllowed,
+                            e.to_string(),
+                            Recoverable::Yes,
+                        )
                     })?,
             ),
             None => None,
@@ -766,7 +790,7 @@ impl ShellTool {
                         cleanup,
                     },
                 )
-                .map_err(|e| ToolResult::failure(id, e.to_string(), true))?;
+                .map_err(|e| ToolResult::failure(id, e.to_string(), Recoverable::Yes))?;
             let data = serde_json::json!({"job_id": job_id, "background": true,
                                           "timeout_ms": timeout.as_millis() as u64});
             return Ok(ToolResult::Success {
@@ -816,7 +840,7 @@ impl ShellTool {
             ToolResult::failure(
                 id,
                 format!("could not start {}: {e}", program.display()),
-                false,
+                Recoverable::No,
             )
         })?;
         drop(cwd);
@@ -866,7 +890,10 @@ impl ShellTool {
                 render(&out.stdout),
                 render(&out.stderr)
             );
-            return Ok(ToolResult::failure_of(id, kind, reason, recoverable).with_data(data));
+            return Ok(
+                ToolResult::failure_of(id, kind, reason, Recoverable::from(recoverable))
+                    .with_data(data),
+            );
         }
         Ok(match out.exit {
             Exit::Code(0) => ToolResult::Success {
@@ -882,14 +909,14 @@ impl ShellTool {
                 } else {
                     format!("{stderr}\n[exit code {c}]")
                 };
-                ToolResult::failure_of(id, ToolErrorKind::NonZeroExit, reason, false)
+                ToolResult::failure_of(id, ToolErrorKind::NonZeroExit, reason, Recoverable::No)
                     .with_data(data)
             }
             Exit::Signal(sig) => ToolResult::failure_of(
                 id,
                 ToolErrorKind::Signalled,
                 format!("killed by signal {sig}. stderr: {}", render(&out.stderr)),
-                false,
+                Recoverable::No,
             )
             .with_data(data),
         })
