@@ -8,7 +8,7 @@ use correx::{
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -258,24 +258,17 @@ fn tail_follows_appends_from_another_process_and_ends_with_its_pipe() -> TestRes
     for _ in 0..2 {
         lines.next().ok_or("tail ended")??;
     }
-    let mut best = Duration::MAX;
+    // What is followed, not how fast (the readiness lag is the event_store bench's figure):
+    // each append from this process reaches the follower, in order.
     for i in 0..3 {
-        std::thread::sleep(Duration::from_millis(200));
-        let t = Instant::now();
         store.append(
             "notes",
             ExpectedVersion::Any,
             &[NewEvent::new("host.note", 1, serde_json::json!({"n": i}))],
         )?;
         let got: Value = serde_json::from_str(&lines.next().ok_or("tail ended")??)?;
-        best = best.min(t.elapsed());
         assert_eq!(got["payload"]["n"], i);
     }
-    println!(
-        "tail -f saw an append after {:.1} ms (best of 3)",
-        best.as_secs_f64() * 1e3
-    );
-    assert!(best < Duration::from_millis(100), "tail -f took {best:?}");
     // SIGINT ends it at once, saying nothing.
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
