@@ -1,10 +1,51 @@
-//! correx: the infrastructure layer of a local-first LLM agent runtime.
+//! correx: the infrastructure layer of a local-first LLM agent runtime. Every call is
+//! blocking; every shared type is `Send + Sync`. The book is `docs/` in the repository.
 //!
-//! - [`SqliteEventStore`]: an append-only event log in SQLite, durable across crashes.
-//! - Contracts for inference ([`InferenceProvider`]), tools ([`Tool`], [`ToolExecutor`]) and
-//!   approvals ([`ApprovalEngine`]).
+//! A host opens a [`Runtime`] from its config, runs tools through its sandboxed executor
+//! (approved by tier, backed up, recorded) and reads what happened from the log:
 //!
-//! Every call is blocking; every shared type is `Send + Sync`.
+//! ```
+//! use correx::{AutoApprove, EventStore, Runtime, RuntimeConfig, Tier, ToolExecutor, ToolRequest};
+//! use std::sync::Arc;
+//! let dir = std::env::temp_dir().join(format!("correx-doc-lib-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! std::fs::write(dir.join("notes.txt"), "hello")?;
+//! let config = RuntimeConfig::from_json(&serde_json::json!({
+//!     "v": 1,
+//!     "event_log": dir.join("events.db"),
+//!     "sandbox_root": dir.join("sandbox"),
+//!     "tools": {"file_read": {"enabled": true, "allowed_paths": [&dir]}},
+//! }).to_string())?;
+//! let runtime = Runtime::new(&config, Arc::new(AutoApprove::up_to(Tier::T1)))?;
+//! let read = serde_json::json!({"operation": "read", "path": "notes.txt"});
+//! let result = runtime.executor().execute(&ToolRequest::json("s1", "file_read", read)?);
+//! assert!(result.is_success());
+//! // The run is in the log: its approval, its start and its outcome.
+//! let types: Vec<String> = runtime.events().read_all(0, 100)?.into_iter().map(|e| e.type_id).collect();
+//! assert!(types.iter().any(|t| t == "tool.execution_completed"));
+//! # drop(runtime);
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! What a host uses, by capability:
+//! - **The runtime**: [`Runtime`], [`RuntimeConfig`] (JSON, every section typed and checked),
+//!   [`RuntimeError`], [`CancelToken`].
+//! - **The event log**: [`EventLog`] (SQLite or PostgreSQL), [`EventStore`], [`NewEvent`],
+//!   [`RecordedEvent`], [`Subscription`], [`verify_log`], seals ([`SealWriter`]) and the typed
+//!   events correx appends ([`DomainEvent`]).
+//! - **Models**: [`DefaultModelManager`] (resident llama-servers, remote endpoints),
+//!   [`ModelDescriptor`], [`InferenceRequest`], [`InferenceResponse`], [`StreamChunk`].
+//! - **Durable sessions**: [`Session`], [`Step`].
+//! - **Tools**: [`Tool`], [`ToolRequest`], [`ToolResult`], [`ToolRegistry`], the built-ins
+//!   ([`ShellTool`], [`FileReadTool`], [`FileWriteTool`], [`FileEditTool`], [`JobsTool`]),
+//!   their confinement ([`IsolationOptions`], [`NetworkPolicy`], [`AppliedPolicy`]) and the
+//!   [`SandboxedToolExecutor`].
+//! - **Services**: background jobs ([`JobTable`]) and MCP servers ([`McpHub`]).
+//! - **Approvals**: [`ApprovalEngine`], [`AutoApprove`], [`CallbackApprover`],
+//!   [`ApprovalPolicy`].
+//! - **Observability**: [`LogMetrics`] (Prometheus text) and [`OtlpExporter`].
+//! - **C and Java hosts**: [`ffi`], the `extern "C"` API of `include/correx.h`.
 
 #![deny(missing_docs)]
 
