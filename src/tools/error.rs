@@ -24,6 +24,9 @@ pub enum ToolError {
     },
     /// An allowed root could not be opened.
     Root(ConfineError),
+    /// A setting breaks its config section's rules (the same check and message a config
+    /// gets, the field named relative to the section).
+    Config(crate::settings::ConfigError),
     /// A setting is out of range.
     InvalidSetting {
         /// The setting.
@@ -48,6 +51,7 @@ impl fmt::Display for ToolError {
                 "environment variable {name} looks like a secret (its name holds KEY, SECRET, TOKEN, PASSWORD, PASSWD, CREDENTIAL, COOKIE or PRIVATE, ends in _PAT, is DATABASE_URL, or its value holds user:password@); set force_secret_env to pass it anyway"
             ),
             ToolError::Root(e) => write!(f, "allowed path: {e}"),
+            ToolError::Config(e) => write!(f, "{e}"),
             ToolError::InvalidSetting { field, reason } => write!(f, "{field}: {reason}"),
         }
     }
@@ -57,6 +61,7 @@ impl std::error::Error for ToolError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ToolError::Root(e) => Some(e),
+            ToolError::Config(e) => Some(e),
             ToolError::DuplicateTool { .. }
             | ToolError::ExecutableNotFound { .. }
             | ToolError::SecretEnvVar { .. }

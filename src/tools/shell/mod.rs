@@ -10,6 +10,7 @@ use crate::confine::net::{self as network, RunProxy};
 use crate::confine::{self, AppliedPolicy, Policy, Route, RunNetwork};
 use crate::private_dir::{check_private, PrivateDir};
 use crate::services::jobs::{JobTable, JobsOptions};
+use crate::settings::Section;
 use crate::sys::spawn::{self, Captured, Cleanup, Exit, RunNet, SpawnSpec, Started};
 use crate::sys::{resolve_both, FIXED_PATH};
 use crate::tools::Recoverable;
@@ -294,24 +295,14 @@ impl ShellTool {
     /// Resolves every allowed executable once, through the fixed PATH, to a canonical path.
     ///
     /// # Errors
+    /// [`ToolError::Config`] for settings a config section would refuse (a zero timeout or
+    /// cap, a relative working dir, bad isolation settings),
     /// [`ToolError::ExecutableNotFound`], [`ToolError::SecretEnvVar`], [`ToolError::Root`],
-    /// [`ToolError::InvalidSetting`] for a zero timeout or cap.
+    /// [`ToolError::InvalidSetting`] for a bad environment variable.
     pub fn new(options: ShellOptions) -> Result<Self, ToolError> {
-        if options.timeout.is_zero() || options.timeout > MAX_TIMEOUT {
-            return Err(ToolError::InvalidSetting {
-                field: "timeout_ms",
-                reason: format!(
-                    "must be greater than 0 and at most {} (7 days)",
-                    MAX_TIMEOUT.as_millis()
-                ),
-            });
-        }
-        if options.output_cap == 0 {
-            return Err(ToolError::InvalidSetting {
-                field: "output_cap_bytes",
-                reason: "must be greater than 0".into(),
-            });
-        }
+        // The config's own checks, with its messages: a shell built from Rust is held to what
+        // a config section is.
+        options.validate().map_err(ToolError::Config)?;
         let mut allowed = Vec::new();
         for name in &options.allowed_executables {
             let not_found = || ToolError::ExecutableNotFound {
