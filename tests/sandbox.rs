@@ -943,18 +943,19 @@ fn a_tool_is_added_through_the_table_alone() -> TestResult {
         }
     }
     struct Echo(String);
+    // The tool's identity, said once: its row.
     impl Tool for Echo {
         fn name(&self) -> &str {
-            "echo"
+            <Echo as correx::BuiltinTool>::ROW.name
         }
         fn tier(&self) -> Tier {
-            Tier::T0
+            <Echo as correx::BuiltinTool>::ROW.tier
         }
         fn description(&self) -> &str {
-            "says its text back"
+            <Echo as correx::BuiltinTool>::ROW.description
         }
         fn parameters(&self) -> serde_json::Value {
-            echo_schema()
+            (<Echo as correx::BuiltinTool>::ROW.parameters)()
         }
         fn required_capabilities(&self) -> &[ToolCapability] {
             &[]
@@ -972,6 +973,8 @@ fn a_tool_is_added_through_the_table_alone() -> TestResult {
         }
     }
     impl correx::BuiltinTool for Echo {
+        const ROW: correx::ToolRow =
+            correx::ToolRow::new::<Echo>("echo", Tier::T0, "says its text back", echo_schema);
         type Config = EchoConfig;
         fn build(c: &EchoConfig, _: &correx::BuildContext) -> Result<Self, correx::ToolError> {
             Ok(Echo(c.prefix.clone()))
@@ -984,12 +987,7 @@ fn a_tool_is_added_through_the_table_alone() -> TestResult {
         json!({"type": "object", "properties": {"text": {"type": "string"}}})
     }
     let mut table = correx::BUILTIN_TOOLS.to_vec();
-    table.push(correx::ToolRow::new::<Echo>(
-        "echo",
-        Tier::T0,
-        "says its text back",
-        echo_schema,
-    ));
+    table.push(<Echo as correx::BuiltinTool>::ROW);
 
     let config =
         ToolConfig::from_value_in(&table, &json!({"echo": {"enabled": true, "prefix": "> "}}))?;

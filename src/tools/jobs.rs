@@ -5,7 +5,7 @@
 use crate::cancel::CancelToken;
 use crate::services::jobs::{signal_number, JobCursor, JobError, JobStatus, JobTable, STOP_GRACE};
 use crate::settings::{ConfigError, Section};
-use crate::tools::table::{BuildContext, BuiltinTool};
+use crate::tools::table::{BuildContext, BuiltinTool, ToolRow};
 use crate::tools::Recoverable;
 use crate::tools::{
     json_kind, Tier, Tool, ToolCapability, ToolError, ToolErrorKind, ToolRequest, ToolResult,
@@ -232,24 +232,10 @@ fn shape(params: &Map<String, Value>) -> Result<&str, String> {
 }
 
 impl Tool for JobsTool {
-    fn name(&self) -> &str {
-        "jobs"
-    }
-
-    fn tier(&self) -> Tier {
-        Tier::T1
-    }
+    crate::tools::table::identity_from_row!();
 
     fn required_capabilities(&self) -> &[ToolCapability] {
         &[]
-    }
-
-    fn description(&self) -> &str {
-        DESCRIPTION
-    }
-
-    fn parameters(&self) -> Value {
-        schema()
     }
 
     fn validate_request(&self, r: &ToolRequest) -> ValidationResult {
@@ -269,6 +255,7 @@ impl Tool for JobsTool {
 }
 
 impl BuiltinTool for JobsTool {
+    const ROW: ToolRow = ToolRow::new::<Self>("jobs", Tier::T1, DESCRIPTION, schema);
     type Config = JobsToolOptions;
 
     fn build(_config: &JobsToolOptions, context: &BuildContext) -> Result<Self, ToolError> {

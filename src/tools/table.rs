@@ -1,7 +1,8 @@
 //! The built-in tools, one row each: name, tier, description, parameter schema, and the tool
 //! type, whose [`BuiltinTool`] impl names its config section and builds it. The registry's
 //! listing, `correx_tools_list`, the config reader (`tools.<name>`) and `correx doctor` all read
-//! [`BUILTIN_TOOLS`]; adding a tool is its file and one row here.
+//! [`BUILTIN_TOOLS`]; adding a tool is its file (whose `BuiltinTool` impl holds its row) and
+//! one line here.
 
 use super::{Tier, Tool, ToolError};
 use crate::settings::{ConfigError, Section};
@@ -13,6 +14,10 @@ use std::sync::Arc;
 
 /// A tool the runtime builds from its config section (`tools.<name>`).
 pub trait BuiltinTool: Tool + Sized + 'static {
+    /// The tool's row: its name, tier, description and schema, said here once (its `impl
+    /// Tool` reads them with [`identity_from_row`]).
+    const ROW: ToolRow;
+
     /// The section's type, every field but `enabled` (which the table reads for every tool).
     type Config: Section + fmt::Debug + Clone + Send + Sync + 'static;
 
@@ -90,37 +95,35 @@ impl ToolRow {
 /// The built-in tools. Tools are built in this order: the shell first, because the file tools
 /// must not write its executables.
 pub static BUILTIN_TOOLS: &[ToolRow] = &[
-    ToolRow::new::<super::ShellTool>(
-        "shell",
-        Tier::T2,
-        super::shell::DESCRIPTION,
-        super::shell::schema,
-    ),
-    ToolRow::new::<super::FileReadTool>(
-        "file_read",
-        Tier::T1,
-        super::fs::schema::FILE_READ,
-        super::fs::schema::file_read,
-    ),
-    ToolRow::new::<super::FileWriteTool>(
-        "file_write",
-        Tier::T2,
-        super::fs::schema::FILE_WRITE,
-        super::fs::schema::file_write,
-    ),
-    ToolRow::new::<super::FileEditTool>(
-        "file_edit",
-        Tier::T3,
-        super::fs::schema::FILE_EDIT,
-        super::fs::schema::file_edit,
-    ),
-    ToolRow::new::<super::JobsTool>(
-        "jobs",
-        Tier::T1,
-        super::jobs::DESCRIPTION,
-        super::jobs::schema,
-    ),
+    <super::ShellTool as BuiltinTool>::ROW,
+    <super::FileReadTool as BuiltinTool>::ROW,
+    <super::FileWriteTool as BuiltinTool>::ROW,
+    <super::FileEditTool as BuiltinTool>::ROW,
+    <super::JobsTool as BuiltinTool>::ROW,
 ];
+
+/// A built-in tool's `name`, `tier`, `description` and `parameters`, as its row says them:
+/// written once, in the row, and read from there by the tool's `impl Tool`.
+macro_rules! identity_from_row {
+    () => {
+        fn name(&self) -> &str {
+            <Self as $crate::tools::BuiltinTool>::ROW.name
+        }
+
+        fn tier(&self) -> $crate::tools::Tier {
+            <Self as $crate::tools::BuiltinTool>::ROW.tier
+        }
+
+        fn description(&self) -> &str {
+            <Self as $crate::tools::BuiltinTool>::ROW.description
+        }
+
+        fn parameters(&self) -> serde_json::Value {
+            (<Self as $crate::tools::BuiltinTool>::ROW.parameters)()
+        }
+    };
+}
+pub(crate) use identity_from_row;
 
 /// A section read for a row's tool type, type-erased so one table holds them all.
 trait Configured: fmt::Debug + Send + Sync {

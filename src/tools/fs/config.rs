@@ -1,10 +1,10 @@
 //! [`FileToolConfig`]: the file tools' config section (`tools.file_read`, `tools.file_write`,
 //! `tools.file_edit`), and how the runtime builds each tool from it.
 
-use super::{FileEditTool, FileReadTool, FileWriteTool, Roots, DEFAULT_MAX_READ_BYTES};
+use super::{schema, FileEditTool, FileReadTool, FileWriteTool, Roots, DEFAULT_MAX_READ_BYTES};
 use crate::settings::{self, ConfigError, Section};
-use crate::tools::table::{BuildContext, BuiltinTool};
-use crate::tools::ToolError;
+use crate::tools::table::{BuildContext, BuiltinTool, ToolRow};
+use crate::tools::{Tier, ToolError};
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -43,6 +43,8 @@ fn beneath(config: &FileToolConfig) -> (&'static str, String) {
 }
 
 impl BuiltinTool for FileReadTool {
+    const ROW: ToolRow =
+        ToolRow::new::<Self>("file_read", Tier::T1, schema::FILE_READ, schema::file_read);
     type Config = FileToolConfig;
 
     fn build(config: &FileToolConfig, _context: &BuildContext) -> Result<Self, ToolError> {
@@ -61,8 +63,9 @@ impl BuiltinTool for FileReadTool {
 /// The writing tools: built over their roots, never writing what a tool built before them
 /// protects (the shell's executables).
 macro_rules! writer {
-    ($tool:ident) => {
+    ($tool:ident, $name:literal, $tier:expr, $description:expr, $schema:expr) => {
         impl BuiltinTool for $tool {
+            const ROW: ToolRow = ToolRow::new::<Self>($name, $tier, $description, $schema);
             type Config = FileToolConfig;
 
             fn build(config: &FileToolConfig, context: &BuildContext) -> Result<Self, ToolError> {
@@ -76,5 +79,17 @@ macro_rules! writer {
     };
 }
 
-writer!(FileWriteTool);
-writer!(FileEditTool);
+writer!(
+    FileWriteTool,
+    "file_write",
+    Tier::T2,
+    schema::FILE_WRITE,
+    schema::file_write
+);
+writer!(
+    FileEditTool,
+    "file_edit",
+    Tier::T3,
+    schema::FILE_EDIT,
+    schema::file_edit
+);

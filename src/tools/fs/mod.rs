@@ -18,8 +18,7 @@ pub use confine::{ConfineError, Located, ResolveMode, Roots};
 
 use super::params::required_str;
 use super::{
-    FileAffectingTool, Tier, Tool, ToolCapability, ToolError, ToolRequest, ToolResult,
-    ValidationResult,
+    FileAffectingTool, Tool, ToolCapability, ToolError, ToolRequest, ToolResult, ValidationResult,
 };
 use crate::tools::Recoverable;
 use ops::FsError;
@@ -208,21 +207,7 @@ impl FileReadTool {
 }
 
 impl Tool for FileReadTool {
-    fn description(&self) -> &str {
-        schema::FILE_READ
-    }
-
-    fn parameters(&self) -> serde_json::Value {
-        schema::file_read()
-    }
-
-    fn name(&self) -> &str {
-        "file_read"
-    }
-
-    fn tier(&self) -> Tier {
-        Tier::T1
-    }
+    crate::tools::table::identity_from_row!();
 
     fn required_capabilities(&self) -> &[ToolCapability] {
         &[ToolCapability::FileRead]
@@ -301,21 +286,7 @@ impl FileWriteTool {
 }
 
 impl Tool for FileWriteTool {
-    fn description(&self) -> &str {
-        schema::FILE_WRITE
-    }
-
-    fn parameters(&self) -> serde_json::Value {
-        schema::file_write()
-    }
-
-    fn name(&self) -> &str {
-        "file_write"
-    }
-
-    fn tier(&self) -> Tier {
-        Tier::T2
-    }
+    crate::tools::table::identity_from_row!();
 
     fn required_capabilities(&self) -> &[ToolCapability] {
         &[ToolCapability::FileWrite]
@@ -480,21 +451,7 @@ impl FileEditTool {
 }
 
 impl Tool for FileEditTool {
-    fn description(&self) -> &str {
-        schema::FILE_EDIT
-    }
-
-    fn parameters(&self) -> serde_json::Value {
-        schema::file_edit()
-    }
-
-    fn name(&self) -> &str {
-        "file_edit"
-    }
-
-    fn tier(&self) -> Tier {
-        Tier::T3
-    }
+    crate::tools::table::identity_from_row!();
 
     fn required_capabilities(&self) -> &[ToolCapability] {
         &[ToolCapability::FileWrite]

@@ -3,7 +3,7 @@
 use super::fs::{Located, Roots};
 use super::params::{json_kind, optional_str};
 use super::{
-    Tier, Tool, ToolCapability, ToolError, ToolErrorKind, ToolRequest, ToolResult, ValidationResult,
+    Tool, ToolCapability, ToolError, ToolErrorKind, ToolRequest, ToolResult, ValidationResult,
 };
 use crate::cancel::CancelToken;
 use crate::confine::net::{self as network, RunProxy};
@@ -23,7 +23,6 @@ use std::time::Duration;
 
 mod options;
 
-pub(crate) use options::{schema, DESCRIPTION};
 pub use options::{ShellOptions, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT};
 
 /// Runs an allowlisted executable with argv from the request (`{"argv": ["ls", "-l"]}`, and an
@@ -939,21 +938,7 @@ fn run_data(out: &crate::sys::spawn::RunOutput) -> serde_json::Value {
 }
 
 impl Tool for ShellTool {
-    fn description(&self) -> &str {
-        DESCRIPTION
-    }
-
-    fn parameters(&self) -> serde_json::Value {
-        schema()
-    }
-
-    fn name(&self) -> &str {
-        "shell"
-    }
-
-    fn tier(&self) -> Tier {
-        Tier::T2
-    }
+    crate::tools::table::identity_from_row!();
 
     fn required_capabilities(&self) -> &[ToolCapability] {
         &[ToolCapability::ShellExec, ToolCapability::ProcessSpawn]

@@ -5,8 +5,8 @@ use super::ShellTool;
 use crate::confine::{IsolationOptions, RunAs};
 use crate::services::jobs::JobsOptions;
 use crate::settings::{self, ConfigError, Section};
-use crate::tools::table::{BuildContext, BuiltinTool};
-use crate::tools::ToolError;
+use crate::tools::table::{BuildContext, BuiltinTool, ToolRow};
+use crate::tools::{Tier, ToolError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -121,6 +121,7 @@ pub(crate) fn schema() -> Value {
 }
 
 impl BuiltinTool for ShellTool {
+    const ROW: ToolRow = ToolRow::new::<Self>("shell", Tier::T2, DESCRIPTION, schema);
     type Config = ShellOptions;
 
     fn build(config: &ShellOptions, context: &BuildContext) -> Result<Self, ToolError> {
