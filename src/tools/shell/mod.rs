@@ -141,6 +141,18 @@ impl Prepared<'_> {
 /// A background request's job table, this shell's bounds on it, and the job's timeout.
 type Background<'a> = (&'a JobTable, &'a JobsOptions, Duration);
 
+/// A shell request as read, once, for its validation and its run alike.
+struct ShellRequest<'a> {
+    argv: Vec<&'a str>,
+    /// A background job's table and this shell's bounds on it; `None` for a run that ends
+    /// with its call.
+    background: Option<(&'a JobTable, &'a JobsOptions)>,
+    timeout: Duration,
+}
+
+/// Why a request cannot run: its kind, the reason, and whether a changed request may.
+type Unfit = (ToolErrorKind, String, Recoverable);
+
 /// Why the `required` policy cannot be met on this kernel.
 #[derive(Debug)]
 struct Refusal {
@@ -571,6 +583,21 @@ impl ShellTool {
         }
     }
 
+    /// The request's argv, timeout and background, each checked (in that order).
+    fn read_request<'a>(&'a self, request: &'a ToolRequest) -> Result<ShellRequest<'a>, Unfit> {
+        let invalid = |r: String| (ToolErrorKind::InvalidRequest, r, Recoverable::Yes);
+        let argv = self.argv(request).map_err(invalid)?;
+        let timeout = self.timeout_of(request).map_err(invalid)?;
+        let background = self
+            .background(request)
+            .map_err(|(kind, r)| (kind, r, Recoverable::No))?;
+        Ok(ShellRequest {
+            argv,
+            timeout: background.map_or(timeout, |(_, _, t)| t),
+            background: background.map(|(table, options, _)| (table, options)),
+        })
+    }
+
     /// The request's `timeout_ms`, at most the configured timeout; the configured one without.
     fn timeout_of(&self, request: &ToolRequest) -> Result<Duration, String> {
         match request.parameters.get("timeout_ms") {
@@ -736,23 +763,18 @@ impl ShellTool {
 
     fn run(&self, request: &ToolRequest, cancel: &CancelToken) -> Result<ToolResult, ToolResult> {
         let id = &request.invocation_id;
-        let argv = self.argv(request).map_err(|r| {
-            ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, Recoverable::Yes)
-        })?;
-        let background = self
-            .background(request)
-            .map_err(|(kind, r)| ToolResult::failure_of(id, kind, r, Recoverable::No))?;
-        let timeout = match background {
-            Some((_, _, t)) => t,
-            None => self.timeout_of(request).map_err(|r| {
-                ToolResult::failure_of(id, ToolErrorKind::InvalidRequest, r, Recoverable::Yes)
-            })?,
-        };
+        let ShellRequest {
+            argv,
+            background,
+            timeout,
+        } = self
+            .read_request(request)
+            .map_err(|(kind, r, again)| ToolResult::failure_of(id, kind, r, again))?;
         let prepared = self.prepare(request, &argv)?;
         // A job's slot is taken before its program starts, so racing starts respect the
         // session's bound; a request refused by the checks never holds one.
         let slot = match background {
-            Some((table, options, _)) => Some(
+            Some((table, options)) => Some(
                 table
                     .reserve(request.session_id.as_str(), options.max_per_session)
                     .map_err(|e| {
@@ -766,7 +788,7 @@ impl ShellTool {
             ),
             None => None,
         };
-        if let (Some(slot), Some((_, options, _))) = (slot, background) {
+        if let (Some(slot), Some((_, options))) = (slot, background) {
             let (started, cleanup) = prepared.start(timeout, false)?;
             let command: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
             let job_id = slot
@@ -949,17 +971,10 @@ impl Tool for ShellTool {
     }
 
     fn validate_request(&self, request: &ToolRequest) -> ValidationResult {
-        match self
-            .argv(request)
-            .map(|_| ())
-            .and_then(|()| self.timeout_of(request).map(|_| ()))
-            // Only a malformed request is invalid; background runs being off is refused by the run.
-            .and_then(|()| match self.background(request) {
-                Err((ToolErrorKind::InvalidRequest, reason)) => Err(reason),
-                _ => Ok(()),
-            }) {
-            Ok(()) => ValidationResult::Valid,
-            Err(reason) => ValidationResult::Invalid { reason },
+        // Only a malformed request is invalid; background runs being off is refused by the run.
+        match self.read_request(request) {
+            Err((ToolErrorKind::InvalidRequest, reason, _)) => ValidationResult::Invalid { reason },
+            Ok(_) | Err(_) => ValidationResult::Valid,
         }
     }
 
