@@ -58,7 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             log_dir: Some(dir.join("logs")),
             ..ManagerOptions::default()
         },
-    );
+    )?;
     let descriptor = |id: &str| {
         let mut d = ModelDescriptor::new(id, &install.model, ResidencyMode::Persistent);
         d.context_size = 2048;
@@ -139,7 +139,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 log_dir: Some(dir.join("logs")),
                 ..ManagerOptions::default()
             },
-        );
+        )?;
         // Which goes first alternates, so drift (and whatever the first load of a pair pays
         // for the previous pair's teardown) favours neither.
         let bare_first = if i % 2 == 1 {
@@ -178,7 +178,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     isolation,
                     ..ManagerOptions::default()
                 },
-            );
+            )?;
             let t = Instant::now();
             manager.load(&a)?;
             Ok(t.elapsed().as_secs_f64())
@@ -207,7 +207,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             log_dir: Some(dir.join("logs")),
             ..ManagerOptions::default()
         },
-    );
+    )?;
     let (pa, pb) = (manager.load(&a)?, manager.load(&b)?);
     let request = InferenceRequest {
         context: ContextPack {

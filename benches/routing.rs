@@ -187,7 +187,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (_two, port_two) = server(&install)?;
     let store = Arc::new(SqliteEventStore::open(dir.join("events.db"))?);
     // The default spill bound (4 in flight): a session stays on its endpoint here.
-    let manager = DefaultModelManager::new(store, ManagerOptions::default());
+    let manager = DefaultModelManager::new(store, ManagerOptions::default())?;
     let url = |p: u16| format!("http://127.0.0.1:{p}");
     let pair = ModelDescriptor::remote("pair", vec![url(port_one), url(port_two)]);
     manager.load(&pair)?;

@@ -32,7 +32,7 @@ pub(crate) fn setup_with(
         ..ManagerOptions::default()
     };
     tweak(&mut options);
-    let manager = DefaultModelManager::new(store.clone(), options);
+    let manager = DefaultModelManager::new(store.clone(), options)?;
     Ok(Setup {
         _tmp: tmp,
         store,

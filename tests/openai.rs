@@ -190,7 +190,7 @@ fn manager(
     let store = Arc::new(SqliteEventStore::open(dir.join("events.db"))?);
     let events: Arc<dyn EventStore> = store.clone();
     Ok((
-        DefaultModelManager::new(events, ManagerOptions::default()),
+        DefaultModelManager::new(events, ManagerOptions::default())?,
         store,
     ))
 }

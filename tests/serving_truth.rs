@@ -242,7 +242,7 @@ fn status_answers_while_the_log_stalls() -> TestResult {
             log_dir: Some(tmp.join("logs")),
             ..ManagerOptions::default()
         },
-    ));
+    )?);
     let m = descriptor(&install, "m", ResidencyMode::Persistent);
     let n = descriptor(&install, "n", ResidencyMode::Persistent);
     let provider = manager.load(&m)?;

@@ -197,7 +197,8 @@ impl Runtime {
             work_root,
         )
         .map_err(RuntimeError::Sandbox)?;
-        let models = DefaultModelManager::new(store, config.models.clone());
+        let models = DefaultModelManager::new(store, config.models.clone())
+            .map_err(|e| RuntimeError::Config(e.under("models")))?;
         Ok(Runtime {
             events,
             models,

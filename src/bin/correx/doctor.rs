@@ -261,7 +261,8 @@ fn serve_once(server: &Path, model: &Path) -> Result<String, String> {
                 log_dir: Some(dir.clone()),
                 ..ManagerOptions::default()
             },
-        );
+        )
+        .map_err(|e| e.to_string())?;
         let mut d = ModelDescriptor::new("doctor", model, ResidencyMode::Persistent);
         d.context_size = 512;
         d.extra_args = vec![

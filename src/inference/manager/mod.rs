@@ -280,9 +280,15 @@ impl std::fmt::Debug for DefaultModelManager {
 
 impl DefaultModelManager {
     /// A manager that records its events in `events`.
-    pub fn new(events: Arc<dyn EventStore>, mut options: ManagerOptions) -> Self {
-        options.max_loaded = options.max_loaded.max(1);
-        options.port_count = options.port_count.max(1);
+    ///
+    /// # Errors
+    /// [`ConfigError`] for options a `models` config section would refuse (the same checks
+    /// and messages; from Rust, `port` 0 is allowed: a free port for each server).
+    pub fn new(
+        events: Arc<dyn EventStore>,
+        options: ManagerOptions,
+    ) -> Result<Self, crate::settings::ConfigError> {
+        options.check_values()?;
         let inner = Arc::new(Inner {
             state: Mutex::new(State::default()),
             timer: Condvar::new(),
@@ -299,10 +305,10 @@ impl DefaultModelManager {
             .spawn(move || housekeeper(weak))
             .map_err(|e| log::error!("could not start the model housekeeper: {e}"))
             .ok();
-        DefaultModelManager {
+        Ok(DefaultModelManager {
             inner,
             timer_thread,
-        }
+        })
     }
 
     /// Loads `descriptor`, giving up when `cancel` is set.
