@@ -49,8 +49,8 @@ impl StepState {
 pub(super) struct RunSeen {
     /// Its approval or start was recorded: it may have run.
     pub started: bool,
-    /// Its outcome event, type and payload.
-    pub outcome: Option<(String, Value)>,
+    /// Its outcome event.
+    pub outcome: Option<DomainEvent>,
 }
 
 /// A session's stream, folded.
@@ -191,17 +191,38 @@ impl Index {
                     r.started = true;
                 }
             }
-            DomainEvent::ToolExecutionCompleted { invocation_id, .. }
-            | DomainEvent::ToolExecutionFailed { invocation_id, .. }
-            | DomainEvent::ToolExecutionCancelled { invocation_id, .. }
-            | DomainEvent::ToolExecutionInterrupted { invocation_id, .. }
-            | DomainEvent::ToolExecutionRejected { invocation_id, .. } => {
-                if let Some(r) = self.runs.get_mut(&invocation_id) {
+            DomainEvent::ToolExecutionCompleted {
+                ref invocation_id, ..
+            }
+            | DomainEvent::ToolExecutionFailed {
+                ref invocation_id, ..
+            }
+            | DomainEvent::ToolExecutionCancelled {
+                ref invocation_id, ..
+            }
+            | DomainEvent::ToolExecutionInterrupted {
+                ref invocation_id, ..
+            }
+            | DomainEvent::ToolExecutionRejected {
+                ref invocation_id, ..
+            } => {
+                if let Some(r) = self.runs.get_mut(invocation_id) {
                     r.started = true;
-                    r.outcome = Some((e.type_id.clone(), e.payload.clone()));
+                    r.outcome = Some(event.clone());
                 }
             }
-            _ => {}
+            // Every other type is named, so a new one is a compile error here until it is
+            // decided what it means for a session's steps and runs.
+            DomainEvent::ModelLoaded { .. }
+            | DomainEvent::ModelUnloaded { .. }
+            | DomainEvent::ModelEndpointFailover { .. }
+            | DomainEvent::ToolProgress { .. }
+            | DomainEvent::ToolNetworkDenied { .. }
+            | DomainEvent::InferenceCompleted { .. }
+            | DomainEvent::JobStarted { .. }
+            | DomainEvent::JobExited { .. }
+            | DomainEvent::McpServerStarted { .. }
+            | DomainEvent::McpServerExited { .. } => {}
         }
         Ok(())
     }

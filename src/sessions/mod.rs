@@ -459,12 +459,12 @@ impl Session {
             if let Some(StepState::Done { .. }) = ix.steps.get(step) {
                 return None;
             }
-            let Some((ty, outcome)) = ix.runs.get(&run).and_then(|r| r.outcome.clone()) else {
+            let Some(outcome) = ix.runs.get(&run).and_then(|r| r.outcome.clone()) else {
                 in_doubt = true;
                 return None;
             };
             in_doubt = false;
-            let result = result_from_outcome(&run, &ty, &outcome);
+            let result = result_from_outcome(&run, &outcome);
             Some(DomainEvent::SessionStepCompleted {
                 session_id: self.id.clone(),
                 step: step.to_owned(),
@@ -475,7 +475,7 @@ impl Session {
                 context: None,
                 result: Some(serde_json::to_value(&result).unwrap_or(Value::Null)),
                 call_id: call_id.clone(),
-                recovered: Some(ty),
+                recovered: Some(outcome.type_id().to_owned()),
             })
         })?;
         if in_doubt {
@@ -724,76 +724,93 @@ fn replay_chunks(
 
 /// The result a tool step answers with when its owner died and only the run's outcome event
 /// is left: what that event says (the tool's output died with the host).
-fn result_from_outcome(run: &str, ty: &str, outcome: &Value) -> ToolResult {
+fn result_from_outcome(run: &str, outcome: &DomainEvent) -> ToolResult {
     let id = crate::ids::ToolInvocationId::from_string(run);
-    let text = |k: &str| outcome[k].as_str().unwrap_or_default().to_owned();
     let lost = "the host died before the tool's output was recorded";
     // `state` says where the files are: `completed` (the change is in place), `restored`
     // (put back as they were), `unchanged` (never touched), `unknown`.
-    let data = |state: &str| json!({"recovered_from": ty, "state": state});
+    let data = |state: &str| json!({"recovered_from": outcome.type_id(), "state": state});
     let failure = |kind, reason: String, recoverable, state: &str| {
-        ToolResult::failure_of(&id, kind, reason, Recoverable::from(recoverable))
-            .with_data(data(state))
+        ToolResult::failure_of(&id, kind, reason, recoverable).with_data(data(state))
     };
-    match ty {
-        "tool.execution_completed" => ToolResult::Success {
+    match outcome {
+        DomainEvent::ToolExecutionCompleted { .. } => ToolResult::Success {
             invocation_id: id.clone(),
             output: String::new(),
             metadata: BTreeMap::from([("recovered".to_owned(), lost.to_owned())]),
             data: Some(data("completed")),
         },
-        "tool.execution_interrupted" if text("state") == "completed" => failure(
+        DomainEvent::ToolExecutionInterrupted { state, .. } if state == "completed" => failure(
             ToolErrorKind::Interrupted,
             format!(
                 "interrupted by a crash after it completed: its change is in place, but {lost}"
             ),
-            true,
+            Recoverable::Yes,
             "completed",
         ),
         // Recovery restores the files a tool declared; a command's other effects (a shell
         // run's, an MCP server's) it cannot see, so for those nothing is promised.
-        "tool.execution_interrupted" if text("tool_name").starts_with("file_") => failure(
-            ToolErrorKind::Interrupted,
-            "interrupted by a crash before it changed anything".into(),
-            true,
-            "unchanged",
-        ),
-        "tool.execution_interrupted" => failure(
+        DomainEvent::ToolExecutionInterrupted { tool_name, .. }
+            if tool_name.starts_with("file_") =>
+        {
+            failure(
+                ToolErrorKind::Interrupted,
+                "interrupted by a crash before it changed anything".into(),
+                Recoverable::Yes,
+                "unchanged",
+            )
+        }
+        DomainEvent::ToolExecutionInterrupted { .. } => failure(
             ToolErrorKind::Interrupted,
             "interrupted by a crash; recovery found no declared file changed, but what the \
              command did besides is unknown"
                 .into(),
-            true,
+            Recoverable::Yes,
             "unknown",
         ),
-        "tool.execution_cancelled" => failure(
+        DomainEvent::ToolExecutionCancelled { .. } => failure(
             ToolErrorKind::Cancelled,
             "cancelled; its files were restored".into(),
-            true,
+            Recoverable::Yes,
             "restored",
         ),
-        "tool.execution_rejected" => failure(
+        DomainEvent::ToolExecutionRejected { reason, .. } => failure(
             ToolErrorKind::NotAllowed,
-            text("reason"),
-            false,
+            reason.clone(),
+            Recoverable::No,
             "unchanged",
         ),
-        _ => {
-            let reason = text("reason");
-            if reason == "interrupted" && outcome["kind"].is_null() {
+        DomainEvent::ToolExecutionFailed {
+            reason,
+            recoverable,
+            kind,
+            ..
+        } => {
+            if reason == "interrupted" && kind.is_none() {
                 return failure(
                     ToolErrorKind::Interrupted,
                     "interrupted by a crash; its files were restored".into(),
-                    true,
+                    Recoverable::Yes,
                     "restored",
                 );
             }
-            let kind = outcome["kind"]
-                .as_str()
+            let kind = kind
+                .as_deref()
                 .and_then(|k| serde_json::from_value(json!(k)).ok())
                 .unwrap_or_default();
-            let recoverable = outcome["recoverable"].as_bool().unwrap_or(true);
-            failure(kind, reason, recoverable, "restored")
+            failure(
+                kind,
+                reason.clone(),
+                Recoverable::from(*recoverable),
+                "restored",
+            )
         }
+        // The fold keeps only the five outcome types above.
+        other => failure(
+            ToolErrorKind::Other,
+            format!("{} is not a run's outcome", other.type_id()),
+            Recoverable::No,
+            "unknown",
+        ),
     }
 }

@@ -17,7 +17,7 @@ pub use options::JobsOptions;
 
 use crate::cancel::CancelToken;
 use crate::domain::session_stream;
-use crate::domain::DomainEvent;
+use crate::domain::{DomainEvent, EventType};
 use crate::events::{EventStore, ExpectedVersion};
 use crate::sys::spawn::{Exit, Started};
 use buffer::Tail;
@@ -634,12 +634,35 @@ fn close_interrupted(
         };
         for e in &page {
             version = e.stream_version;
-            if e.payload["job_id"].as_str() == Some(&r.job_id) {
-                match e.type_id.as_str() {
-                    "job.started" => started = true,
-                    "job.exited" => ended = true,
-                    _ => {}
-                }
+            if e.payload["job_id"].as_str() != Some(&r.job_id) {
+                continue;
+            }
+            // Every type is named: a new one is a compile error here until it is decided
+            // whether it starts or ends a job.
+            match EventType::of(&e.type_id) {
+                Some(EventType::JobStarted) => started = true,
+                Some(EventType::JobExited) => ended = true,
+                Some(
+                    EventType::ModelLoaded
+                    | EventType::ModelUnloaded
+                    | EventType::ModelEndpointFailover
+                    | EventType::ToolApprovalDecided
+                    | EventType::ToolExecutionStarted
+                    | EventType::ToolExecutionCompleted
+                    | EventType::ToolExecutionFailed
+                    | EventType::ToolExecutionRejected
+                    | EventType::ToolExecutionCancelled
+                    | EventType::ToolExecutionInterrupted
+                    | EventType::ToolProgress
+                    | EventType::ToolNetworkDenied
+                    | EventType::InferenceCompleted
+                    | EventType::McpServerStarted
+                    | EventType::McpServerExited
+                    | EventType::SessionStepStarted
+                    | EventType::SessionStepCompleted
+                    | EventType::SessionStepFailed,
+                )
+                | None => {}
             }
         }
         from = last + 1;
