@@ -70,6 +70,78 @@ pub(super) fn plan(
         return Ok((None, json!({"mode": "none"})));
     }
     let abi = landlock::abi();
+    let mode = mode_here(mode, abi)?;
+    let grants = grants(bin, model, extra_args);
+    let ruleset = if abi >= 1 {
+        // The files get read (and execute, which no file here is for) only.
+        let rules: Vec<FsRule> = landlock::rules_for(
+            grants.read_exec.iter().chain(&grants.read),
+            Access::ReadExec,
+        )
+        .chain(landlock::rules_for(
+            &grants.devices,
+            Access::DeviceReadWrite,
+        ))
+        .collect();
+        let opened = landlock::open_rules(abi, &rules)
+            .map_err(|e| format!("opening the server's Landlock rule paths: {e}"))?;
+        let tcp = TcpPorts {
+            bind: vec![port],
+            connect: grants.connect.clone(),
+        };
+        Some(
+            landlock::build_with(&opened, None, Some(&tcp), true)
+                .map_err(|e| format!("building the server's Landlock ruleset: {e}"))?,
+        )
+    } else {
+        None
+    };
+    // Sockets: TCP/IP and netlink (getaddrinfo's address check) only. A UNIX socket would reach
+    // daemons that trust the server's uid (a Docker socket, the system bus), and Landlock does
+    // not cover connecting to one.
+    let filter = if seccomp::available() {
+        Filter::new(seccomp::Options {
+            floor: true,
+            sockets: Sockets::InetOnly,
+            deny_ipc: true,
+        })?
+    } else {
+        None
+    };
+    let size = estimate
+        .or_else(|| std::fs::metadata(model).ok().map(|m| m.len()))
+        .unwrap_or(0);
+    let address_space = size.saturating_mul(2).saturating_add(ADDRESS_SPACE_MARGIN);
+    let mut rlimits = vec![Rlimit::at_most(libc::RLIMIT_CORE, 0)];
+    if !grants.gpu {
+        rlimits.push(Rlimit::at_most(libc::RLIMIT_AS, address_space));
+    }
+    let applied = Applied {
+        mode,
+        abi,
+        landlock: ruleset.is_some(),
+        filtered: filter.is_some(),
+        port,
+        address_space,
+    };
+    let recorded = applied.recorded(&grants);
+    Ok((
+        Some(ForkConfinement {
+            ruleset,
+            filter,
+            rlimits,
+            drop_bounding: crate::sys::euid() == 0,
+        }),
+        recorded,
+    ))
+}
+
+/// What `mode` means on this kernel: `default` is `required` where every layer is offered,
+/// else `best_effort` with a warning.
+///
+/// # Errors
+/// `required` where a layer is missing, naming it.
+fn mode_here(mode: ServerIsolation, abi: u32) -> Result<ServerIsolation, String> {
     // ABI 6 scopes signals: the server keeps the host's uid, and without the scope it could
     // signal every process of that uid.
     let complete = abi >= landlock::SCOPE_ABI && seccomp::available();
@@ -99,6 +171,21 @@ pub(super) fn plan(
             std::env::consts::ARCH
         ));
     }
+    Ok(mode)
+}
+
+/// What a server may reach: directories to read and execute, files to read, devices, the
+/// ports of its RPC helpers, and whether it offloads to a GPU.
+struct Grants {
+    read_exec: Vec<PathBuf>,
+    read: Vec<PathBuf>,
+    devices: Vec<PathBuf>,
+    connect: Vec<u16>,
+    gpu: bool,
+}
+
+/// The grants of the server `bin` serving `model` with `extra_args`.
+fn grants(bin: &Path, model: &Path, extra_args: &[String]) -> Grants {
     let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let bin = canonical(bin);
     let mut read_exec: Vec<PathBuf> = ["/usr", "/lib", "/lib64"]
@@ -123,7 +210,6 @@ pub(super) fn plan(
             read.push(canonical(p));
         }
     }
-    let connect = rpc_ports(extra_args);
     // Offloading to a GPU needs its device nodes and driver files; its runtime reserves huge
     // address ranges, so no address-space limit then.
     let gpu = offloads_to_gpu(extra_args);
@@ -139,86 +225,67 @@ pub(super) fn plan(
         }
         devices.extend(["/dev/dri", "/dev/kfd"].iter().map(PathBuf::from));
     }
-    let ruleset = if abi >= 1 {
-        // The files get read (and execute, which no file here is for) only.
-        let rules: Vec<FsRule> =
-            landlock::rules_for(read_exec.iter().chain(&read), Access::ReadExec)
-                .chain(landlock::rules_for(&devices, Access::DeviceReadWrite))
-                .collect();
-        let opened = landlock::open_rules(abi, &rules)
-            .map_err(|e| format!("opening the server's Landlock rule paths: {e}"))?;
-        let tcp = TcpPorts {
-            bind: vec![port],
-            connect: connect.clone(),
-        };
-        Some(
-            landlock::build_with(&opened, None, Some(&tcp), true)
-                .map_err(|e| format!("building the server's Landlock ruleset: {e}"))?,
-        )
-    } else {
-        None
-    };
-    // Sockets: TCP/IP and netlink (getaddrinfo's address check) only. A UNIX socket would reach
-    // daemons that trust the server's uid (a Docker socket, the system bus), and Landlock does
-    // not cover connecting to one.
-    let filter = if seccomp::available() {
-        Filter::new(seccomp::Options {
-            floor: true,
-            sockets: Sockets::InetOnly,
-            deny_ipc: true,
-        })?
-    } else {
-        None
-    };
-    let size = estimate
-        .or_else(|| std::fs::metadata(model).ok().map(|m| m.len()))
-        .unwrap_or(0);
-    let address_space = size.saturating_mul(2).saturating_add(ADDRESS_SPACE_MARGIN);
-    let mut rlimits = vec![Rlimit::at_most(libc::RLIMIT_CORE, 0)];
-    if !gpu {
-        rlimits.push(Rlimit::at_most(libc::RLIMIT_AS, address_space));
+    Grants {
+        read_exec,
+        read,
+        devices,
+        connect: rpc_ports(extra_args),
+        gpu,
     }
-    let root = crate::sys::euid() == 0;
-    let recorded = json!({
-        "mode": mode.as_str(),
-        "landlock_abi": abi,
-        "filesystem": if ruleset.is_some() { json!({
-            "read_exec": read_exec.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-            "read": read.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-            "read_write": [],
-        }) } else { Value::Null },
-        "network": {
-            "tcp_bind": [port],
-            // Landlock rules name ports, not hosts: these ports, on any host.
-            "tcp_connect_ports": connect,
-            "landlock_tcp": ruleset.is_some() && abi >= landlock::NET_ABI,
-            "socket_families": if filter.is_some() { json!(["inet", "inet6", "netlink"]) } else { json!("any") },
-        },
-        "scopes": {
-            "signal": ruleset.is_some() && abi >= landlock::SCOPE_ABI,
-            "abstract_unix_socket": ruleset.is_some() && abi >= landlock::SCOPE_ABI,
-        },
-        "syscall_floor": filter.is_some(),
-        "ipc": if filter.is_some() { "seccomp_denied" } else { "host" },
-        "uid": crate::sys::euid(),
-        // Root can empty its bounding set; another uid holds no capability to begin with.
-        "capabilities": if root { "none" } else { "none_but_bounding_set" },
-        "no_new_privs": true,
-        "limits": {
-            "address_space_bytes": if gpu { Value::Null } else { json!(address_space) },
-            "core_dumps": false,
-        },
-        "gpu_devices": gpu,
-    });
-    Ok((
-        Some(ForkConfinement {
-            ruleset,
-            filter,
-            rlimits,
-            drop_bounding: root,
-        }),
-        recorded,
-    ))
+}
+
+/// What was applied to a server, for its record.
+struct Applied {
+    mode: ServerIsolation,
+    abi: u32,
+    landlock: bool,
+    filtered: bool,
+    port: u16,
+    address_space: u64,
+}
+
+impl Applied {
+    /// The policy recorded in `model.loaded`.
+    fn recorded(&self, g: &Grants) -> Value {
+        let abi = self.abi;
+        let shown = |paths: &[PathBuf]| {
+            paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+        };
+        json!({
+            "mode": self.mode.as_str(),
+            "landlock_abi": abi,
+            "filesystem": if self.landlock { json!({
+                "read_exec": shown(&g.read_exec),
+                "read": shown(&g.read),
+                "read_write": [],
+            }) } else { Value::Null },
+            "network": {
+                "tcp_bind": [self.port],
+                // Landlock rules name ports, not hosts: these ports, on any host.
+                "tcp_connect_ports": g.connect,
+                "landlock_tcp": self.landlock && abi >= landlock::NET_ABI,
+                "socket_families": if self.filtered { json!(["inet", "inet6", "netlink"]) } else { json!("any") },
+            },
+            "scopes": {
+                "signal": self.landlock && abi >= landlock::SCOPE_ABI,
+                "abstract_unix_socket": self.landlock && abi >= landlock::SCOPE_ABI,
+            },
+            "syscall_floor": self.filtered,
+            "ipc": if self.filtered { "seccomp_denied" } else { "host" },
+            "uid": crate::sys::euid(),
+            // Root can empty its bounding set; another uid holds no capability to begin with.
+            "capabilities": if crate::sys::euid() == 0 { "none" } else { "none_but_bounding_set" },
+            "no_new_privs": true,
+            "limits": {
+                "address_space_bytes": if g.gpu { Value::Null } else { json!(self.address_space) },
+                "core_dumps": false,
+            },
+            "gpu_devices": g.gpu,
+        })
+    }
 }
 
 /// Driver and device information a GPU runtime reads.

@@ -11,7 +11,7 @@ use crate::confine::{self, AppliedPolicy, Policy, Route, RunNetwork};
 use crate::private_dir::{check_private, PrivateDir};
 use crate::services::jobs::{JobTable, JobsOptions};
 use crate::settings::Section;
-use crate::sys::spawn::{self, Captured, Cleanup, Exit, RunNet, SpawnSpec, Started};
+use crate::sys::spawn::{self, Captured, Cleanup, Exit, RunNet, RunOutput, SpawnSpec, Started};
 use crate::sys::{resolve_both, FIXED_PATH};
 use crate::tools::Recoverable;
 use std::collections::BTreeMap;
@@ -76,20 +76,34 @@ struct Prepared<'a> {
     cgroup: Option<crate::sys::cgroup::RunCgroup>,
     env: Vec<(String, String)>,
     proxy: Option<RunProxy>,
-    net_end: Option<(Option<OwnedFd>, RunNet)>,
+    net_end: NetEnd,
 }
 
+/// The run's end of its way to the network (the socket its supervisor gets, and how it is
+/// used), where it has one.
+type NetEnd = Option<(Option<OwnedFd>, RunNet)>;
+
 impl Prepared<'_> {
-    /// Starts the program, to run on after this returns (a background job, a server);
-    /// `None` from the spawn (no exec within the timeout) is a `timed_out` failure. The
-    /// cleanup drops what the run held once it has ended.
-    fn start(self, timeout: Duration, stdin: bool) -> Result<(Started, Cleanup), ToolResult> {
-        let argv_os: Vec<&OsStr> = std::iter::once(OsStr::new(&self.arg0))
+    /// The run's argv: the allowed name as `argv[0]`, then the request's arguments.
+    fn argv_os(&self) -> Vec<&OsStr> {
+        std::iter::once(OsStr::new(&self.arg0))
             .chain(self.argv[1..].iter().map(OsStr::new))
-            .collect();
-        let started = spawn::start(&SpawnSpec {
+            .collect()
+    }
+
+    /// The spawn of this run: its program, environment, start directory, confinement, cgroup
+    /// and network end, with `argv` from [`Prepared::argv_os`].
+    fn spec<'s>(
+        &'s self,
+        argv: &'s [&'s OsStr],
+        timeout: Duration,
+        output_cap: usize,
+        cancel: Option<&'s CancelToken>,
+        stdin: bool,
+    ) -> SpawnSpec<'s> {
+        SpawnSpec {
             program: &self.program,
-            argv: &argv_os,
+            argv,
             env: &self.env,
             cwd: Some(self.cwd.as_raw_fd()),
             confinement: self.confinement.as_ref(),
@@ -97,11 +111,19 @@ impl Prepared<'_> {
             cgroup: self.cgroup.as_ref().map(|c| c.procs()),
             spawner: self.policy.spawner(),
             timeout,
-            output_cap: 0,
-            cancel: None,
+            output_cap,
+            cancel,
             net: self.net_end.as_ref().map(|(_, net)| *net),
             stdin,
-        });
+        }
+    }
+
+    /// Starts the program, to run on after this returns (a background job, a server);
+    /// `None` from the spawn (no exec within the timeout) is a `timed_out` failure. The
+    /// cleanup drops what the run held once it has ended.
+    fn start(self, timeout: Duration, stdin: bool) -> Result<(Started, Cleanup), ToolResult> {
+        let argv = self.argv_os();
+        let started = spawn::start(&self.spec(&argv, timeout, 0, None, stdin));
         let id = self.id.clone();
         let started = started.map_err(|e| {
             ToolResult::failure(
@@ -244,6 +266,26 @@ fn holds_url_credentials(value: &str) -> bool {
     })
 }
 
+/// Each allowed executable resolved once, through the fixed PATH, to a canonical path and
+/// the name it is allowed under, pinned as it is now.
+fn allow(names: &[String]) -> Result<Vec<Allowed>, ToolError> {
+    let mut allowed = Vec::new();
+    for name in names {
+        let not_found = || ToolError::ExecutableNotFound {
+            name: name.clone(),
+            path: FIXED_PATH,
+        };
+        let (lexical, canonical) = resolve_both(name).ok_or_else(not_found)?;
+        let pin = Pin::of(&canonical).ok_or_else(not_found)?;
+        allowed.push(Allowed {
+            canonical,
+            name: file_name(&lexical),
+            pin,
+        });
+    }
+    Ok(allowed)
+}
+
 /// Shell start-up variables; with every `LD_*` (the dynamic loader's), they make a program the
 /// allowlist admits run other code first.
 const SHELL_START_VARS: &[&str] = &["BASH_ENV", "ENV"];
@@ -314,28 +356,13 @@ impl ShellTool {
         // The config's own checks, with its messages: a shell built from Rust is held to what
         // a config section is.
         options.validate().map_err(ToolError::Config)?;
-        let mut allowed = Vec::new();
-        for name in &options.allowed_executables {
-            let not_found = || ToolError::ExecutableNotFound {
-                name: name.clone(),
-                path: FIXED_PATH,
-            };
-            let (lexical, canonical) = resolve_both(name).ok_or_else(not_found)?;
-            let pin = Pin::of(&canonical).ok_or_else(not_found)?;
-            allowed.push(Allowed {
-                canonical,
-                name: file_name(&lexical),
-                pin,
-            });
-        }
+        let allowed = allow(&options.allowed_executables)?;
         check_env(&options)?;
         let roots = Roots::open(&options.working_roots).map_err(ToolError::Root)?;
         let mut exec_dirs: Vec<PathBuf> = Vec::new();
-        for a in &allowed {
-            if let Some(d) = a.canonical.parent() {
-                if !exec_dirs.iter().any(|e| e == d) {
-                    exec_dirs.push(d.to_path_buf());
-                }
+        for d in allowed.iter().filter_map(|a| a.canonical.parent()) {
+            if !exec_dirs.iter().any(|e| e == d) {
+                exec_dirs.push(d.to_path_buf());
             }
         }
         let working_roots: Vec<PathBuf> = options
@@ -616,6 +643,49 @@ impl ShellTool {
     /// confinement, cgroup, environment and, with a network allowlist, its proxy.
     fn prepare(&self, request: &ToolRequest, argv: &[&str]) -> Result<Prepared<'_>, ToolResult> {
         let id = &request.invocation_id;
+        let (policy, program, arg0) = self.checked(id, argv[0])?;
+        let tmp = self.run_tmp().map_err(|e| {
+            ToolResult::failure(
+                id,
+                format!("creating the run's temp directory: {e}"),
+                Recoverable::Yes,
+            )
+        })?;
+        let cwd = self.start_dir(request, tmp.path())?;
+        let confinement = policy
+            .confinement(tmp.path())
+            .map_err(|e| ToolResult::failure(id, e, Recoverable::Yes))?;
+        let cgroup = policy
+            .run_cgroup()
+            .map_err(|e| ToolResult::failure(id, e, Recoverable::Yes))?;
+        let mut env = Vec::with_capacity(self.env.len() + 2);
+        env.push(("PATH".to_owned(), FIXED_PATH.to_owned()));
+        env.push(("TMPDIR".to_owned(), tmp.path().display().to_string()));
+        let (proxy, net_end) = self.network_for(id, policy, &mut env)?;
+        Ok(Prepared {
+            id: id.clone(),
+            argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+            policy,
+            program,
+            arg0,
+            tmp,
+            cwd,
+            confinement,
+            cgroup,
+            env,
+            proxy,
+            net_end,
+        })
+    }
+
+    /// The checks before a run: confinable here, `argv0` allowed and unchanged since the tool
+    /// was built, the namespace's views intact. Gives the policy, the canonical program and
+    /// the `argv[0]` to run it under.
+    fn checked(
+        &self,
+        id: &crate::ids::ToolInvocationId,
+        argv0: &str,
+    ) -> Result<(&Policy, PathBuf, String), ToolResult> {
         let policy = self.policy.as_ref().map_err(|r| {
             ToolResult::failure_of(
                 id,
@@ -624,13 +694,13 @@ impl ShellTool {
                 Recoverable::No,
             )
         })?;
-        let permitted = self.permitted(argv[0]).ok_or_else(|| {
+        let permitted = self.permitted(argv0).ok_or_else(|| {
             ToolResult::failure_of(
                 id,
                 ToolErrorKind::NotAllowed,
                 format!(
                     "{:?} is not an allowed executable; allowed: [{}]",
-                    argv[0],
+                    argv0,
                     self.allowed
                         .iter()
                         .map(|a| a.canonical.display().to_string())
@@ -668,23 +738,17 @@ impl ShellTool {
                 )
             })?;
         }
-        let tmp = self.run_tmp().map_err(|e| {
-            ToolResult::failure(
-                id,
-                format!("creating the run's temp directory: {e}"),
-                Recoverable::Yes,
-            )
-        })?;
-        let cwd = self.start_dir(request, tmp.path())?;
-        let confinement = policy
-            .confinement(tmp.path())
-            .map_err(|e| ToolResult::failure(id, e, Recoverable::Yes))?;
-        let cgroup = policy
-            .run_cgroup()
-            .map_err(|e| ToolResult::failure(id, e, Recoverable::Yes))?;
-        let mut env = Vec::with_capacity(self.env.len() + 2);
-        env.push(("PATH".to_owned(), FIXED_PATH.to_owned()));
-        env.push(("TMPDIR".to_owned(), tmp.path().display().to_string()));
+        Ok((policy, program, arg0))
+    }
+
+    /// The run's network end and, with an allowlist, its own proxy; `env` gets the run's
+    /// variables (the proxy's in place of any configured ones with an allowlist).
+    fn network_for(
+        &self,
+        id: &crate::ids::ToolInvocationId,
+        policy: &Policy,
+        env: &mut Vec<(String, String)>,
+    ) -> Result<(Option<RunProxy>, NetEnd), ToolResult> {
         // With an allowlist, the run's own proxy: started before the run, given the listener
         // its supervisor makes in the run's network namespace (or, mediated, the listener of
         // the run's seccomp filter), stopped after the run.
@@ -731,20 +795,7 @@ impl ShellTool {
                 (None, None)
             }
         };
-        Ok(Prepared {
-            id: id.clone(),
-            argv: argv.iter().map(|a| (*a).to_owned()).collect(),
-            policy,
-            program,
-            arg0,
-            tmp,
-            cwd,
-            confinement,
-            cgroup,
-            env,
-            proxy,
-            net_end,
-        })
+        Ok((proxy, net_end))
     }
 
     /// Starts `command` as a long-lived server (an MCP server): confined and contained as a
@@ -771,80 +822,34 @@ impl ShellTool {
             .read_request(request)
             .map_err(|(kind, r, again)| ToolResult::failure_of(id, kind, r, again))?;
         let prepared = self.prepare(request, &argv)?;
-        // A job's slot is taken before its program starts, so racing starts respect the
-        // session's bound; a request refused by the checks never holds one.
-        let slot = match background {
-            Some((table, options)) => Some(
-                table
-                    .reserve(request.session_id.as_str(), options.max_per_session)
-                    .map_err(|e| {
-                        ToolResult::failure_of(
-                            id,
-                            ToolErrorKind::NotAllowed,
-                            e.to_string(),
-                            Recoverable::Yes,
-                        )
-                    })?,
-            ),
-            None => None,
-        };
-        if let (Some(slot), Some((_, options))) = (slot, background) {
-            let (started, cleanup) = prepared.start(timeout, false)?;
-            let command: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
-            let job_id = slot
-                .launch(
-                    started,
-                    crate::services::jobs::Launch {
-                        invocation_id: id.to_string(),
-                        command,
-                        timeout,
-                        buffer_bytes: options.buffer_bytes,
-                        cleanup,
-                    },
-                )
-                .map_err(|e| ToolResult::failure(id, e.to_string(), Recoverable::Yes))?;
-            let data = serde_json::json!({"job_id": job_id, "background": true,
-                                          "timeout_ms": timeout.as_millis() as u64});
-            return Ok(ToolResult::Success {
-                invocation_id: id.clone(),
-                output: format!(
-                    "started background job {job_id}; read its output, wait for it or stop it with the jobs tool"
-                ),
-                metadata: BTreeMap::from([("job_id".to_owned(), job_id)]),
-                data: Some(data),
-            });
+        match background {
+            Some((table, options)) => start_job(request, prepared, table, options, timeout),
+            None => self.run_to_end(id, prepared, timeout, cancel),
         }
+    }
+
+    /// Runs a prepared run until it ends (or its timeout or a cancel ends it), then gives
+    /// back what it held and answers with its outcome.
+    fn run_to_end(
+        &self,
+        id: &crate::ids::ToolInvocationId,
+        prepared: Prepared<'_>,
+        timeout: Duration,
+        cancel: &CancelToken,
+    ) -> Result<ToolResult, ToolResult> {
+        let argv = prepared.argv_os();
+        let out = spawn::run(&prepared.spec(&argv, timeout, self.output_cap, Some(cancel), false));
+        drop(argv);
         let Prepared {
             policy,
             program,
-            arg0,
             tmp,
             cwd,
-            confinement,
             cgroup,
-            env,
             proxy,
             net_end,
             ..
         } = prepared;
-        let argv_os: Vec<&OsStr> = std::iter::once(OsStr::new(&arg0))
-            .chain(argv[1..].iter().map(OsStr::new))
-            .collect();
-        let out = spawn::run(&SpawnSpec {
-            program: &program,
-            argv: &argv_os,
-            env: &env,
-            cwd: Some(cwd.as_raw_fd()),
-            confinement: confinement.as_ref(),
-            containment: policy.containment,
-            cgroup: cgroup.as_ref().map(|c| c.procs()),
-            spawner: policy.spawner(),
-            timeout,
-            output_cap: self.output_cap,
-            cancel: Some(cancel),
-            net: net_end.as_ref().map(|(_, net)| *net),
-            stdin: false,
-        });
         drop(net_end);
         // Every process of the run is gone: so is every client of the proxy.
         let network = proxy.map(|p| p.stop().to_json());
@@ -860,84 +865,141 @@ impl ShellTool {
             policy.recycle_cgroup(cg);
         }
         self.recycle(tmp);
-        let mut metadata = BTreeMap::new();
-        match out.exit {
-            Exit::Code(c) => metadata.insert("exit_code".into(), c.to_string()),
-            Exit::Signal(s) => metadata.insert("signal".into(), s.to_string()),
-        };
-        metadata.insert(
-            "stdout_truncated".into(),
-            out.stdout.truncated().to_string(),
-        );
-        metadata.insert(
-            "stderr_truncated".into(),
-            out.stderr.truncated().to_string(),
-        );
-        metadata.insert("duration_ms".into(), out.duration.as_millis().to_string());
-        let render = |c: &Captured| {
-            let mut s = String::from_utf8_lossy(&c.bytes).into_owned();
-            if c.truncated() {
-                s.push_str(&format!(
-                    "\n[output truncated: {} more bytes dropped]",
-                    c.dropped
-                ));
-            }
-            s
-        };
-        let mut data = run_data(&out);
-        if let Some(n) = network {
-            data["network"] = n;
-        }
-        if out.cancelled || out.timed_out {
-            let (kind, what, recoverable) = if out.cancelled {
-                let ms = out.duration.as_millis();
-                let what = format!("cancelled by the host after {ms} ms");
-                (ToolErrorKind::Cancelled, what, false)
-            } else {
-                let what = format!("timed out after {} ms", timeout.as_millis());
-                (ToolErrorKind::TimedOut, what, true)
-            };
-            let reason = format!(
-                "{what}; every process of the run was killed. stdout: {}\nstderr: {}",
-                render(&out.stdout),
-                render(&out.stderr)
-            );
-            return Ok(
-                ToolResult::failure_of(id, kind, reason, Recoverable::from(recoverable))
-                    .with_data(data),
-            );
-        }
-        Ok(match out.exit {
-            Exit::Code(0) => ToolResult::Success {
-                invocation_id: id.clone(),
-                output: render(&out.stdout),
-                metadata,
-                data: Some(data),
-            },
-            Exit::Code(c) => {
-                let stderr = render(&out.stderr);
-                let reason = if stderr.trim().is_empty() {
-                    format!("exited with code {c} and no stderr")
-                } else {
-                    format!("{stderr}\n[exit code {c}]")
-                };
-                ToolResult::failure_of(id, ToolErrorKind::NonZeroExit, reason, Recoverable::No)
-                    .with_data(data)
-            }
-            Exit::Signal(sig) => ToolResult::failure_of(
+        Ok(outcome(id, &out, network, timeout))
+    }
+}
+
+/// Starts a prepared run as a background job in `table`: its slot is taken before its
+/// program starts, so racing starts respect the session's bound (a request refused by the
+/// checks never holds one); answers with the job's id.
+fn start_job(
+    request: &ToolRequest,
+    prepared: Prepared<'_>,
+    table: &JobTable,
+    options: &JobsOptions,
+    timeout: Duration,
+) -> Result<ToolResult, ToolResult> {
+    let id = &request.invocation_id;
+    let slot = table
+        .reserve(request.session_id.as_str(), options.max_per_session)
+        .map_err(|e| {
+            ToolResult::failure_of(
                 id,
-                ToolErrorKind::Signalled,
-                format!("killed by signal {sig}. stderr: {}", render(&out.stderr)),
-                Recoverable::No,
+                ToolErrorKind::NotAllowed,
+                e.to_string(),
+                Recoverable::Yes,
             )
-            .with_data(data),
-        })
+        })?;
+    let command = prepared.argv.clone();
+    let (started, cleanup) = prepared.start(timeout, false)?;
+    let job_id = slot
+        .launch(
+            started,
+            crate::services::jobs::Launch {
+                invocation_id: id.to_string(),
+                command,
+                timeout,
+                buffer_bytes: options.buffer_bytes,
+                cleanup,
+            },
+        )
+        .map_err(|e| ToolResult::failure(id, e.to_string(), Recoverable::Yes))?;
+    let data = serde_json::json!({"job_id": job_id, "background": true,
+                                  "timeout_ms": timeout.as_millis() as u64});
+    Ok(ToolResult::Success {
+        invocation_id: id.clone(),
+        output: format!(
+            "started background job {job_id}; read its output, wait for it or stop it with the jobs tool"
+        ),
+        metadata: BTreeMap::from([("job_id".to_owned(), job_id)]),
+        data: Some(data),
+    })
+}
+
+/// A captured stream as text, with a note of what was dropped past the cap.
+fn render(c: &Captured) -> String {
+    let mut s = String::from_utf8_lossy(&c.bytes).into_owned();
+    if c.truncated() {
+        s.push_str(&format!(
+            "\n[output truncated: {} more bytes dropped]",
+            c.dropped
+        ));
+    }
+    s
+}
+
+/// A finished run's answer: stdout on exit 0; else what ended it (a cancel, the timeout, an
+/// exit code, a signal) and its streams; the run as data either way, with what its proxy saw.
+fn outcome(
+    id: &crate::ids::ToolInvocationId,
+    out: &RunOutput,
+    network: Option<serde_json::Value>,
+    timeout: Duration,
+) -> ToolResult {
+    let mut metadata = BTreeMap::new();
+    match out.exit {
+        Exit::Code(c) => metadata.insert("exit_code".into(), c.to_string()),
+        Exit::Signal(s) => metadata.insert("signal".into(), s.to_string()),
+    };
+    metadata.insert(
+        "stdout_truncated".into(),
+        out.stdout.truncated().to_string(),
+    );
+    metadata.insert(
+        "stderr_truncated".into(),
+        out.stderr.truncated().to_string(),
+    );
+    metadata.insert("duration_ms".into(), out.duration.as_millis().to_string());
+    let mut data = run_data(out);
+    if let Some(n) = network {
+        data["network"] = n;
+    }
+    if out.cancelled || out.timed_out {
+        let (kind, what, recoverable) = if out.cancelled {
+            let ms = out.duration.as_millis();
+            let what = format!("cancelled by the host after {ms} ms");
+            (ToolErrorKind::Cancelled, what, Recoverable::No)
+        } else {
+            let what = format!("timed out after {} ms", timeout.as_millis());
+            (ToolErrorKind::TimedOut, what, Recoverable::Yes)
+        };
+        let reason = format!(
+            "{what}; every process of the run was killed. stdout: {}\nstderr: {}",
+            render(&out.stdout),
+            render(&out.stderr)
+        );
+        return ToolResult::failure_of(id, kind, reason, recoverable).with_data(data);
+    }
+    match out.exit {
+        Exit::Code(0) => ToolResult::Success {
+            invocation_id: id.clone(),
+            output: render(&out.stdout),
+            metadata,
+            data: Some(data),
+        },
+        Exit::Code(c) => {
+            let stderr = render(&out.stderr);
+            let reason = if stderr.trim().is_empty() {
+                format!("exited with code {c} and no stderr")
+            } else {
+                format!("{stderr}\n[exit code {c}]")
+            };
+            ToolResult::failure_of(id, ToolErrorKind::NonZeroExit, reason, Recoverable::No)
+                .with_data(data)
+        }
+        Exit::Signal(sig) => ToolResult::failure_of(
+            id,
+            ToolErrorKind::Signalled,
+            format!("killed by signal {sig}. stderr: {}", render(&out.stderr)),
+            Recoverable::No,
+        )
+        .with_data(data),
     }
 }
 
 /// The run as data: exit code or signal, both streams (as text when UTF-8, else lossy text
 /// plus the exact bytes in base64), truncation, duration.
-fn run_data(out: &crate::sys::spawn::RunOutput) -> serde_json::Value {
+fn run_data(out: &RunOutput) -> serde_json::Value {
     let mut v = serde_json::json!({
         "exit_code": match out.exit { Exit::Code(c) => Some(c), Exit::Signal(_) => None },
         "signal": match out.exit { Exit::Signal(s) => Some(s), Exit::Code(_) => None },
