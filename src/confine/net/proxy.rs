@@ -557,75 +557,120 @@ fn serve(shared: &Arc<Shared>, client: TcpStream) {
         Ok(a) => a,
         Err(why) => return refuse(shared, &mut *client, &name, port, why),
     };
+    let to = Target {
+        host: &host,
+        name,
+        port,
+        addresses: &addresses,
+    };
     if connect {
-        if client
-            .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-            .is_err()
-        {
-            return;
-        }
-        let hello = tls::read_client_hello(&mut (&rest[..]).chain(&mut *client));
-        let (raw, hello) = match hello {
-            Ok(h) => h,
-            Err(_) => return shared.deny(&name, port, Refusal::NoSni),
-        };
-        let why = match (&hello, &host) {
-            (None, _) => Some(Refusal::NoSni),
-            (Some(h), _) if h.ech => Some(Refusal::EncryptedClientHello),
-            (Some(h), Host::Name(n)) => match &h.sni {
-                Some(s) if s == n => None,
-                Some(_) => Some(Refusal::SniMismatch),
-                None => Some(Refusal::NoSni),
-            },
-            // An address reached by TLS names no host, or names what it is fronting for.
-            (Some(h), Host::Address(_)) => h.sni.is_some().then_some(Refusal::SniMismatch),
-        };
-        if let Some(why) = why {
-            // The tunnel is open: nothing to answer on, only to close.
-            return shared.deny(&name, port, why);
-        }
-        let Some(mut upstream) = reach(shared, &addresses, port) else {
-            return shared.deny(&name, port, Refusal::Unreachable);
-        };
-        if upstream.write_all(&raw).is_err() {
-            return;
-        }
-        splice(shared, client, upstream, (name, port), raw.len() as u64);
+        tunnel(shared, client, &rest, to);
     } else {
-        let Some(mut upstream) = reach(shared, &addresses, port) else {
-            return refuse(shared, &mut *client, &name, port, Refusal::Unreachable);
-        };
-        let path = req
-            .target
-            .strip_prefix("http://")
-            .and_then(|t| t.find('/').map(|i| &t[i..]))
-            .unwrap_or("/");
-        // The Host the upstream sees is the one checked, whatever the client sent.
-        let mut out = format!("{} {path} {}\r\nHost: {name}", req.method, req.version);
-        if port != 80 {
-            out.push_str(&format!(":{port}"));
-        }
-        out.push_str("\r\n");
-        for (k, v) in &req.headers {
-            let dropped = [
-                "host",
-                "connection",
-                "proxy-connection",
-                "proxy-authorization",
-                "keep-alive",
-            ];
-            if !dropped.iter().any(|h| k.eq_ignore_ascii_case(h)) {
-                out.push_str(&format!("{k}: {v}\r\n"));
-            }
-        }
-        // One request per connection: a pipelined second one cannot reach another host.
-        out.push_str("Connection: close\r\n\r\n");
-        let sent = out.len() as u64 + rest.len() as u64;
-        if upstream.write_all(out.as_bytes()).is_err() || upstream.write_all(&rest).is_err() {
-            return;
-        }
-        splice(shared, client, upstream, (name, port), sent);
+        forward(shared, client, &req, &rest, to);
     }
+}
+
+/// Where a checked request goes: the host as asked, its name as recorded, the port, and the
+/// addresses it may be reached at.
+struct Target<'a> {
+    host: &'a Host,
+    name: String,
+    port: u16,
+    addresses: &'a [IpAddr],
+}
+
+/// A CONNECT: the tunnel opens, and the TLS ClientHello must name the host asked for (no ECH,
+/// no other SNI) before the bytes go upstream.
+fn tunnel(shared: &Arc<Shared>, client: &mut TcpStream, rest: &[u8], to: Target<'_>) {
+    let Target {
+        host,
+        name,
+        port,
+        addresses,
+    } = to;
+    if client
+        .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        .is_err()
+    {
+        return;
+    }
+    let hello = tls::read_client_hello(&mut rest.chain(&mut *client));
+    let (raw, hello) = match hello {
+        Ok(h) => h,
+        Err(_) => return shared.deny(&name, port, Refusal::NoSni),
+    };
+    let why = match (&hello, host) {
+        (None, _) => Some(Refusal::NoSni),
+        (Some(h), _) if h.ech => Some(Refusal::EncryptedClientHello),
+        (Some(h), Host::Name(n)) => match &h.sni {
+            Some(s) if s == n => None,
+            Some(_) => Some(Refusal::SniMismatch),
+            None => Some(Refusal::NoSni),
+        },
+        // An address reached by TLS names no host, or names what it is fronting for.
+        (Some(h), Host::Address(_)) => h.sni.is_some().then_some(Refusal::SniMismatch),
+    };
+    if let Some(why) = why {
+        // The tunnel is open: nothing to answer on, only to close.
+        return shared.deny(&name, port, why);
+    }
+    let Some(mut upstream) = reach(shared, addresses, port) else {
+        return shared.deny(&name, port, Refusal::Unreachable);
+    };
+    if upstream.write_all(&raw).is_err() {
+        return;
+    }
+    splice(shared, client, upstream, (name, port), raw.len() as u64);
+}
+
+/// A plain-HTTP request: sent upstream with the Host that was checked, without the
+/// hop-by-hop and proxy headers, as the connection's only request.
+fn forward(
+    shared: &Arc<Shared>,
+    client: &mut TcpStream,
+    req: &Request<'_>,
+    rest: &[u8],
+    to: Target<'_>,
+) {
+    let Target {
+        name,
+        port,
+        addresses,
+        ..
+    } = to;
+    let Some(mut upstream) = reach(shared, addresses, port) else {
+        return refuse(shared, client, &name, port, Refusal::Unreachable);
+    };
+    let path = req
+        .target
+        .strip_prefix("http://")
+        .and_then(|t| t.find('/').map(|i| &t[i..]))
+        .unwrap_or("/");
+    // The Host the upstream sees is the one checked, whatever the client sent.
+    let mut out = format!("{} {path} {}\r\nHost: {name}", req.method, req.version);
+    if port != 80 {
+        out.push_str(&format!(":{port}"));
+    }
+    out.push_str("\r\n");
+    for (k, v) in &req.headers {
+        let dropped = [
+            "host",
+            "connection",
+            "proxy-connection",
+            "proxy-authorization",
+            "keep-alive",
+        ];
+        if !dropped.iter().any(|h| k.eq_ignore_ascii_case(h)) {
+            out.push_str(&format!("{k}: {v}\r\n"));
+        }
+    }
+    // One request per connection: a pipelined second one cannot reach another host.
+    out.push_str("Connection: close\r\n\r\n");
+    let sent = out.len() as u64 + rest.len() as u64;
+    if upstream.write_all(out.as_bytes()).is_err() || upstream.write_all(rest).is_err() {
+        return;
+    }
+    splice(shared, client, upstream, (name, port), sent);
 }
 
 /// A connection to the first of `addresses` that answers.
@@ -638,6 +683,39 @@ fn reach(shared: &Shared, addresses: &[IpAddr], port: u16) -> Option<TcpStream> 
         let _ = s.set_nodelay(true);
         Some(s)
     })
+}
+
+/// Copies `from` to `to` through a buffer (where splice is refused) until `from` ends, a
+/// write fails, `allow` refuses a chunk, or `keep_waiting` says the connection is idle;
+/// returns the bytes passed on.
+fn copy_by_hand(
+    mut from: &TcpStream,
+    mut to: &TcpStream,
+    allow: impl Fn(u64) -> bool,
+    keep_waiting: impl Fn() -> bool,
+) -> u64 {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) && keep_waiting() =>
+            {
+                continue
+            }
+            Err(_) => break,
+        };
+        if !allow(n as u64) || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        total += n as u64;
+    }
+    total
 }
 
 /// Copies both ways until both ends are done, counting bytes against the run's bound.
@@ -689,31 +767,7 @@ fn splice(
         // Through a pipe, without a copy in user space; read and write where splice is
         // refused.
         let pumped = crate::sys::net::pump(from.as_raw_fd(), to.as_raw_fd(), allow, keep_waiting);
-        let total = pumped.unwrap_or_else(|| {
-            let (mut from, mut to) = (from, to);
-            let mut buf = vec![0u8; 64 * 1024];
-            let mut total = 0;
-            loop {
-                let n = match from.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                        ) && keep_waiting() =>
-                    {
-                        continue
-                    }
-                    Err(_) => break,
-                };
-                if !allow(n as u64) || to.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-                total += n as u64;
-            }
-            total
-        });
+        let total = pumped.unwrap_or_else(|| copy_by_hand(from, to, allow, keep_waiting));
         let _ = to.shutdown(Shutdown::Write);
         total
     };
