@@ -79,48 +79,17 @@ pub(crate) fn plan(
     kernel.check_containment(mode)?;
     let grants = filesystem::grants(options, working_dirs, executable_dirs);
     let processes = limits::plan(options, &kernel, host.held.as_ref(), own_uts_ipc);
-    let scopes = kernel.scopes();
-    let applied = AppliedPolicy::Applied(Box::new(Applied {
-        mode,
-        landlock_abi: kernel.abi,
-        filesystem: grants.applied(&kernel),
-        network: network::applied(options, &network, &kernel, filter.is_some()),
-        identity: identity::applied(&host, &kernel),
-        capabilities: match (confine, drop_bounding) {
-            (false, _) => Capabilities::Host,
-            (true, true) => Capabilities::None,
-            (true, false) => Capabilities::NoneButBoundingSet,
-        },
-        no_new_privs: confine,
-        devices: if kernel.landlock_on() {
-            Devices::MknodDenied
-        } else {
-            Devices::Host
-        },
-        namespaces: Namespaces {
-            pid: kernel.containment != Containment::Subreaper,
-            user: kernel.own_user_namespace(),
-            mount: host.held.is_some(),
-            net: network.own_namespace(),
-            uts: confine && own_uts_ipc,
-            ipc: confine && own_uts_ipc,
-        },
-        ipc: match (confine, own_uts_ipc, filter.is_some()) {
-            (false, _, _) => Ipc::Host,
-            (true, true, _) => Ipc::OwnNamespace,
-            (true, false, true) => Ipc::SeccompDenied,
-            (true, false, false) => Ipc::Host,
-        },
-        syscall_floor: filter.is_some().then(seccomp::floor_names),
-        scopes: Scopes {
-            signal: scopes,
-            abstract_unix_socket: scopes && !matches!(network, RunNetwork::Open),
-        },
-        limits: processes.applied(options, &kernel),
-        containment: kernel.containment.name(),
-        orphans_killed: kernel.orphans_killed,
-        supervisor_protected: kernel.containment != Containment::Subreaper || scopes,
-    }));
+    let applied = applied(&Layers {
+        options,
+        kernel: &kernel,
+        network: &network,
+        host: &host,
+        grants: &grants,
+        processes: &processes,
+        filtered: filter.is_some(),
+        own_uts_ipc,
+        drop_bounding,
+    });
     let rules = grants.open(&kernel)?;
     let thread_confined = processes.thread_confined;
     let run_filter = match filter {
@@ -149,6 +118,80 @@ pub(crate) fn plan(
         drop_bounding,
         applied,
     })
+}
+
+/// Every layer as planned, for the record.
+#[derive(Clone, Copy)]
+struct Layers<'a> {
+    options: &'a IsolationOptions,
+    kernel: &'a Kernel,
+    network: &'a RunNetwork,
+    host: &'a identity::RootHost,
+    grants: &'a filesystem::Grants,
+    processes: &'a limits::Processes,
+    /// The run has a seccomp filter.
+    filtered: bool,
+    own_uts_ipc: bool,
+    drop_bounding: bool,
+}
+
+/// The policy as applied, layer by layer, as `tool.execution_started` records it.
+fn applied(layers: &Layers<'_>) -> AppliedPolicy {
+    let Layers {
+        options,
+        kernel,
+        network,
+        host,
+        grants,
+        processes,
+        filtered,
+        own_uts_ipc,
+        drop_bounding,
+    } = *layers;
+    let confine = kernel.confine;
+    let mode = options.mode;
+    let scopes = kernel.scopes();
+    AppliedPolicy::Applied(Box::new(Applied {
+        mode,
+        landlock_abi: kernel.abi,
+        filesystem: grants.applied(kernel),
+        network: network::applied(options, network, kernel, filtered),
+        identity: identity::applied(host, kernel),
+        capabilities: match (confine, drop_bounding) {
+            (false, _) => Capabilities::Host,
+            (true, true) => Capabilities::None,
+            (true, false) => Capabilities::NoneButBoundingSet,
+        },
+        no_new_privs: confine,
+        devices: if kernel.landlock_on() {
+            Devices::MknodDenied
+        } else {
+            Devices::Host
+        },
+        namespaces: Namespaces {
+            pid: kernel.containment != Containment::Subreaper,
+            user: kernel.own_user_namespace(),
+            mount: host.held.is_some(),
+            net: network.own_namespace(),
+            uts: confine && own_uts_ipc,
+            ipc: confine && own_uts_ipc,
+        },
+        ipc: match (confine, own_uts_ipc, filtered) {
+            (false, _, _) => Ipc::Host,
+            (true, true, _) => Ipc::OwnNamespace,
+            (true, false, true) => Ipc::SeccompDenied,
+            (true, false, false) => Ipc::Host,
+        },
+        syscall_floor: filtered.then(seccomp::floor_names),
+        scopes: Scopes {
+            signal: scopes,
+            abstract_unix_socket: scopes && !matches!(network, RunNetwork::Open),
+        },
+        limits: processes.applied(options, kernel),
+        containment: kernel.containment.name(),
+        orphans_killed: kernel.orphans_killed,
+        supervisor_protected: kernel.containment != Containment::Subreaper || scopes,
+    }))
 }
 
 impl Policy {
