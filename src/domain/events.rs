@@ -491,6 +491,34 @@ const SCHEMA_VERSION: u32 = 1;
 impl DomainEvent {
     /// One line for people: what happened, e.g. `file_write (T2) started in session s1`.
     pub fn summary(&self) -> String {
+        // Every type is named here, so a new one is a compile error until it has a line; each
+        // group's function matches only the types routed to it.
+        match self {
+            DomainEvent::ModelLoaded { .. }
+            | DomainEvent::ModelEndpointFailover { .. }
+            | DomainEvent::ModelUnloaded { .. }
+            | DomainEvent::InferenceCompleted { .. } => self.model_summary(),
+            DomainEvent::ToolApprovalDecided { .. }
+            | DomainEvent::ToolExecutionStarted { .. }
+            | DomainEvent::ToolExecutionRejected { .. } => self.tool_start_summary(),
+            DomainEvent::ToolExecutionCompleted { .. }
+            | DomainEvent::ToolExecutionFailed { .. }
+            | DomainEvent::ToolExecutionInterrupted { .. }
+            | DomainEvent::ToolProgress { .. }
+            | DomainEvent::ToolExecutionCancelled { .. }
+            | DomainEvent::ToolNetworkDenied { .. } => self.tool_run_summary(),
+            DomainEvent::JobStarted { .. }
+            | DomainEvent::JobExited { .. }
+            | DomainEvent::McpServerStarted { .. }
+            | DomainEvent::McpServerExited { .. } => self.process_summary(),
+            DomainEvent::SessionStepStarted { .. }
+            | DomainEvent::SessionStepCompleted { .. }
+            | DomainEvent::SessionStepFailed { .. } => self.step_summary(),
+        }
+    }
+
+    /// [`DomainEvent::summary`] of a model's load, failover, unload or inference.
+    fn model_summary(&self) -> String {
         match self {
             DomainEvent::ModelLoaded { model_id, pid, port, load_ms, endpoints, .. } => match (pid, port) {
                 (Some(pid), Some(port)) => format!("model {model_id} loaded (pid {pid}, port {port}, {load_ms} ms)"),
@@ -507,52 +535,167 @@ impl DomainEvent {
                     None => format!("model {model_id} unloaded ({reason})"),
                 }
             }
-            DomainEvent::ToolApprovalDecided { tool_name, tier, decision, decided_by, wait_ms, invocation_id, .. } => {
+            DomainEvent::InferenceCompleted { model_id, usage, latency_ms, finish_reason, endpoint } => format!(
+                "inference on {model_id}{}: {} prompt + {} completion tokens in {latency_ms} ms ({finish_reason})",
+                endpoint.as_ref().map(|e| format!(" at {e}")).unwrap_or_default(),
+                usage.prompt_tokens, usage.completion_tokens
+            ),
+            // `summary` routes no other type here; were one, its type id is what it shows.
+            _ => self.type_id().to_owned(),
+        }
+    }
+
+    /// [`DomainEvent::summary`] of a tool run's approval, start or rejection.
+    fn tool_start_summary(&self) -> String {
+        match self {
+            DomainEvent::ToolApprovalDecided {
+                tool_name,
+                tier,
+                decision,
+                decided_by,
+                wait_ms,
+                invocation_id,
+                ..
+            } => {
                 format!("{tool_name} (T{tier}) {decision} by {decided_by} after {wait_ms} ms, invocation {invocation_id}")
             }
-            DomainEvent::ToolExecutionStarted { tool_name, tier, invocation_id, .. } => {
+            DomainEvent::ToolExecutionStarted {
+                tool_name,
+                tier,
+                invocation_id,
+                ..
+            } => {
                 format!("{tool_name} (T{tier}) started, invocation {invocation_id}")
             }
-            DomainEvent::ToolExecutionCompleted { tool_name, duration_ms, invocation_id, .. } => {
+            DomainEvent::ToolExecutionRejected {
+                tool_name,
+                tier,
+                reason,
+                invocation_id,
+                ..
+            } => {
+                format!("{tool_name} (T{tier}) rejected: {reason}, invocation {invocation_id}")
+            }
+            // `summary` routes no other type here; were one, its type id is what it shows.
+            _ => self.type_id().to_owned(),
+        }
+    }
+
+    /// [`DomainEvent::summary`] of a tool run's progress, network denial or outcome.
+    fn tool_run_summary(&self) -> String {
+        match self {
+            DomainEvent::ToolExecutionCompleted {
+                tool_name,
+                duration_ms,
+                invocation_id,
+                ..
+            } => {
                 format!("{tool_name} completed in {duration_ms} ms, invocation {invocation_id}")
             }
-            DomainEvent::ToolExecutionFailed { tool_name, reason, invocation_id, .. } => {
+            DomainEvent::ToolExecutionFailed {
+                tool_name,
+                reason,
+                invocation_id,
+                ..
+            } => {
                 let short: String = reason.chars().take(120).collect();
                 format!("{tool_name} failed: {short}, invocation {invocation_id}")
             }
-            DomainEvent::ToolExecutionInterrupted { tool_name, state, invocation_id, .. } => {
+            DomainEvent::ToolExecutionInterrupted {
+                tool_name,
+                state,
+                invocation_id,
+                ..
+            } => {
                 format!("{tool_name} interrupted by a crash ({state}), invocation {invocation_id}")
             }
-            DomainEvent::ToolProgress { tool_name, progress, total, message, invocation_id, .. } => {
+            DomainEvent::ToolProgress {
+                tool_name,
+                progress,
+                total,
+                message,
+                invocation_id,
+                ..
+            } => {
                 let of = total.map(|t| format!(" of {t}")).unwrap_or_default();
-                let what = message.as_ref().map(|m| format!(": {}", m.chars().take(120).collect::<String>())).unwrap_or_default();
+                let what = message
+                    .as_ref()
+                    .map(|m| format!(": {}", m.chars().take(120).collect::<String>()))
+                    .unwrap_or_default();
                 format!("{tool_name} at {progress}{of}{what}, invocation {invocation_id}")
             }
-            DomainEvent::ToolExecutionCancelled { tool_name, duration_ms, invocation_id, .. } => {
+            DomainEvent::ToolExecutionCancelled {
+                tool_name,
+                duration_ms,
+                invocation_id,
+                ..
+            } => {
                 format!("{tool_name} cancelled after {duration_ms} ms (files restored), invocation {invocation_id}")
             }
-            DomainEvent::ToolNetworkDenied { tool_name, host, port, reason, invocation_id, .. } => {
+            DomainEvent::ToolNetworkDenied {
+                tool_name,
+                host,
+                port,
+                reason,
+                invocation_id,
+                ..
+            } => {
                 format!("{tool_name} refused a connection to {host}:{port} ({reason}), invocation {invocation_id}")
             }
-            DomainEvent::ToolExecutionRejected { tool_name, tier, reason, invocation_id, .. } => {
-                format!("{tool_name} (T{tier}) rejected: {reason}, invocation {invocation_id}")
+            // `summary` routes no other type here; were one, its type id is what it shows.
+            _ => self.type_id().to_owned(),
+        }
+    }
+
+    /// [`DomainEvent::summary`] of a background job's or an MCP server's start or end.
+    fn process_summary(&self) -> String {
+        match self {
+            DomainEvent::JobStarted {
+                job_id,
+                command,
+                invocation_id,
+                ..
+            } => {
+                format!(
+                    "job {job_id} started: {}, invocation {invocation_id}",
+                    command.join(" ")
+                )
             }
-            DomainEvent::JobStarted { job_id, command, invocation_id, .. } => {
-                format!("job {job_id} started: {}, invocation {invocation_id}", command.join(" "))
-            }
-            DomainEvent::JobExited { job_id, reason, exit_code, signal, duration_ms, .. } => {
+            DomainEvent::JobExited {
+                job_id,
+                reason,
+                exit_code,
+                signal,
+                duration_ms,
+                ..
+            } => {
                 let how = match (exit_code, signal) {
                     (Some(c), _) => format!(", exit code {c}"),
                     (None, Some(s)) => format!(", signal {s}"),
                     (None, None) => String::new(),
                 };
-                let after = duration_ms.map(|d| format!(" after {d} ms")).unwrap_or_default();
+                let after = duration_ms
+                    .map(|d| format!(" after {d} ms"))
+                    .unwrap_or_default();
                 format!("job {job_id} ended ({reason}{how}){after}")
             }
-            DomainEvent::McpServerStarted { server, protocol_version, tools, .. } => {
-                format!("mcp server {server} started (protocol {protocol_version}, {} tools)", tools.len())
+            DomainEvent::McpServerStarted {
+                server,
+                protocol_version,
+                tools,
+                ..
+            } => {
+                format!(
+                    "mcp server {server} started (protocol {protocol_version}, {} tools)",
+                    tools.len()
+                )
             }
-            DomainEvent::McpServerExited { server, reason, exit_code, signal } => {
+            DomainEvent::McpServerExited {
+                server,
+                reason,
+                exit_code,
+                signal,
+            } => {
                 let how = match (exit_code, signal) {
                     (Some(c), _) => format!(", exit code {c}"),
                     (None, Some(s)) => format!(", signal {s}"),
@@ -560,22 +703,49 @@ impl DomainEvent {
                 };
                 format!("mcp server {server} ended ({reason}{how})")
             }
-            DomainEvent::SessionStepStarted { session_id, step, kind, attempt, .. } => {
+            // `summary` routes no other type here; were one, its type id is what it shows.
+            _ => self.type_id().to_owned(),
+        }
+    }
+
+    /// [`DomainEvent::summary`] of a durable session step's start, result or failed try.
+    fn step_summary(&self) -> String {
+        match self {
+            DomainEvent::SessionStepStarted {
+                session_id,
+                step,
+                kind,
+                attempt,
+                ..
+            } => {
                 format!("session {session_id}: step {step:?} ({kind}) started, try {attempt}")
             }
-            DomainEvent::SessionStepCompleted { session_id, step, kind, recovered, .. } => match recovered {
-                Some(from) => format!("session {session_id}: step {step:?} ({kind}) closed from {from}"),
+            DomainEvent::SessionStepCompleted {
+                session_id,
+                step,
+                kind,
+                recovered,
+                ..
+            } => match recovered {
+                Some(from) => {
+                    format!("session {session_id}: step {step:?} ({kind}) closed from {from}")
+                }
                 None => format!("session {session_id}: step {step:?} ({kind}) recorded"),
             },
-            DomainEvent::SessionStepFailed { session_id, step, kind, attempt, error } => {
+            DomainEvent::SessionStepFailed {
+                session_id,
+                step,
+                kind,
+                attempt,
+                error,
+            } => {
                 let short: String = error.chars().take(120).collect();
-                format!("session {session_id}: step {step:?} ({kind}) try {attempt} failed: {short}")
+                format!(
+                    "session {session_id}: step {step:?} ({kind}) try {attempt} failed: {short}"
+                )
             }
-            DomainEvent::InferenceCompleted { model_id, usage, latency_ms, finish_reason, endpoint } => format!(
-                "inference on {model_id}{}: {} prompt + {} completion tokens in {latency_ms} ms ({finish_reason})",
-                endpoint.as_ref().map(|e| format!(" at {e}")).unwrap_or_default(),
-                usage.prompt_tokens, usage.completion_tokens
-            ),
+            // `summary` routes no other type here; were one, its type id is what it shows.
+            _ => self.type_id().to_owned(),
         }
     }
 

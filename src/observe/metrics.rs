@@ -85,6 +85,38 @@ impl LogMetrics {
                 return;
             }
         };
+        // Every type is named here, so a new one is a compile error until it is placed; each
+        // group's handler matches only the types routed to it.
+        match d {
+            d @ (DomainEvent::ToolExecutionCompleted { .. }
+            | DomainEvent::ToolExecutionCancelled { .. }
+            | DomainEvent::ToolExecutionFailed { .. }
+            | DomainEvent::ToolExecutionRejected { .. }
+            | DomainEvent::ToolExecutionInterrupted { .. }
+            | DomainEvent::ToolApprovalDecided { .. }
+            | DomainEvent::ToolNetworkDenied { .. }) => self.fold_tool_event(d),
+            d @ (DomainEvent::InferenceCompleted { .. }
+            | DomainEvent::ModelLoaded { .. }
+            | DomainEvent::ModelUnloaded { .. }) => self.fold_model_event(d),
+            DomainEvent::JobStarted { .. } => self.jobs_started += 1,
+            DomainEvent::JobExited { reason, .. } => bump(&mut self.jobs_exited, reason, 1),
+            DomainEvent::SessionStepCompleted { kind, .. } => {
+                bump(&mut self.session_steps, (kind, "completed"), 1)
+            }
+            DomainEvent::SessionStepFailed { kind, .. } => {
+                bump(&mut self.session_steps, (kind, "failed"), 1)
+            }
+            DomainEvent::ModelEndpointFailover { .. }
+            | DomainEvent::ToolExecutionStarted { .. }
+            | DomainEvent::McpServerStarted { .. }
+            | DomainEvent::McpServerExited { .. }
+            | DomainEvent::ToolProgress { .. }
+            | DomainEvent::SessionStepStarted { .. } => {}
+        }
+    }
+
+    /// A tool run's outcome, approval or network denial.
+    fn fold_tool_event(&mut self, d: DomainEvent) {
         match d {
             DomainEvent::ToolExecutionCompleted {
                 tool_name,
@@ -138,6 +170,14 @@ impl LogMetrics {
             DomainEvent::ToolNetworkDenied {
                 tool_name, reason, ..
             } => bump(&mut self.network_denials, (tool_name, reason), 1),
+            // `fold` routes no other type here.
+            _ => {}
+        }
+    }
+
+    /// An inference, or a model's load or unload.
+    fn fold_model_event(&mut self, d: DomainEvent) {
+        match d {
             DomainEvent::InferenceCompleted {
                 model_id,
                 usage,
@@ -181,20 +221,8 @@ impl LogMetrics {
                 self.resident.insert(model_id.clone(), false);
                 bump(&mut self.unloads, (model_id, reason.as_str()), 1);
             }
-            DomainEvent::JobStarted { .. } => self.jobs_started += 1,
-            DomainEvent::JobExited { reason, .. } => bump(&mut self.jobs_exited, reason, 1),
-            DomainEvent::SessionStepCompleted { kind, .. } => {
-                bump(&mut self.session_steps, (kind, "completed"), 1)
-            }
-            DomainEvent::SessionStepFailed { kind, .. } => {
-                bump(&mut self.session_steps, (kind, "failed"), 1)
-            }
-            DomainEvent::ModelEndpointFailover { .. }
-            | DomainEvent::ToolExecutionStarted { .. }
-            | DomainEvent::McpServerStarted { .. }
-            | DomainEvent::McpServerExited { .. }
-            | DomainEvent::ToolProgress { .. }
-            | DomainEvent::SessionStepStarted { .. } => {}
+            // `fold` routes no other type here.
+            _ => {}
         }
     }
 
@@ -206,6 +234,15 @@ impl LogMetrics {
     /// Writes every family the log tells of. `resident` is the live count of resident
     /// models when a runtime knows it; otherwise the log's.
     pub fn render(&self, x: &mut Exposition, resident: Option<usize>) {
+        self.render_log_families(x);
+        self.render_tool_families(x);
+        self.render_inference_families(x);
+        self.render_model_families(x, resident);
+        self.render_job_and_session_families(x);
+    }
+
+    /// The log's own: events read, position, undecodable events.
+    fn render_log_families(&self, x: &mut Exposition) {
         x.family(
             "correx_log_events_total",
             "counter",
@@ -228,6 +265,10 @@ impl LogMetrics {
             &[],
             self.undecodable as f64,
         );
+    }
+
+    /// Tool runs, their durations, approvals and network denials.
+    fn render_tool_families(&self, x: &mut Exposition) {
         counters2(
             x,
             "correx_tool_runs_total",
@@ -263,6 +304,10 @@ impl LogMetrics {
             ("tool", "reason"),
             &self.network_denials,
         );
+    }
+
+    /// Inferences, their latencies and tokens.
+    fn render_inference_families(&self, x: &mut Exposition) {
         counters2(
             x,
             "correx_inferences_total",
@@ -291,6 +336,10 @@ impl LogMetrics {
             "model",
             &self.output_tokens,
         );
+    }
+
+    /// Model loads, their durations, unloads and the resident count.
+    fn render_model_families(&self, x: &mut Exposition, resident: Option<usize>) {
         counters1(
             x,
             "correx_model_loads_total",
@@ -316,6 +365,10 @@ impl LogMetrics {
         x.family("correx_models_resident", "gauge", "Models loaded now.");
         let resident = resident.unwrap_or_else(|| self.resident_models());
         x.sample("correx_models_resident", &[], resident as f64);
+    }
+
+    /// Background jobs and durable session steps.
+    fn render_job_and_session_families(&self, x: &mut Exposition) {
         x.family(
             "correx_jobs_started_total",
             "counter",

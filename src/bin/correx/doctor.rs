@@ -336,12 +336,27 @@ fn current_uid() -> u32 {
 
 /// Every config field with what it does here.
 fn effects(c: &RuntimeConfig) {
-    let say = |field: &str, effect: String| line(&format!("config   {field:<28} {effect}"));
-    say(
+    storage_effects(c);
+    approval_effects(c);
+    for (field, effect) in c.tools.explain() {
+        say_effect(&field, effect);
+    }
+    model_server_effects(&c.models);
+    model_timing_effects(&c.models);
+}
+
+/// One config field's line.
+fn say_effect(field: &str, effect: String) {
+    line(&format!("config   {field:<28} {effect}"));
+}
+
+/// Where facts and runs are kept: the event log, its durability, the sandbox root.
+fn storage_effects(c: &RuntimeConfig) {
+    say_effect(
         "event_log",
         format!("{}: every fact is appended here", c.event_log.display()),
     );
-    say(
+    say_effect(
         "durability",
         format!(
             "{:?}: {}",
@@ -353,15 +368,19 @@ fn effects(c: &RuntimeConfig) {
             }
         ),
     );
-    say(
+    say_effect(
         "sandbox_root",
         c.sandbox_root.as_ref().map_or_else(
             || format!("default: {}", correx::default_work_root().display()),
             |p| format!("{}: working directories and backups of runs", p.display()),
         ),
     );
+}
+
+/// Who approves tool runs: the engine and its rules.
+fn approval_effects(c: &RuntimeConfig) {
     let a = &c.approvals;
-    say(
+    say_effect(
         "approvals.engine",
         match a.engine {
             correx::EngineChoice::Callback => {
@@ -371,16 +390,16 @@ fn effects(c: &RuntimeConfig) {
             correx::EngineChoice::Deny => "deny: every tool that needs approval is denied".into(),
         },
     );
-    say(
+    say_effect(
         "approvals.rules",
         format!("{} rule(s) checked before the engine", a.rules.len()),
     );
-    for (field, effect) in c.tools.explain() {
-        say(&field, effect);
-    }
-    let m = &c.models;
-    say("models.server_bin", m.server_bin.display().to_string());
-    say(
+}
+
+/// The model servers: their binary, ports, how many and how much, their confinement.
+fn model_server_effects(m: &ManagerOptions) {
+    say_effect("models.server_bin", m.server_bin.display().to_string());
+    say_effect(
         "models.port",
         format!(
             "servers bind {}..{}",
@@ -388,17 +407,17 @@ fn effects(c: &RuntimeConfig) {
             m.port.saturating_add(m.port_count.saturating_sub(1))
         ),
     );
-    say(
+    say_effect(
         "models.max_loaded",
         format!("at most {} spawned model(s) resident", m.max_loaded),
     );
-    say(
+    say_effect(
         "models.memory_budget_mb",
         m.memory_budget.map_or("no memory budget".into(), |b| {
             format!("resident servers kept under {} MiB", b >> 20)
         }),
     );
-    say(
+    say_effect(
         "models.isolation",
         match m.isolation {
             correx::ServerIsolation::Default => {
@@ -413,46 +432,50 @@ fn effects(c: &RuntimeConfig) {
             correx::ServerIsolation::None => "servers fenced only, not confined".to_owned(),
         },
     );
-    say(
+}
+
+/// The model servers' queue, waits and timeouts, and where their output goes.
+fn model_timing_effects(m: &ManagerOptions) {
+    say_effect(
         "models.max_queued",
         format!("{} load(s) may wait for room", m.max_queued),
     );
-    say(
+    say_effect(
         "models.drain_timeout_ms",
         format!(
             "swaps and unloads wait {} s for running inferences",
             m.drain_timeout.as_secs()
         ),
     );
-    say(
+    say_effect(
         "models.stop_grace_ms",
         format!(
             "a stopping server gets {} ms after SIGTERM before SIGKILL",
             m.stop_grace.as_millis()
         ),
     );
-    say(
+    say_effect(
         "models.liveness_interval_ms",
         format!(
             "servers are health-checked every {} ms",
             m.liveness_interval.as_millis()
         ),
     );
-    say(
+    say_effect(
         "models.health_timeout_ms",
         format!(
             "a load waits {} s for its server",
             m.health_timeout.as_secs()
         ),
     );
-    say(
+    say_effect(
         "models.read_timeout_ms",
         format!(
             "an answer may pause {} s between pieces",
             m.http.read_timeout.as_secs()
         ),
     );
-    say(
+    say_effect(
         "models.log_dir",
         m.log_dir.as_ref().map_or_else(
             || "default: $XDG_DATA_HOME/correx/logs".to_owned(),

@@ -464,12 +464,45 @@ impl History {
         session: Option<&str>,
         open: &mut BTreeMap<String, usize>,
     ) {
-        let p = &e.payload;
-        let s = |k: &str| p[k].as_str().unwrap_or_default().to_owned();
-        let t = e.timestamp_ms;
         let Some(ty) = EventType::of(&e.type_id) else {
             return;
         };
+        match ty {
+            EventType::ModelLoaded
+            | EventType::ModelUnloaded
+            | EventType::ModelEndpointFailover
+            | EventType::InferenceCompleted => self.add_model_event(ty, e, open),
+            // A run's progress marks no change of state on the timeline.
+            EventType::ToolProgress => {}
+            EventType::JobStarted
+            | EventType::JobExited
+            | EventType::McpServerStarted
+            | EventType::McpServerExited => self.add_process_event(ty, e, session),
+            EventType::SessionStepStarted
+            | EventType::SessionStepCompleted
+            | EventType::SessionStepFailed => self.add_step_event(ty, e, session),
+            EventType::ToolApprovalDecided
+            | EventType::ToolExecutionStarted
+            | EventType::ToolExecutionCompleted
+            | EventType::ToolExecutionFailed
+            | EventType::ToolExecutionCancelled
+            | EventType::ToolExecutionInterrupted
+            | EventType::ToolNetworkDenied
+            | EventType::ToolExecutionRejected => self.add_tool_event(ty, e, session),
+        }
+    }
+
+    /// A model's load, unload, endpoint failover or inference. `open` maps a model to its
+    /// residency still open.
+    fn add_model_event(
+        &mut self,
+        ty: EventType,
+        e: &RecordedEvent,
+        open: &mut BTreeMap<String, usize>,
+    ) {
+        let p = &e.payload;
+        let s = |k: &str| str_field(p, k);
+        let t = e.timestamp_ms;
         match ty {
             EventType::ModelLoaded => {
                 open.insert(s("model_id"), self.residencies.len());
@@ -498,8 +531,29 @@ impl History {
                     ));
                 }
             }
-            // A run's progress marks no change of state on the timeline.
-            EventType::ToolProgress => {}
+            EventType::ModelEndpointFailover => self.instants.push((
+                t,
+                s("model_id"),
+                format!("failover {} → {}", s("from"), s("to")),
+                true,
+            )),
+            EventType::InferenceCompleted => {
+                if let Some(&i) = open.get(&s("model_id")) {
+                    self.residencies[i].inferences += 1;
+                }
+                self.inferences
+                    .push((s("model_id"), t, p["latency_ms"].as_i64().unwrap_or(0)));
+            }
+            // `add` routes no other type here.
+            _ => {}
+        }
+    }
+
+    /// A background job's or an MCP server's start or end: an instant.
+    fn add_process_event(&mut self, ty: EventType, e: &RecordedEvent, session: Option<&str>) {
+        let s = |k: &str| str_field(&e.payload, k);
+        let t = e.timestamp_ms;
+        match ty {
             EventType::JobStarted | EventType::JobExited => {
                 let sess = s("session_id");
                 if session.is_some_and(|want| want != sess) {
@@ -520,149 +574,152 @@ impl History {
                 let alarming = matches!(s("reason").as_str(), "crashed" | "line_too_long");
                 self.instants.push((t, s("server"), label, alarming));
             }
-            EventType::ModelEndpointFailover => self.instants.push((
-                t,
-                s("model_id"),
-                format!("failover {} → {}", s("from"), s("to")),
-                true,
-            )),
-            EventType::InferenceCompleted => {
-                if let Some(&i) = open.get(&s("model_id")) {
-                    self.residencies[i].inferences += 1;
-                }
-                self.inferences
-                    .push((s("model_id"), t, p["latency_ms"].as_i64().unwrap_or(0)));
+            // `add` routes no other type here.
+            _ => {}
+        }
+    }
+
+    /// A durable session step's start, result or failed try.
+    fn add_step_event(&mut self, ty: EventType, e: &RecordedEvent, session: Option<&str>) {
+        let p = &e.payload;
+        let s = |k: &str| str_field(p, k);
+        let t = e.timestamp_ms;
+        let sess = s("session_id");
+        if session.is_some_and(|want| want != sess) {
+            return;
+        }
+        let key = s("step");
+        let i = match self
+            .steps
+            .iter()
+            .position(|x| x.session == sess && x.step == key)
+        {
+            Some(i) => i,
+            None => {
+                self.steps.push(Step {
+                    session: sess,
+                    step: key,
+                    kind: s("kind"),
+                    ..Step::default()
+                });
+                self.steps.len() - 1
             }
-            EventType::SessionStepStarted
-            | EventType::SessionStepCompleted
-            | EventType::SessionStepFailed => {
-                let sess = s("session_id");
-                if session.is_some_and(|want| want != sess) {
-                    return;
-                }
-                let key = s("step");
-                let i = match self
-                    .steps
-                    .iter()
-                    .position(|x| x.session == sess && x.step == key)
-                {
-                    Some(i) => i,
-                    None => {
-                        self.steps.push(Step {
-                            session: sess,
-                            step: key,
-                            kind: s("kind"),
-                            ..Step::default()
-                        });
-                        self.steps.len() - 1
-                    }
-                };
-                let step = &mut self.steps[i];
-                match ty {
-                    EventType::SessionStepStarted => {
-                        step.started_ms.get_or_insert(t);
-                        step.tries += 1;
-                        if let Some(id) = p["invocation_id"].as_str() {
-                            step.invocation = Some(id.to_owned());
-                        }
-                    }
-                    EventType::SessionStepFailed => {
-                        let error: String = s("error").chars().take(100).collect();
-                        step.failures.push(error);
-                    }
-                    _ => {
-                        step.result = Some(match p["recovered"].as_str() {
-                            Some(from) => format!("closed from {from}"),
-                            None => "recorded".into(),
-                        });
-                    }
+        };
+        let step = &mut self.steps[i];
+        match ty {
+            EventType::SessionStepStarted => {
+                step.started_ms.get_or_insert(t);
+                step.tries += 1;
+                if let Some(id) = p["invocation_id"].as_str() {
+                    step.invocation = Some(id.to_owned());
                 }
             }
-            EventType::ToolApprovalDecided
-            | EventType::ToolExecutionStarted
-            | EventType::ToolExecutionCompleted
-            | EventType::ToolExecutionFailed
-            | EventType::ToolExecutionCancelled
-            | EventType::ToolExecutionInterrupted
-            | EventType::ToolNetworkDenied
-            | EventType::ToolExecutionRejected => {
-                let sess = s("session_id");
-                if session.is_some_and(|want| want != sess) {
-                    return;
-                }
-                let run = self.run(&s("invocation_id"));
-                run.session = sess.clone();
-                run.tool = s("tool_name");
-                match ty {
-                    EventType::ToolExecutionStarted => {
-                        run.started_ms = Some(t);
-                        run.tier = p["tier"].as_i64();
-                        if run.approval.is_none() {
-                            run.approval = Some(match run.tier {
-                                Some(0 | 1) => "not needed (tier below 2)".into(),
-                                _ => "approved".into(),
-                            });
-                        }
-                    }
-                    EventType::ToolApprovalDecided => {
-                        let by = p["decided_by"].as_str().unwrap_or("the approval engine");
-                        let wait = p["wait_ms"].as_i64().unwrap_or(0);
-                        run.tier = p["tier"].as_i64();
-                        run.approval = Some(format!("{} by {by} after {wait} ms", s("decision")));
-                        run.decided_ms = Some(t);
-                        run.wait_ms = Some(wait);
-                    }
-                    EventType::ToolExecutionCompleted => {
-                        run.ended_ms = Some(t);
-                        run.outcome = Some(format!("completed in {} ms", p["duration_ms"]));
-                    }
-                    EventType::ToolExecutionFailed => {
-                        run.ended_ms = Some(t);
-                        let reason: String = s("reason").chars().take(100).collect();
-                        run.outcome = Some(format!("failed: {reason}"));
-                    }
-                    EventType::ToolExecutionCancelled => {
-                        run.ended_ms = Some(t);
-                        run.outcome = Some("cancelled (files restored)".into());
-                    }
-                    EventType::ToolExecutionInterrupted => {
-                        run.ended_ms = Some(t);
-                        run.outcome = Some(format!("interrupted by a crash ({})", s("state")));
-                    }
-                    EventType::ToolExecutionRejected => {
-                        run.tier = p["tier"].as_i64();
-                        run.ended_ms = Some(t);
-                        run.approval = Some(format!("denied: {}", s("reason")));
-                        run.outcome = Some("never ran".into());
-                        let label = format!("{} rejected", run.tool);
-                        self.instants.push((t, sess, label, false));
-                    }
-                    EventType::ToolNetworkDenied => {
-                        let label = format!(
-                            "{} refused {}:{} ({})",
-                            run.tool,
-                            s("host"),
-                            p["port"],
-                            s("reason")
-                        );
-                        self.instants.push((t, sess, label, false));
-                    }
-                    EventType::ModelLoaded
-                    | EventType::ModelUnloaded
-                    | EventType::ModelEndpointFailover
-                    | EventType::InferenceCompleted
-                    | EventType::JobStarted
-                    | EventType::JobExited
-                    | EventType::McpServerStarted
-                    | EventType::McpServerExited
-                    | EventType::ToolProgress
-                    | EventType::SessionStepStarted
-                    | EventType::SessionStepCompleted
-                    | EventType::SessionStepFailed => {}
-                }
+            EventType::SessionStepFailed => {
+                let error: String = s("error").chars().take(100).collect();
+                step.failures.push(error);
+            }
+            _ => {
+                step.result = Some(match p["recovered"].as_str() {
+                    Some(from) => format!("closed from {from}"),
+                    None => "recorded".into(),
+                });
             }
         }
     }
+
+    /// A tool run's approval, start, outcome or network denial: its run, and an instant for
+    /// a rejection or a denial.
+    fn add_tool_event(&mut self, ty: EventType, e: &RecordedEvent, session: Option<&str>) {
+        let s = |k: &str| str_field(&e.payload, k);
+        let sess = s("session_id");
+        if session.is_some_and(|want| want != sess) {
+            return;
+        }
+        let run = self.run(&s("invocation_id"));
+        run.session = sess.clone();
+        run.tool = s("tool_name");
+        if let Some(label) = record_tool_event(run, ty, e) {
+            self.instants.push((e.timestamp_ms, sess, label, false));
+        }
+    }
+}
+
+/// A payload's string field, empty when absent or not a string.
+fn str_field(p: &serde_json::Value, k: &str) -> String {
+    p[k].as_str().unwrap_or_default().to_owned()
+}
+
+/// Writes what a tool event says into its run; the label of the instant it marks, if any.
+fn record_tool_event(run: &mut Run, ty: EventType, e: &RecordedEvent) -> Option<String> {
+    let p = &e.payload;
+    let s = |k: &str| str_field(p, k);
+    let t = e.timestamp_ms;
+    match ty {
+        EventType::ToolExecutionStarted => {
+            run.started_ms = Some(t);
+            run.tier = p["tier"].as_i64();
+            if run.approval.is_none() {
+                run.approval = Some(match run.tier {
+                    Some(0 | 1) => "not needed (tier below 2)".into(),
+                    _ => "approved".into(),
+                });
+            }
+        }
+        EventType::ToolApprovalDecided => {
+            let by = p["decided_by"].as_str().unwrap_or("the approval engine");
+            let wait = p["wait_ms"].as_i64().unwrap_or(0);
+            run.tier = p["tier"].as_i64();
+            run.approval = Some(format!("{} by {by} after {wait} ms", s("decision")));
+            run.decided_ms = Some(t);
+            run.wait_ms = Some(wait);
+        }
+        EventType::ToolExecutionCompleted => {
+            run.ended_ms = Some(t);
+            run.outcome = Some(format!("completed in {} ms", p["duration_ms"]));
+        }
+        EventType::ToolExecutionFailed => {
+            run.ended_ms = Some(t);
+            let reason: String = s("reason").chars().take(100).collect();
+            run.outcome = Some(format!("failed: {reason}"));
+        }
+        EventType::ToolExecutionCancelled => {
+            run.ended_ms = Some(t);
+            run.outcome = Some("cancelled (files restored)".into());
+        }
+        EventType::ToolExecutionInterrupted => {
+            run.ended_ms = Some(t);
+            run.outcome = Some(format!("interrupted by a crash ({})", s("state")));
+        }
+        EventType::ToolExecutionRejected => {
+            run.tier = p["tier"].as_i64();
+            run.ended_ms = Some(t);
+            run.approval = Some(format!("denied: {}", s("reason")));
+            run.outcome = Some("never ran".into());
+            return Some(format!("{} rejected", run.tool));
+        }
+        EventType::ToolNetworkDenied => {
+            return Some(format!(
+                "{} refused {}:{} ({})",
+                run.tool,
+                s("host"),
+                p["port"],
+                s("reason")
+            ));
+        }
+        EventType::ModelLoaded
+        | EventType::ModelUnloaded
+        | EventType::ModelEndpointFailover
+        | EventType::InferenceCompleted
+        | EventType::JobStarted
+        | EventType::JobExited
+        | EventType::McpServerStarted
+        | EventType::McpServerExited
+        | EventType::ToolProgress
+        | EventType::SessionStepStarted
+        | EventType::SessionStepCompleted
+        | EventType::SessionStepFailed => {}
+    }
+    None
 }
 
 pub fn audit(args: Args) -> Result<(), Failure> {
@@ -671,6 +728,14 @@ pub fn audit(args: Args) -> Result<(), Failure> {
     };
     let store = open(db)?;
     let h = History::read(&store, args.value("--session"))?;
+    print_residencies(&h);
+    print_runs(&h);
+    print_steps(&h);
+    Ok(())
+}
+
+/// The audit's `models:` section.
+fn print_residencies(h: &History) {
     line("models:");
     if h.residencies.is_empty() {
         line("  none loaded");
@@ -691,6 +756,10 @@ pub fn audit(args: Args) -> Result<(), Failure> {
             r.inferences
         ));
     }
+}
+
+/// The audit's `tool runs:` section, with the count of runs started without an outcome.
+fn print_runs(h: &History) {
     line("tool runs:");
     if h.runs.is_empty() {
         line("  none");
@@ -721,6 +790,10 @@ pub fn audit(args: Args) -> Result<(), Failure> {
     if open_runs > 0 {
         line(&format!("{open_runs} run(s) started without an outcome"));
     }
+}
+
+/// The audit's `session steps:` section, when the log holds any.
+fn print_steps(h: &History) {
     if !h.steps.is_empty() {
         line("session steps:");
     }
@@ -744,5 +817,4 @@ pub fn audit(args: Args) -> Result<(), Failure> {
             line(&format!("      failed try: {f}"));
         }
     }
-    Ok(())
 }

@@ -69,6 +69,23 @@ pub fn trace(args: Args) -> Result<(), Failure> {
     let mut events = Vec::new();
     let mut models = Tracks::default();
     let mut sessions = Tracks::default();
+    // Lanes are taken in this order (residencies, inferences, runs, then instants), which
+    // decides the track ids.
+    model_spans(&h, &mut models, &mut events);
+    run_spans(&h, &mut sessions, &mut events);
+    instants(&h, &mut models, &mut sessions, &mut events);
+    for (pid, name, tracks) in [(1, "models", &models), (2, "sessions", &sessions)] {
+        events.push(json!({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}));
+        for (tid, label) in &tracks.names {
+            events.push(json!({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": label}}));
+        }
+    }
+    line(&json!({"traceEvents": events, "displayTimeUnit": "ms"}).to_string());
+    Ok(())
+}
+
+/// Process 1's spans: each residency of a model, then each inference.
+fn model_spans(h: &History, models: &mut Tracks, events: &mut Vec<Value>) {
     for r in &h.residencies {
         let to = r.to_ms.unwrap_or(h.last_ms);
         let tid = models.lane(&r.model, r.from_ms, to);
@@ -93,6 +110,10 @@ pub fn trace(args: Args) -> Result<(), Failure> {
             json!({"model": model, "latency_ms": latency}),
         ));
     }
+}
+
+/// Process 2's spans: each tool run, holding its approval wait and its running time.
+fn run_spans(h: &History, sessions: &mut Tracks, events: &mut Vec<Value>) {
     for (id, r) in &h.runs {
         let asked = r.decided_ms.map(|d| d - r.wait_ms.unwrap_or(0));
         let Some(start) = asked.or(r.started_ms) else {
@@ -130,6 +151,10 @@ pub fn trace(args: Args) -> Result<(), Failure> {
             ));
         }
     }
+}
+
+/// Crashes, failovers, rejections and the like, on their owner's first track.
+fn instants(h: &History, models: &mut Tracks, sessions: &mut Tracks, events: &mut Vec<Value>) {
     for (t, owner, what, is_model) in &h.instants {
         let (pid, tid) = if *is_model {
             (1, models.first(owner))
@@ -140,12 +165,4 @@ pub fn trace(args: Args) -> Result<(), Failure> {
             json!({"ph": "i", "s": "t", "pid": pid, "tid": tid, "name": what, "ts": t * 1000}),
         );
     }
-    for (pid, name, tracks) in [(1, "models", &models), (2, "sessions", &sessions)] {
-        events.push(json!({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}));
-        for (tid, label) in &tracks.names {
-            events.push(json!({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": label}}));
-        }
-    }
-    line(&json!({"traceEvents": events, "displayTimeUnit": "ms"}).to_string());
-    Ok(())
 }

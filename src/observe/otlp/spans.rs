@@ -139,17 +139,49 @@ impl SpanFold {
         let Ok(Some(d)) = e.domain() else {
             return;
         };
+        // Every type is named here, so a new one is a compile error until it is placed; each
+        // group's handler matches only the types routed to it.
         match d {
             DomainEvent::SessionStepStarted {
                 invocation_id: Some(inv),
                 call_id: Some(call),
                 ..
-            } => {
-                if self.calls.len() >= MAX_OPEN {
-                    self.calls.clear();
-                }
-                self.calls.insert(inv, call);
-            }
+            } => self.note_call(inv, call),
+            d @ (DomainEvent::ToolApprovalDecided { .. }
+            | DomainEvent::ToolExecutionStarted { .. }
+            | DomainEvent::ToolNetworkDenied { .. }) => self.on_tool_progress(e, d),
+            d @ (DomainEvent::ToolExecutionCompleted { .. }
+            | DomainEvent::ToolExecutionCancelled { .. }) => self.on_tool_ended(e, d),
+            d @ (DomainEvent::ToolExecutionFailed { .. }
+            | DomainEvent::ToolExecutionRejected { .. }
+            | DomainEvent::ToolExecutionInterrupted { .. }) => self.on_tool_stopped(e, d),
+            d @ (DomainEvent::ModelLoaded { .. }
+            | DomainEvent::ModelUnloaded { .. }
+            | DomainEvent::ModelEndpointFailover { .. }) => self.on_model_event(e, d),
+            d @ DomainEvent::InferenceCompleted { .. } => self.on_inference(e, d),
+            DomainEvent::SessionStepStarted { .. }
+            | DomainEvent::SessionStepCompleted { .. }
+            | DomainEvent::SessionStepFailed { .. }
+            | DomainEvent::JobStarted { .. }
+            | DomainEvent::JobExited { .. }
+            | DomainEvent::McpServerStarted { .. }
+            | DomainEvent::McpServerExited { .. }
+            | DomainEvent::ToolProgress { .. } => {}
+        }
+    }
+
+    /// A durable step's model call id, for the tool span of the run it started.
+    fn note_call(&mut self, inv: String, call: String) {
+        if self.calls.len() >= MAX_OPEN {
+            self.calls.clear();
+        }
+        self.calls.insert(inv, call);
+    }
+
+    /// A run's approval, start or network denial: opens the run or adds to it.
+    fn on_tool_progress(&mut self, e: &RecordedEvent, d: DomainEvent) {
+        let ts = e.timestamp_ms;
+        match d {
             DomainEvent::ToolApprovalDecided {
                 session_id,
                 invocation_id,
@@ -200,6 +232,14 @@ impl SpanFold {
                         ("correx.reason".into(), s(&reason)),
                     ],
                 }),
+            // `fold` routes no other type here.
+            _ => {}
+        }
+    }
+
+    /// A run that completed or was cancelled: ends its span after its recorded duration.
+    fn on_tool_ended(&mut self, e: &RecordedEvent, d: DomainEvent) {
+        match d {
             DomainEvent::ToolExecutionCompleted {
                 session_id,
                 invocation_id,
@@ -230,6 +270,14 @@ impl SpanFold {
                 "cancelled",
                 Some(("cancelled".into(), "cancelled".into())),
             ),
+            // `fold` routes no other type here.
+            _ => {}
+        }
+    }
+
+    /// A run that failed, was rejected or was interrupted: ends its span with an error.
+    fn on_tool_stopped(&mut self, e: &RecordedEvent, d: DomainEvent) {
+        match d {
             DomainEvent::ToolExecutionFailed {
                 session_id,
                 invocation_id,
@@ -278,6 +326,15 @@ impl SpanFold {
                     format!("the host died mid-run; files {state}"),
                 )),
             ),
+            // `fold` routes no other type here.
+            _ => {}
+        }
+    }
+
+    /// A model's load, unload or endpoint failover: opens, ends or adds to its residency.
+    fn on_model_event(&mut self, e: &RecordedEvent, d: DomainEvent) {
+        let ts = e.timestamp_ms;
+        match d {
             DomainEvent::ModelLoaded {
                 model_id,
                 load_ms,
@@ -323,60 +380,62 @@ impl SpanFold {
                     });
                 }
             }
-            DomainEvent::InferenceCompleted {
-                model_id,
-                usage,
-                latency_ms,
-                finish_reason,
-                endpoint,
-            } => {
-                let (trace_id, parent) = match self.residencies.get(&model_id) {
-                    Some(r) => (r.trace_id, Some(r.span_id)),
-                    None => (id(&["model", &model_id]), None),
-                };
-                let mut attributes = vec![
-                    ("gen_ai.operation.name".into(), s("chat")),
-                    ("gen_ai.provider.name".into(), s("llama.cpp")),
-                    ("gen_ai.request.model".into(), s(&model_id)),
-                    ("gen_ai.response.model".into(), s(&model_id)),
-                    (
-                        "gen_ai.usage.input_tokens".into(),
-                        Value::Int(usage.prompt_tokens.into()),
-                    ),
-                    (
-                        "gen_ai.usage.output_tokens".into(),
-                        Value::Int(usage.completion_tokens.into()),
-                    ),
-                    (
-                        "gen_ai.response.finish_reasons".into(),
-                        Value::Strs(vec![finish_reason]),
-                    ),
-                ];
-                if let Some(url) = endpoint {
-                    attributes.push(("correx.endpoint".into(), Value::Str(url)));
-                }
-                self.ready.push(Span {
-                    trace_id,
-                    span_id: id(&["chat", e.event_id.as_str()]),
-                    parent_span_id: parent,
-                    name: format!("chat {model_id}"),
-                    kind: SpanKind::Client,
-                    start_time_unix_nano: nanos(before(ts, latency_ms)),
-                    end_time_unix_nano: nanos(ts),
-                    attributes,
-                    events: Vec::new(),
-                    error: None,
-                });
-            }
-            DomainEvent::SessionStepStarted { .. }
-            | DomainEvent::SessionStepCompleted { .. }
-            | DomainEvent::SessionStepFailed { .. }
-            | DomainEvent::JobStarted { .. }
-            | DomainEvent::JobExited { .. }
-            | DomainEvent::McpServerStarted { .. }
-            | DomainEvent::McpServerExited { .. }
-            | DomainEvent::ToolProgress { .. } => {}
+            // `fold` routes no other type here.
+            _ => {}
         }
+    }
+
+    /// An inference: a `chat` span under the residency that served it.
+    fn on_inference(&mut self, e: &RecordedEvent, d: DomainEvent) {
+        let DomainEvent::InferenceCompleted {
+            model_id,
+            usage,
+            latency_ms,
+            finish_reason,
+            endpoint,
+        } = d
+        else {
+            // `fold` routes no other type here.
+            return;
+        };
+        let ts = e.timestamp_ms;
+        let (trace_id, parent) = match self.residencies.get(&model_id) {
+            Some(r) => (r.trace_id, Some(r.span_id)),
+            None => (id(&["model", &model_id]), None),
+        };
+        let mut attributes = vec![
+            ("gen_ai.operation.name".into(), s("chat")),
+            ("gen_ai.provider.name".into(), s("llama.cpp")),
+            ("gen_ai.request.model".into(), s(&model_id)),
+            ("gen_ai.response.model".into(), s(&model_id)),
+            (
+                "gen_ai.usage.input_tokens".into(),
+                Value::Int(usage.prompt_tokens.into()),
+            ),
+            (
+                "gen_ai.usage.output_tokens".into(),
+                Value::Int(usage.completion_tokens.into()),
+            ),
+            (
+                "gen_ai.response.finish_reasons".into(),
+                Value::Strs(vec![finish_reason]),
+            ),
+        ];
+        if let Some(url) = endpoint {
+            attributes.push(("correx.endpoint".into(), Value::Str(url)));
+        }
+        self.ready.push(Span {
+            trace_id,
+            span_id: id(&["chat", e.event_id.as_str()]),
+            parent_span_id: parent,
+            name: format!("chat {model_id}"),
+            kind: SpanKind::Client,
+            start_time_unix_nano: nanos(before(ts, latency_ms)),
+            end_time_unix_nano: nanos(ts),
+            attributes,
+            events: Vec::new(),
+            error: None,
+        });
     }
 
     #[allow(clippy::too_many_arguments)]
