@@ -91,43 +91,8 @@ pub(crate) fn operate(
     session: &str,
     params: &Map<String, Value>,
     cancel: &CancelToken,
-) -> Result<Value, (ToolErrorKind, String)> {
-    let invalid = |reason: String| (ToolErrorKind::InvalidRequest, reason);
-    let job_err = |e: JobError| {
-        let kind = match e {
-            JobError::Unknown { .. } | JobError::BadSignal { .. } => ToolErrorKind::InvalidRequest,
-            _ => ToolErrorKind::Io,
-        };
-        (kind, e.to_string())
-    };
-    let string = |name: &str| -> Result<Option<&str>, (ToolErrorKind, String)> {
-        match params.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(invalid(format!(
-                "parameter {name:?} must be a string, got {}",
-                json_kind(v)
-            ))),
-        }
-    };
-    let job_id =
-        || string("job_id")?.ok_or_else(|| invalid("missing required parameter \"job_id\"".into()));
-    let uint = |name: &str, default: u64, max: u64| -> Result<u64, (ToolErrorKind, String)> {
-        match params.get(name) {
-            None | Some(Value::Null) => Ok(default),
-            Some(v) => match v.as_u64() {
-                Some(n) if n <= max => Ok(n),
-                _ => Err(invalid(format!(
-                    "parameter {name:?} must be an integer from 0 to {max}, got {}",
-                    if v.is_number() {
-                        v.to_string()
-                    } else {
-                        json_kind(v).to_owned()
-                    }
-                ))),
-            },
-        }
-    };
+) -> Result<Value, Refused> {
+    let p = Params(params);
     let operation = shape(params).map_err(invalid)?;
     Ok(match operation {
         "list" => {
@@ -143,58 +108,125 @@ pub(crate) fn operate(
                 .collect();
             json!({"jobs": jobs})
         }
-        "read" => {
-            let cursor = JobCursor {
-                stdout: uint("stdout_cursor", 0, u64::MAX)?,
-                stderr: uint("stderr_cursor", 0, u64::MAX)?,
-            };
-            let max = uint("max_bytes", 64 * 1024, MAX_READ)?.max(1) as usize;
-            let out = table
-                .read(session, job_id()?, cursor, max)
-                .map_err(job_err)?;
-            json!({
-                "stdout": String::from_utf8_lossy(&out.stdout),
-                "stderr": String::from_utf8_lossy(&out.stderr),
-                "stdout_cursor": out.cursor.stdout,
-                "stderr_cursor": out.cursor.stderr,
-                "stdout_dropped": out.stdout_dropped,
-                "stderr_dropped": out.stderr_dropped,
-                "status": out.status.to_json(),
-            })
-        }
-        "wait" => {
-            let ms = uint("timeout_ms", 0, MAX_WAIT.as_millis() as u64)?;
-            let job = job_id()?;
-            let deadline = std::time::Instant::now() + Duration::from_millis(ms);
-            // In slices, so a cancel by the host ends the wait (not the job).
-            let status = loop {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                let slice = left.min(Duration::from_millis(50));
-                let status = table.wait(session, job, slice).map_err(job_err)?;
-                if left.is_zero()
-                    || cancel.is_cancelled()
-                    || !matches!(status, JobStatus::Running { .. })
-                {
-                    break status;
-                }
-            };
-            json!({"status": status.to_json()})
-        }
+        "read" => read_output(table, session, &p)?,
+        "wait" => wait_for(table, session, &p, cancel)?,
         "signal" => {
-            let name = string("signal")?.unwrap_or("TERM");
+            let name = p.string("signal")?.unwrap_or("TERM");
             let sig = signal_number(name).map_err(job_err)?;
-            table.signal(session, job_id()?, sig).map_err(job_err)?;
+            table.signal(session, p.job_id()?, sig).map_err(job_err)?;
             json!({"sent": name.to_ascii_uppercase()})
         }
         "stop" => {
             let status = table
-                .stop(session, job_id()?, STOP_GRACE)
+                .stop(session, p.job_id()?, STOP_GRACE)
                 .map_err(job_err)?;
             json!({"status": status.to_json()})
         }
         // `shape` let only the five through.
         other => return Err(invalid(format!("unknown operation {other:?}"))),
     })
+}
+
+/// Why an operation was refused: its kind and reason.
+type Refused = (ToolErrorKind, String);
+
+fn invalid(reason: String) -> Refused {
+    (ToolErrorKind::InvalidRequest, reason)
+}
+
+/// A job table's error as the tool reports it: a request naming no job of the session, or a
+/// signal that does not exist, is invalid; anything else is I/O.
+fn job_err(e: JobError) -> Refused {
+    let kind = match e {
+        JobError::Unknown { .. } | JobError::BadSignal { .. } => ToolErrorKind::InvalidRequest,
+        _ => ToolErrorKind::Io,
+    };
+    (kind, e.to_string())
+}
+
+/// An operation's parameters, each read and checked where it is used.
+struct Params<'a>(&'a Map<String, Value>);
+
+impl Params<'_> {
+    /// A string parameter; absent or `null` is `None`.
+    fn string(&self, name: &str) -> Result<Option<&str>, Refused> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(invalid(format!(
+                "parameter {name:?} must be a string, got {}",
+                json_kind(v)
+            ))),
+        }
+    }
+
+    /// The `job_id` every operation but `list` needs.
+    fn job_id(&self) -> Result<&str, Refused> {
+        self.string("job_id")?
+            .ok_or_else(|| invalid("missing required parameter \"job_id\"".into()))
+    }
+
+    /// An integer parameter from 0 to `max`; absent or `null` is `default`.
+    fn uint(&self, name: &str, default: u64, max: u64) -> Result<u64, Refused> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => match v.as_u64() {
+                Some(n) if n <= max => Ok(n),
+                _ => Err(invalid(format!(
+                    "parameter {name:?} must be an integer from 0 to {max}, got {}",
+                    if v.is_number() {
+                        v.to_string()
+                    } else {
+                        json_kind(v).to_owned()
+                    }
+                ))),
+            },
+        }
+    }
+}
+
+/// `read`: a job's output since the cursors, at most `max_bytes` of each stream.
+fn read_output(table: &JobTable, session: &str, p: &Params<'_>) -> Result<Value, Refused> {
+    let cursor = JobCursor {
+        stdout: p.uint("stdout_cursor", 0, u64::MAX)?,
+        stderr: p.uint("stderr_cursor", 0, u64::MAX)?,
+    };
+    let max = p.uint("max_bytes", 64 * 1024, MAX_READ)?.max(1) as usize;
+    let out = table
+        .read(session, p.job_id()?, cursor, max)
+        .map_err(job_err)?;
+    Ok(json!({
+        "stdout": String::from_utf8_lossy(&out.stdout),
+        "stderr": String::from_utf8_lossy(&out.stderr),
+        "stdout_cursor": out.cursor.stdout,
+        "stderr_cursor": out.cursor.stderr,
+        "stdout_dropped": out.stdout_dropped,
+        "stderr_dropped": out.stderr_dropped,
+        "status": out.status.to_json(),
+    }))
+}
+
+/// `wait`: until the job ends, `timeout_ms` passes or the host cancels (which ends the wait,
+/// not the job).
+fn wait_for(
+    table: &JobTable,
+    session: &str,
+    p: &Params<'_>,
+    cancel: &CancelToken,
+) -> Result<Value, Refused> {
+    let ms = p.uint("timeout_ms", 0, MAX_WAIT.as_millis() as u64)?;
+    let job = p.job_id()?;
+    let deadline = std::time::Instant::now() + Duration::from_millis(ms);
+    // In slices, so a cancel by the host ends the wait (not the job).
+    let status = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let slice = left.min(Duration::from_millis(50));
+        let status = table.wait(session, job, slice).map_err(job_err)?;
+        if left.is_zero() || cancel.is_cancelled() || !matches!(status, JobStatus::Running { .. }) {
+            break status;
+        }
+    };
+    Ok(json!({"status": status.to_json()}))
 }
 
 /// The parameters the schema names.
