@@ -26,10 +26,11 @@ use crate::cancel::CancelToken;
 use crate::confine::AppliedPolicy;
 pub use crate::domain::session_stream;
 use crate::domain::{DomainEvent, EventType};
-use crate::events::{EventStore, EventStoreError, ExpectedVersion};
+use crate::events::{AppendResult, EventStore, EventStoreError, ExpectedVersion};
+use crate::ids::ToolInvocationId;
 use crate::tools::Recoverable;
 use crate::tools::{
-    ToolErrorKind, ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult,
+    Tool, ToolErrorKind, ToolExecutor, ToolRegistry, ToolRequest, ToolResult, ValidationResult,
 };
 use backup::BackupSet;
 use journal::{Journals, Manifest};
@@ -216,6 +217,77 @@ fn safe_component(id: &str) -> String {
     out
 }
 
+/// Drops a recovered run's backups without restoring them.
+fn discard_backups(entries: &[&backup::Entry]) {
+    for e in entries {
+        if let Err(err) = backup::discard(e) {
+            log::warn!("dropping the backup of {}: {err}", e.path().display());
+        }
+    }
+}
+
+/// Puts a recovered run's paths back from their backups: the paths restored, those whose
+/// backup could never be restored, and whether any is left for the next recovery to retry.
+fn restore_backups(entries: &[&backup::Entry], blobs: &[u8]) -> (Vec<PathBuf>, Vec<PathBuf>, bool) {
+    let mut restored = Vec::new();
+    let mut failed = Vec::new();
+    let mut retry = false;
+    for e in entries {
+        let done = e
+            .open_dir()
+            .and_then(|d| backup::restore(e, std::os::fd::AsRawFd::as_raw_fd(&d), blobs));
+        match done {
+            Ok(backup::Restored::Yes) => restored.push(e.path()),
+            Ok(backup::Restored::Unchanged | backup::Restored::NoBackup) => {}
+            // A backup a power loss left short can never be restored: dropped.
+            Err(err) if err.kind() == std::io::ErrorKind::InvalidData => {
+                log::error!("restoring {}: {err}", e.path().display());
+                failed.push(e.path());
+                let _ = backup::discard(e);
+            }
+            // Anything else (no space, no permission) may pass: the backup and the
+            // journal stay, and the next executor on this root tries again.
+            Err(err) => {
+                log::error!(
+                    "restoring {}: {err}; the backup is kept for the next recovery",
+                    e.path().display()
+                );
+                retry = true;
+            }
+        }
+    }
+    (restored, failed, retry)
+}
+
+/// The event closing a recovered run: interrupted (`completed` when it committed, `unchanged`
+/// when nothing needed restoring), else failed (`interrupted`).
+fn recovery_event(
+    committed: bool,
+    unchanged: bool,
+    session_id: String,
+    invocation_id: String,
+    tool_name: String,
+) -> DomainEvent {
+    if committed || unchanged {
+        DomainEvent::ToolExecutionInterrupted {
+            session_id,
+            invocation_id,
+            tool_name,
+            state: if committed { "completed" } else { "unchanged" }.into(),
+        }
+    } else {
+        DomainEvent::ToolExecutionFailed {
+            session_id,
+            invocation_id,
+            tool_name,
+            reason: "interrupted".into(),
+            recoverable: true,
+            kind: None,
+            network: None,
+        }
+    }
+}
+
 impl SandboxedToolExecutor {
     /// An executor over `registry` that runs tools through `delegate`, with working
     /// directories under `work_root` ([`default_work_root`] is a good default). Recovers any
@@ -341,44 +413,16 @@ impl SandboxedToolExecutor {
         // Never started (killed before the start was recorded): nothing ran. Closed: the
         // files were settled before the outcome was recorded. Committed: the change stays.
         if started.is_none() || closed || found.committed {
-            for e in &entries {
-                if let Err(err) = backup::discard(e) {
-                    log::warn!("dropping the backup of {}: {err}", e.path().display());
-                }
-            }
+            discard_backups(&entries);
             if started.is_none() || closed {
                 return Ok(Closed::Yes(None));
             }
         }
-        let mut restored = Vec::new();
-        let mut failed = Vec::new();
-        let mut retry = false;
-        if !found.committed {
-            for e in &entries {
-                let done = e.open_dir().and_then(|d| {
-                    backup::restore(e, std::os::fd::AsRawFd::as_raw_fd(&d), &found.blobs)
-                });
-                match done {
-                    Ok(backup::Restored::Yes) => restored.push(e.path()),
-                    Ok(backup::Restored::Unchanged | backup::Restored::NoBackup) => {}
-                    // A backup a power loss left short can never be restored: dropped.
-                    Err(err) if err.kind() == std::io::ErrorKind::InvalidData => {
-                        log::error!("restoring {}: {err}", e.path().display());
-                        failed.push(e.path());
-                        let _ = backup::discard(e);
-                    }
-                    // Anything else (no space, no permission) may pass: the backup and the
-                    // journal stay, and the next executor on this root tries again.
-                    Err(err) => {
-                        log::error!(
-                            "restoring {}: {err}; the backup is kept for the next recovery",
-                            e.path().display()
-                        );
-                        retry = true;
-                    }
-                }
-            }
-        }
+        let (restored, failed, retry) = if found.committed {
+            (Vec::new(), Vec::new(), false)
+        } else {
+            restore_backups(&entries, &found.blobs)
+        };
         if retry {
             return Ok(Closed::Later);
         }
@@ -389,42 +433,42 @@ impl SandboxedToolExecutor {
             m.tool_name
         };
         let (session_id, invocation_id) = (m.session_id, m.invocation_id);
-        let event = if found.committed || (restored.is_empty() && failed.is_empty()) {
-            DomainEvent::ToolExecutionInterrupted {
-                session_id: session_id.clone(),
-                invocation_id: invocation_id.clone(),
-                tool_name,
-                state: if found.committed {
-                    "completed"
-                } else {
-                    "unchanged"
-                }
-                .into(),
-            }
-        } else {
-            DomainEvent::ToolExecutionFailed {
-                session_id: session_id.clone(),
-                invocation_id: invocation_id.clone(),
-                tool_name,
-                reason: "interrupted".into(),
-                recoverable: true,
-                kind: None,
-                network: None,
-            }
-        };
+        let event = recovery_event(
+            found.committed,
+            restored.is_empty() && failed.is_empty(),
+            session_id.clone(),
+            invocation_id.clone(),
+            tool_name,
+        );
+        self.append_recovery(&stream, version, &event, &invocation_id)?;
+        Ok(Closed::Yes(Some(Recovered {
+            session_id,
+            invocation_id,
+            restored,
+        })))
+    }
+
+    /// Records a recovery's `event` on `stream`, once, unless the run was closed meanwhile.
+    fn append_recovery(
+        &self,
+        stream: &str,
+        version: u64,
+        event: &DomainEvent,
+        invocation_id: &str,
+    ) -> Result<(), SandboxError> {
         // At the version read: a recovery racing this one on the same log records it once.
         // Another event of the session meanwhile moves the version: read again, and append
         // unless the run was closed by then.
         let mut version = version;
         for _ in 0..100 {
             match self.events.append(
-                &stream,
+                stream,
                 ExpectedVersion::Exact(version),
                 &[event.to_new_event()],
             ) {
                 Ok(_) => break,
                 Err(EventStoreError::WrongExpectedVersion { .. }) => {
-                    let (_, now, closed) = run_state(self.events.as_ref(), &stream, &invocation_id)
+                    let (_, now, closed) = run_state(self.events.as_ref(), stream, invocation_id)
                         .map_err(SandboxError::Events)?;
                     if closed {
                         break;
@@ -434,11 +478,7 @@ impl SandboxedToolExecutor {
                 Err(e) => return Err(SandboxError::Events(e)),
             }
         }
-        Ok(Closed::Yes(Some(Recovered {
-            session_id,
-            invocation_id,
-            restored,
-        })))
+        Ok(())
     }
 
     /// Runs `request` as [`ToolExecutor::execute`] does, asking approval with `context`.
@@ -469,79 +509,67 @@ impl SandboxedToolExecutor {
                 Recoverable::No,
             );
         };
-        let stream = session_stream(request.session_id.as_str());
-        // The decision goes into the same transaction as the start or rejection it led to.
-        let record_with = |decided: Option<DomainEvent>, e: DomainEvent| {
-            let events: Vec<_> = decided
-                .iter()
-                .chain(std::iter::once(&e))
-                .map(DomainEvent::to_new_event)
-                .collect();
-            self.events.append(&stream, ExpectedVersion::Any, &events)
+        let log = RunLog::new(self.events.as_ref(), request, tool.tier().as_i32());
+        let paths = match check_request(request, tool.as_ref(), &log) {
+            Ok(p) => p,
+            Err(failure) => return failure,
         };
-        let base = (
-            request.session_id.to_string(),
-            request.invocation_id.to_string(),
-            request.tool_name.clone(),
-        );
-        let tier = tool.tier().as_i32();
-        // Records the rejection and returns the failure the caller gets.
-        let reject =
-            |decided: Option<DomainEvent>, kind: ToolErrorKind, reason: String, shown: String| {
-                let recorded = record_with(
-                    decided,
-                    DomainEvent::ToolExecutionRejected {
-                        session_id: base.0.clone(),
-                        invocation_id: base.1.clone(),
-                        tool_name: base.2.clone(),
-                        tier,
-                        reason,
-                        kind: Some(kind.as_str().to_owned()),
-                    },
-                );
-                let note = match recorded {
-                    Ok(_) => String::new(),
-                    Err(e) => format!(" (and the rejection could not be recorded: {e})"),
-                };
-                ToolResult::failure_of(id, kind, format!("{shown}{note}"), Recoverable::No)
+        let decided_event =
+            match self.approve(request, context, cancel, tool.as_ref(), &paths, &log) {
+                Ok(d) => d,
+                Err(failure) => return failure,
             };
-        // A malformed request fails at once, before any approver (a person) is asked about it.
-        if let ValidationResult::Invalid { reason } = tool.validate_request(request) {
-            let reason = format!("invalid request: {reason}");
-            return reject(None, ToolErrorKind::InvalidRequest, reason.clone(), reason);
-        }
-        let paths = match tool
-            .as_file_affecting()
-            .map(|f| f.affected_paths_or_kind(request))
-        {
-            Some(Ok(p)) => p,
-            Some(Err((kind, reason))) => {
-                let reason = match kind {
-                    ToolErrorKind::InvalidRequest => format!("invalid request: {reason}"),
-                    _ => format!("refused: {reason}"),
-                };
-                return reject(None, kind, reason.clone(), reason);
+        // The backups and the journal naming them exist before the start is recorded, and go
+        // only after the outcome is: a started run without an outcome always leaves its
+        // journal for recovery to find.
+        let _locks = self.lock_paths(&paths);
+        let mut backups = match self.take_backups(tool.as_ref(), &paths, &log) {
+            Ok(b) => b,
+            Err(reason) => {
+                return log.reject(decided_event, ToolErrorKind::Io, reason.clone(), reason)
             }
-            None => Vec::new(),
         };
+        seam("backup");
+        if let Err(failure) = log.record_start(decided_event, tool.isolation(), &mut backups) {
+            return failure;
+        }
+        seam("started");
+        let started = Instant::now();
+        let result = self.run_guarded(request, &mut backups, cancel);
+        log.record_outcome(&result, cancel, started, backups);
+        result
+    }
+
+    /// The approval phase: a run cancelled already is rejected, else the policy decides; a
+    /// denial, or a cancel while it decided, is rejected. The decision's event, to record
+    /// with the start.
+    fn approve(
+        &self,
+        request: &ToolRequest,
+        context: &ApprovalContext,
+        cancel: &CancelToken,
+        tool: &dyn Tool,
+        paths: &[PathBuf],
+        log: &RunLog<'_>,
+    ) -> Result<Option<DomainEvent>, ToolResult> {
         // A run cancelled already never reaches the approver (a person would be asked about a
         // run that cannot start).
         if cancel.is_cancelled() {
             let reason = "cancelled by the host before it ran".to_owned();
-            return reject(
+            return Err(log.reject(
                 None,
                 ToolErrorKind::Cancelled,
                 reason.clone(),
                 format!("{reason}; nothing was changed"),
-            );
+            ));
         }
-        let ask = ApprovalRequest::new(request, tool.tier(), paths.clone());
+        let ask = ApprovalRequest::new(request, tool.tier(), paths.to_vec());
         let decided = self.policy.decide(&ask, context);
         let decided_event = decided.as_ref().map(|d| DomainEvent::ToolApprovalDecided {
-            session_id: base.0.clone(),
-            invocation_id: base.1.clone(),
-            tool_name: base.2.clone(),
-            tier,
+            session_id: log.session_id.clone(),
+            invocation_id: log.invocation_id.clone(),
+            tool_name: log.tool_name.clone(),
+            tier: log.tier,
             decision: d.decision.as_str().to_owned(),
             decided_by: d.decided_by.clone(),
             wait_ms: d.wait_ms,
@@ -554,142 +582,46 @@ impl SandboxedToolExecutor {
             decided.as_ref().map(|d| &d.decision)
         {
             let shown = format!("not approved: {reason}");
-            return reject(
+            return Err(log.reject(
                 decided_event,
                 ToolErrorKind::NotAllowed,
                 reason.clone(),
                 shown,
-            );
+            ));
         }
         // The approver may have taken long; a cancel meanwhile means the host no longer wants it.
         if cancel.is_cancelled() {
             let reason = "cancelled by the host before it ran".to_owned();
-            return reject(
+            return Err(log.reject(
                 decided_event,
                 ToolErrorKind::Cancelled,
                 reason.clone(),
                 format!("{reason}; nothing was changed"),
-            );
+            ));
         }
-        // The backups and the journal naming them exist before the start is recorded, and go
-        // only after the outcome is: a started run without an outcome always leaves its
-        // journal for recovery to find.
-        let _locks = self.lock_paths(&paths);
+        Ok(decided_event)
+    }
+
+    /// The backup phase: the run's journal and the backups of `paths` it names.
+    fn take_backups(
+        &self,
+        tool: &dyn Tool,
+        paths: &[PathBuf],
+        log: &RunLog<'_>,
+    ) -> Result<BackupSet<'_>, String> {
         let roots = tool
             .as_file_affecting()
             .map(|f| f.confining_roots())
             .unwrap_or_default();
         let run = self.journals.run(Manifest {
-            session_id: base.0.clone(),
-            invocation_id: base.1.clone(),
-            tool_name: base.2.clone(),
+            session_id: log.session_id.clone(),
+            invocation_id: log.invocation_id.clone(),
+            tool_name: log.tool_name.clone(),
             entries: Vec::new(),
         });
-        let id_part = safe_component(id.as_str());
+        let id_part = safe_component(log.id.as_str());
         let tag = crate::text::prefix(&id_part, 40);
-        let mut backups = match BackupSet::take(run, &paths, &roots, &self.root_fds, tag) {
-            Ok(b) => b,
-            Err(reason) => return reject(decided_event, ToolErrorKind::Io, reason.clone(), reason),
-        };
-        seam("backup");
-        if let Err(e) = record_with(
-            decided_event,
-            DomainEvent::ToolExecutionStarted {
-                session_id: base.0.clone(),
-                invocation_id: base.1.clone(),
-                tool_name: base.2.clone(),
-                tier,
-                isolation: tool.isolation().map(AppliedPolicy::to_json),
-            },
-        ) {
-            backups.abandon();
-            return ToolResult::failure_of(
-                id,
-                ToolErrorKind::Io,
-                format!("the tool did not run: its start could not be recorded: {e}"),
-                Recoverable::Yes,
-            );
-        }
-        seam("started");
-        let started = Instant::now();
-        let result = self.run_guarded(request, &mut backups, cancel);
-        // What a run did through its proxy: each refusal an event, the totals in the outcome.
-        let network = result
-            .data()
-            .map(|d| d["network"].clone())
-            .filter(|n| !n.is_null());
-        let denials: Vec<DomainEvent> = network
-            .as_ref()
-            .and_then(|n| n["denied"].as_array())
-            .into_iter()
-            .flatten()
-            .map(|d| DomainEvent::ToolNetworkDenied {
-                session_id: base.0.clone(),
-                invocation_id: base.1.clone(),
-                tool_name: base.2.clone(),
-                host: d["host"].as_str().unwrap_or_default().to_owned(),
-                port: d["port"]
-                    .as_u64()
-                    .and_then(|p| u16::try_from(p).ok())
-                    .unwrap_or(0),
-                reason: d["reason"].as_str().unwrap_or_default().to_owned(),
-            })
-            .collect();
-        let summary = network.map(|mut n| {
-            if let Some(o) = n.as_object_mut() {
-                o.remove("denied");
-                o.insert("denied_count".into(), denials.len().into());
-            }
-            n
-        });
-        let event = match &result {
-            ToolResult::Failure { .. } if cancel.is_cancelled() => {
-                DomainEvent::ToolExecutionCancelled {
-                    session_id: base.0,
-                    invocation_id: base.1,
-                    tool_name: base.2,
-                    duration_ms: started.elapsed().as_millis() as u64,
-                    network: summary,
-                }
-            }
-            ToolResult::Success { .. } => DomainEvent::ToolExecutionCompleted {
-                session_id: base.0,
-                invocation_id: base.1,
-                tool_name: base.2,
-                duration_ms: started.elapsed().as_millis() as u64,
-                network: summary,
-            },
-            ToolResult::Failure {
-                reason,
-                recoverable,
-                kind,
-                ..
-            } => DomainEvent::ToolExecutionFailed {
-                session_id: base.0,
-                invocation_id: base.1,
-                tool_name: base.2,
-                reason: reason.clone(),
-                recoverable: *recoverable,
-                kind: Some(kind.as_str().to_owned()),
-                network: summary,
-            },
-        };
-        // The refusals and the outcome in one transaction: a crash leaves all or none.
-        let all: Vec<_> = denials
-            .iter()
-            .chain(std::iter::once(&event))
-            .map(DomainEvent::to_new_event)
-            .collect();
-        match self.events.append(&stream, ExpectedVersion::Any, &all) {
-            // Recorded: the journal is done with.
-            Ok(_) => backups.finish(),
-            // Not recorded: the journal stays open, so the next executor on this root closes
-            // the run from what it says.
-            Err(e) => log::error!("recording the end of invocation {id}: {e}"),
-        }
-        seam("outcome");
-        drop(backups);
-        result
+        BackupSet::take(run, paths, &roots, &self.root_fds, tag)
     }
 
     /// The tool itself, then commit or restore.
@@ -776,6 +708,239 @@ impl SandboxedToolExecutor {
                 guard: Some(lock.lock_arc()),
             })
             .collect()
+    }
+}
+
+/// Checks a request before anyone is asked about it: valid, and its paths resolved (the
+/// paths a file tool may touch; none for another tool). Bad: rejected.
+fn check_request(
+    request: &ToolRequest,
+    tool: &dyn Tool,
+    log: &RunLog<'_>,
+) -> Result<Vec<PathBuf>, ToolResult> {
+    // A malformed request fails at once, before any approver (a person) is asked about it.
+    if let ValidationResult::Invalid { reason } = tool.validate_request(request) {
+        let reason = format!("invalid request: {reason}");
+        return Err(log.reject(None, ToolErrorKind::InvalidRequest, reason.clone(), reason));
+    }
+    match tool
+        .as_file_affecting()
+        .map(|f| f.affected_paths_or_kind(request))
+    {
+        Some(Ok(p)) => Ok(p),
+        Some(Err((kind, reason))) => {
+            let reason = match kind {
+                ToolErrorKind::InvalidRequest => format!("invalid request: {reason}"),
+                _ => format!("refused: {reason}"),
+            };
+            Err(log.reject(None, kind, reason.clone(), reason))
+        }
+        None => Ok(Vec::new()),
+    }
+}
+
+/// One run's place in the log: its session's stream and what each of its events names.
+struct RunLog<'a> {
+    events: &'a dyn EventStore,
+    stream: String,
+    id: &'a ToolInvocationId,
+    session_id: String,
+    invocation_id: String,
+    tool_name: String,
+    tier: i32,
+}
+
+impl<'a> RunLog<'a> {
+    fn new(events: &'a dyn EventStore, request: &'a ToolRequest, tier: i32) -> Self {
+        RunLog {
+            events,
+            stream: session_stream(request.session_id.as_str()),
+            id: &request.invocation_id,
+            session_id: request.session_id.to_string(),
+            invocation_id: request.invocation_id.to_string(),
+            tool_name: request.tool_name.clone(),
+            tier,
+        }
+    }
+
+    /// Appends `e`, after the approval decision that led to it when there is one.
+    fn record_with(
+        &self,
+        decided: Option<DomainEvent>,
+        e: DomainEvent,
+    ) -> Result<AppendResult, EventStoreError> {
+        // The decision goes into the same transaction as the start or rejection it led to.
+        let events: Vec<_> = decided
+            .iter()
+            .chain(std::iter::once(&e))
+            .map(DomainEvent::to_new_event)
+            .collect();
+        self.events
+            .append(&self.stream, ExpectedVersion::Any, &events)
+    }
+
+    /// Records the rejection and returns the failure the caller gets.
+    fn reject(
+        &self,
+        decided: Option<DomainEvent>,
+        kind: ToolErrorKind,
+        reason: String,
+        shown: String,
+    ) -> ToolResult {
+        let recorded = self.record_with(
+            decided,
+            DomainEvent::ToolExecutionRejected {
+                session_id: self.session_id.clone(),
+                invocation_id: self.invocation_id.clone(),
+                tool_name: self.tool_name.clone(),
+                tier: self.tier,
+                reason,
+                kind: Some(kind.as_str().to_owned()),
+            },
+        );
+        let note = match recorded {
+            Ok(_) => String::new(),
+            Err(e) => format!(" (and the rejection could not be recorded: {e})"),
+        };
+        ToolResult::failure_of(self.id, kind, format!("{shown}{note}"), Recoverable::No)
+    }
+
+    /// Records the start (with the decision that led to it). Not recorded: the backups are
+    /// dropped and the tool does not run.
+    fn record_start(
+        &self,
+        decided: Option<DomainEvent>,
+        isolation: Option<&AppliedPolicy>,
+        backups: &mut BackupSet<'_>,
+    ) -> Result<(), ToolResult> {
+        if let Err(e) = self.record_with(
+            decided,
+            DomainEvent::ToolExecutionStarted {
+                session_id: self.session_id.clone(),
+                invocation_id: self.invocation_id.clone(),
+                tool_name: self.tool_name.clone(),
+                tier: self.tier,
+                isolation: isolation.map(AppliedPolicy::to_json),
+            },
+        ) {
+            backups.abandon();
+            return Err(ToolResult::failure_of(
+                self.id,
+                ToolErrorKind::Io,
+                format!("the tool did not run: its start could not be recorded: {e}"),
+                Recoverable::Yes,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records the outcome with the run's network refusals; the journal goes once it is
+    /// recorded, and the backups after.
+    fn record_outcome(
+        &self,
+        result: &ToolResult,
+        cancel: &CancelToken,
+        started: Instant,
+        mut backups: BackupSet<'_>,
+    ) {
+        let (denials, summary) = self.network_report(result);
+        let event = self.outcome_event(result, cancel, started, summary);
+        // The refusals and the outcome in one transaction: a crash leaves all or none.
+        let all: Vec<_> = denials
+            .iter()
+            .chain(std::iter::once(&event))
+            .map(DomainEvent::to_new_event)
+            .collect();
+        let id = self.id;
+        match self.events.append(&self.stream, ExpectedVersion::Any, &all) {
+            // Recorded: the journal is done with.
+            Ok(_) => backups.finish(),
+            // Not recorded: the journal stays open, so the next executor on this root closes
+            // the run from what it says.
+            Err(e) => log::error!("recording the end of invocation {id}: {e}"),
+        }
+        seam("outcome");
+        drop(backups);
+    }
+
+    /// What a run did through its proxy: each refusal an event, the totals in the outcome.
+    fn network_report(&self, result: &ToolResult) -> (Vec<DomainEvent>, Option<serde_json::Value>) {
+        let network = result
+            .data()
+            .map(|d| d["network"].clone())
+            .filter(|n| !n.is_null());
+        let denials: Vec<DomainEvent> = network
+            .as_ref()
+            .and_then(|n| n["denied"].as_array())
+            .into_iter()
+            .flatten()
+            .map(|d| DomainEvent::ToolNetworkDenied {
+                session_id: self.session_id.clone(),
+                invocation_id: self.invocation_id.clone(),
+                tool_name: self.tool_name.clone(),
+                host: d["host"].as_str().unwrap_or_default().to_owned(),
+                port: d["port"]
+                    .as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .unwrap_or(0),
+                reason: d["reason"].as_str().unwrap_or_default().to_owned(),
+            })
+            .collect();
+        let summary = network.map(|mut n| {
+            if let Some(o) = n.as_object_mut() {
+                o.remove("denied");
+                o.insert("denied_count".into(), denials.len().into());
+            }
+            n
+        });
+        (denials, summary)
+    }
+
+    /// The event closing the run: cancelled, completed or failed.
+    fn outcome_event(
+        &self,
+        result: &ToolResult,
+        cancel: &CancelToken,
+        started: Instant,
+        summary: Option<serde_json::Value>,
+    ) -> DomainEvent {
+        let (session_id, invocation_id, tool_name) = (
+            self.session_id.clone(),
+            self.invocation_id.clone(),
+            self.tool_name.clone(),
+        );
+        match result {
+            ToolResult::Failure { .. } if cancel.is_cancelled() => {
+                DomainEvent::ToolExecutionCancelled {
+                    session_id,
+                    invocation_id,
+                    tool_name,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    network: summary,
+                }
+            }
+            ToolResult::Success { .. } => DomainEvent::ToolExecutionCompleted {
+                session_id,
+                invocation_id,
+                tool_name,
+                duration_ms: started.elapsed().as_millis() as u64,
+                network: summary,
+            },
+            ToolResult::Failure {
+                reason,
+                recoverable,
+                kind,
+                ..
+            } => DomainEvent::ToolExecutionFailed {
+                session_id,
+                invocation_id,
+                tool_name,
+                reason: reason.clone(),
+                recoverable: *recoverable,
+                kind: Some(kind.as_str().to_owned()),
+                network: summary,
+            },
+        }
     }
 }
 

@@ -100,41 +100,9 @@ impl Index {
                 invocation_id,
                 call_id,
                 ..
-            } => {
-                if let Some(id) = &invocation_id {
-                    self.runs.entry(id.clone()).or_default();
-                }
-                self.steps.insert(
-                    step,
-                    StepState::Claimed {
-                        digest,
-                        attempt,
-                        owner,
-                        invocation_id,
-                        call_id,
-                    },
-                );
-            }
+            } => self.fold_step_started(step, digest, attempt, owner, invocation_id, call_id),
             DomainEvent::SessionStepFailed { step, attempt, .. } => {
-                // A failure names the try it ends; an older try's late word changes nothing.
-                if let Some(StepState::Claimed {
-                    digest,
-                    attempt: a,
-                    invocation_id,
-                    call_id,
-                    ..
-                }) = self.steps.get(&step)
-                {
-                    if *a == attempt {
-                        let failed = StepState::Failed {
-                            digest: digest.clone(),
-                            attempt,
-                            invocation_id: invocation_id.clone(),
-                            call_id: call_id.clone(),
-                        };
-                        self.steps.insert(step, failed);
-                    }
-                }
+                self.fold_step_failed(step, attempt);
             }
             DomainEvent::SessionStepCompleted {
                 step,
@@ -145,51 +113,12 @@ impl Index {
                 call_id,
                 ..
             } => {
-                if matches!(self.steps.get(&step), Some(StepState::Done { .. })) {
-                    return Ok(());
-                }
-                let corrupt = |detail: String| SessionError::Corrupt {
-                    position: e.position,
-                    detail,
-                };
-                if let Some(answer) = &answer {
-                    if let Some(context) = &context {
-                        apply_context(&mut self.context, context).map_err(corrupt)?;
-                    }
-                    let tool_calls: Vec<ToolCall> =
-                        serde_json::from_value(answer["tool_calls"].clone()).unwrap_or_default();
-                    self.answer = Some(ContextEntry {
-                        source: SourceType::Model,
-                        content: answer["text"].as_str().unwrap_or_default().to_owned(),
-                        tool_calls,
-                        tool_call_id: None,
-                    });
-                    self.tail.clear();
-                }
-                if let (Some(result), Some(call)) = (&result, &call_id) {
-                    let entry = ContextEntry {
-                        source: SourceType::Tool,
-                        content: tool_text(result),
-                        tool_calls: Vec::new(),
-                        tool_call_id: Some(call.clone()),
-                    };
-                    match self
-                        .tail
-                        .iter_mut()
-                        .find(|e| e.tool_call_id.as_ref() == Some(call))
-                    {
-                        Some(old) => *old = entry,
-                        None => self.tail.push(entry),
-                    }
-                }
-                let payload = e.payload.clone();
-                self.steps.insert(step, StepState::Done { digest, payload });
+                let tool = result.as_ref().zip(call_id.as_ref());
+                self.fold_step_completed(e, step, digest, answer.as_ref(), context.as_ref(), tool)?;
             }
             DomainEvent::ToolApprovalDecided { invocation_id, .. }
             | DomainEvent::ToolExecutionStarted { invocation_id, .. } => {
-                if let Some(r) = self.runs.get_mut(&invocation_id) {
-                    r.started = true;
-                }
+                self.fold_run_started(&invocation_id);
             }
             DomainEvent::ToolExecutionCompleted {
                 ref invocation_id, ..
@@ -205,12 +134,7 @@ impl Index {
             }
             | DomainEvent::ToolExecutionRejected {
                 ref invocation_id, ..
-            } => {
-                if let Some(r) = self.runs.get_mut(invocation_id) {
-                    r.started = true;
-                    r.outcome = Some(event.clone());
-                }
-            }
+            } => self.fold_run_outcome(invocation_id, &event),
             // Every other type is named, so a new one is a compile error here until it is
             // decided what it means for a session's steps and runs.
             DomainEvent::ModelLoaded { .. }
@@ -225,6 +149,122 @@ impl Index {
             | DomainEvent::McpServerExited { .. } => {}
         }
         Ok(())
+    }
+
+    /// A step claimed: its run (if it names one) is tracked from here.
+    fn fold_step_started(
+        &mut self,
+        step: String,
+        digest: String,
+        attempt: u32,
+        owner: Value,
+        invocation_id: Option<String>,
+        call_id: Option<String>,
+    ) {
+        if let Some(id) = &invocation_id {
+            self.runs.entry(id.clone()).or_default();
+        }
+        self.steps.insert(
+            step,
+            StepState::Claimed {
+                digest,
+                attempt,
+                owner,
+                invocation_id,
+                call_id,
+            },
+        );
+    }
+
+    /// A step's try `attempt` ended without a result.
+    fn fold_step_failed(&mut self, step: String, attempt: u32) {
+        // A failure names the try it ends; an older try's late word changes nothing.
+        if let Some(StepState::Claimed {
+            digest,
+            attempt: a,
+            invocation_id,
+            call_id,
+            ..
+        }) = self.steps.get(&step)
+        {
+            if *a == attempt {
+                let failed = StepState::Failed {
+                    digest: digest.clone(),
+                    attempt,
+                    invocation_id: invocation_id.clone(),
+                    call_id: call_id.clone(),
+                };
+                self.steps.insert(step, failed);
+            }
+        }
+    }
+
+    /// A step's result (`e`): an inference's answer and context, a tool step's result
+    /// (with the call it answers) join the transcript. The first result of a step counts.
+    fn fold_step_completed(
+        &mut self,
+        e: &RecordedEvent,
+        step: String,
+        digest: String,
+        answer: Option<&Value>,
+        context: Option<&Value>,
+        tool: Option<(&Value, &String)>,
+    ) -> Result<(), SessionError> {
+        if matches!(self.steps.get(&step), Some(StepState::Done { .. })) {
+            return Ok(());
+        }
+        let corrupt = |detail: String| SessionError::Corrupt {
+            position: e.position,
+            detail,
+        };
+        if let Some(answer) = answer {
+            if let Some(context) = context {
+                apply_context(&mut self.context, context).map_err(corrupt)?;
+            }
+            let tool_calls: Vec<ToolCall> =
+                serde_json::from_value(answer["tool_calls"].clone()).unwrap_or_default();
+            self.answer = Some(ContextEntry {
+                source: SourceType::Model,
+                content: answer["text"].as_str().unwrap_or_default().to_owned(),
+                tool_calls,
+                tool_call_id: None,
+            });
+            self.tail.clear();
+        }
+        if let Some((result, call)) = tool {
+            let entry = ContextEntry {
+                source: SourceType::Tool,
+                content: tool_text(result),
+                tool_calls: Vec::new(),
+                tool_call_id: Some(call.clone()),
+            };
+            match self
+                .tail
+                .iter_mut()
+                .find(|e| e.tool_call_id.as_ref() == Some(call))
+            {
+                Some(old) => *old = entry,
+                None => self.tail.push(entry),
+            }
+        }
+        let payload = e.payload.clone();
+        self.steps.insert(step, StepState::Done { digest, payload });
+        Ok(())
+    }
+
+    /// A tracked run's approval or start: it may have run.
+    fn fold_run_started(&mut self, invocation_id: &str) {
+        if let Some(r) = self.runs.get_mut(invocation_id) {
+            r.started = true;
+        }
+    }
+
+    /// A tracked run's outcome.
+    fn fold_run_outcome(&mut self, invocation_id: &str, event: &DomainEvent) {
+        if let Some(r) = self.runs.get_mut(invocation_id) {
+            r.started = true;
+            r.outcome = Some(event.clone());
+        }
     }
 }
 

@@ -341,53 +341,25 @@ impl Session {
                     });
                 }
             }
-            // A try that is over: a tool run that started is closed from its outcome (never
-            // run again); anything else had no side effect and is tried again.
-            let over =
-                |attempt: u32, invocation: Option<String>, call: Option<String>| match invocation {
-                    Some(id) if ix.runs.get(&id).is_some_and(|r| r.started) => {
-                        Err((attempt, id, call))
-                    }
-                    _ => Ok(attempt.saturating_add(1)),
-                };
-            let next = match state {
-                None => Ok(1),
-                Some(StepState::Done { payload, .. }) => return Ok(Begun::Recorded(payload)),
-                Some(StepState::Failed {
-                    attempt,
-                    invocation_id,
-                    call_id,
-                    ..
-                }) => over(attempt, invocation_id, call_id),
-                Some(StepState::Claimed {
-                    attempt,
-                    owner,
-                    invocation_id,
-                    call_id,
-                    ..
-                }) => match owner::judge(&owner) {
-                    Liveness::Alive => {
-                        drop(ix);
-                        if cancel.is_cancelled() {
-                            return Err(SessionError::Cancelled);
-                        }
-                        std::thread::sleep(backoff(round));
-                        round = round.saturating_add(1);
-                        continue;
-                    }
-                    Liveness::Unknown => {
-                        return Err(SessionError::InProgress {
-                            step: step.to_owned(),
-                        })
-                    }
-                    Liveness::Dead => over(attempt, invocation_id, call_id),
-                },
-            };
-            let attempt = match next {
-                Ok(a) => a,
-                Err((attempt, id, call)) => {
+            let attempt = match next_try(&ix, step, state)? {
+                NextTry::Recorded(payload) => return Ok(Begun::Recorded(payload)),
+                NextTry::Wait => {
                     drop(ix);
-                    return self.close_from_outcome(step, kind, digest, attempt, id, call);
+                    if cancel.is_cancelled() {
+                        return Err(SessionError::Cancelled);
+                    }
+                    std::thread::sleep(backoff(round));
+                    round = round.saturating_add(1);
+                    continue;
+                }
+                NextTry::Claim(a) => a,
+                NextTry::Close {
+                    attempt,
+                    run: id,
+                    call_id,
+                } => {
+                    drop(ix);
+                    return self.close_from_outcome(step, kind, digest, attempt, id, call_id);
                 }
             };
             if cancel.is_cancelled() {
@@ -403,36 +375,50 @@ impl Session {
                     )));
                 }
             }
-            let claim = Claim::new();
-            let event = DomainEvent::SessionStepStarted {
-                session_id: self.id.clone(),
-                step: step.to_owned(),
-                kind: kind.to_owned(),
-                digest: digest.to_owned(),
-                attempt,
-                owner: claim.owner(),
-                invocation_id: run.map(|(id, _)| id.to_owned()),
-                call_id: run.and_then(|(_, c)| c.map(str::to_owned)),
-            };
-            match self.events.append(
-                &self.stream,
-                Self::expected(ix.version),
-                &[event.to_new_event()],
-            ) {
-                Ok(_) => {
-                    return Ok(Begun::Perform(Guard {
-                        session: self,
-                        step: step.to_owned(),
-                        kind,
-                        attempt,
-                        error: String::new(),
-                        done: false,
-                        _claim: claim,
-                    }))
-                }
-                Err(EventStoreError::WrongExpectedVersion { .. }) => continue,
-                Err(e) => return Err(SessionError::Events(e)),
+            if let Some(begun) = self.claim(&ix, step, kind, digest, attempt, run)? {
+                return Ok(begun);
             }
+        }
+    }
+
+    /// Claims try `attempt` of the step at the version `ix` read: `None` when another append
+    /// came first (read again).
+    fn claim(
+        &self,
+        ix: &Index,
+        step: &str,
+        kind: &'static str,
+        digest: &str,
+        attempt: u32,
+        run: Option<(&str, Option<&str>)>,
+    ) -> Result<Option<Begun<'_>>, SessionError> {
+        let claim = Claim::new();
+        let event = DomainEvent::SessionStepStarted {
+            session_id: self.id.clone(),
+            step: step.to_owned(),
+            kind: kind.to_owned(),
+            digest: digest.to_owned(),
+            attempt,
+            owner: claim.owner(),
+            invocation_id: run.map(|(id, _)| id.to_owned()),
+            call_id: run.and_then(|(_, c)| c.map(str::to_owned)),
+        };
+        match self.events.append(
+            &self.stream,
+            Self::expected(ix.version),
+            &[event.to_new_event()],
+        ) {
+            Ok(_) => Ok(Some(Begun::Perform(Guard {
+                session: self,
+                step: step.to_owned(),
+                kind,
+                attempt,
+                error: String::new(),
+                done: false,
+                _claim: claim,
+            }))),
+            Err(EventStoreError::WrongExpectedVersion { .. }) => Ok(None),
+            Err(e) => Err(SessionError::Events(e)),
         }
     }
 
@@ -676,6 +662,62 @@ impl Session {
     }
 }
 
+/// What the fold says comes next for a step.
+enum NextTry {
+    /// The step has a result: the `session.step_completed` payload.
+    Recorded(Value),
+    /// Another live caller holds the claim: wait for its result.
+    Wait,
+    /// This caller claims it, as this try.
+    Claim(u32),
+    /// Its owner died after its tool run started: close it from the run's outcome.
+    Close {
+        attempt: u32,
+        run: String,
+        call_id: Option<String>,
+    },
+}
+
+/// What comes next for `step`, in `state` as `ix` says; [`SessionError::InProgress`] when
+/// its owner's liveness cannot be told.
+fn next_try(ix: &Index, step: &str, state: Option<StepState>) -> Result<NextTry, SessionError> {
+    // A try that is over: a tool run that started is closed from its outcome (never
+    // run again); anything else had no side effect and is tried again.
+    let over = |attempt: u32, invocation: Option<String>, call: Option<String>| match invocation {
+        Some(id) if ix.runs.get(&id).is_some_and(|r| r.started) => NextTry::Close {
+            attempt,
+            run: id,
+            call_id: call,
+        },
+        _ => NextTry::Claim(attempt.saturating_add(1)),
+    };
+    Ok(match state {
+        None => NextTry::Claim(1),
+        Some(StepState::Done { payload, .. }) => NextTry::Recorded(payload),
+        Some(StepState::Failed {
+            attempt,
+            invocation_id,
+            call_id,
+            ..
+        }) => over(attempt, invocation_id, call_id),
+        Some(StepState::Claimed {
+            attempt,
+            owner,
+            invocation_id,
+            call_id,
+            ..
+        }) => match owner::judge(&owner) {
+            Liveness::Alive => NextTry::Wait,
+            Liveness::Unknown => {
+                return Err(SessionError::InProgress {
+                    step: step.to_owned(),
+                })
+            }
+            Liveness::Dead => over(attempt, invocation_id, call_id),
+        },
+    })
+}
+
 fn attempt_of(payload: &Value) -> u32 {
     payload["attempt"]
         .as_u64()
@@ -730,9 +772,6 @@ fn result_from_outcome(run: &str, outcome: &DomainEvent) -> ToolResult {
     // `state` says where the files are: `completed` (the change is in place), `restored`
     // (put back as they were), `unchanged` (never touched), `unknown`.
     let data = |state: &str| json!({"recovered_from": outcome.type_id(), "state": state});
-    let failure = |kind, reason: String, recoverable, state: &str| {
-        ToolResult::failure_of(&id, kind, reason, recoverable).with_data(data(state))
-    };
     match outcome {
         DomainEvent::ToolExecutionCompleted { .. } => ToolResult::Success {
             invocation_id: id.clone(),
@@ -740,7 +779,21 @@ fn result_from_outcome(run: &str, outcome: &DomainEvent) -> ToolResult {
             metadata: BTreeMap::from([("recovered".to_owned(), lost.to_owned())]),
             data: Some(data("completed")),
         },
-        DomainEvent::ToolExecutionInterrupted { state, .. } if state == "completed" => failure(
+        _ => {
+            let (kind, reason, recoverable, state) = failure_from_outcome(outcome, lost);
+            ToolResult::failure_of(&id, kind, reason, recoverable).with_data(data(state))
+        }
+    }
+}
+
+/// The failure an outcome other than `completed` answers with: its kind, reason, whether it
+/// may be tried again, and the `state` its files are in (see [`result_from_outcome`]).
+fn failure_from_outcome(
+    outcome: &DomainEvent,
+    lost: &str,
+) -> (ToolErrorKind, String, Recoverable, &'static str) {
+    match outcome {
+        DomainEvent::ToolExecutionInterrupted { state, .. } if state == "completed" => (
             ToolErrorKind::Interrupted,
             format!(
                 "interrupted by a crash after it completed: its change is in place, but {lost}"
@@ -753,14 +806,14 @@ fn result_from_outcome(run: &str, outcome: &DomainEvent) -> ToolResult {
         DomainEvent::ToolExecutionInterrupted { tool_name, .. }
             if tool_name.starts_with("file_") =>
         {
-            failure(
+            (
                 ToolErrorKind::Interrupted,
                 "interrupted by a crash before it changed anything".into(),
                 Recoverable::Yes,
                 "unchanged",
             )
         }
-        DomainEvent::ToolExecutionInterrupted { .. } => failure(
+        DomainEvent::ToolExecutionInterrupted { .. } => (
             ToolErrorKind::Interrupted,
             "interrupted by a crash; recovery found no declared file changed, but what the \
              command did besides is unknown"
@@ -768,13 +821,13 @@ fn result_from_outcome(run: &str, outcome: &DomainEvent) -> ToolResult {
             Recoverable::Yes,
             "unknown",
         ),
-        DomainEvent::ToolExecutionCancelled { .. } => failure(
+        DomainEvent::ToolExecutionCancelled { .. } => (
             ToolErrorKind::Cancelled,
             "cancelled; its files were restored".into(),
             Recoverable::Yes,
             "restored",
         ),
-        DomainEvent::ToolExecutionRejected { reason, .. } => failure(
+        DomainEvent::ToolExecutionRejected { reason, .. } => (
             ToolErrorKind::NotAllowed,
             reason.clone(),
             Recoverable::No,
@@ -787,7 +840,7 @@ fn result_from_outcome(run: &str, outcome: &DomainEvent) -> ToolResult {
             ..
         } => {
             if reason == "interrupted" && kind.is_none() {
-                return failure(
+                return (
                     ToolErrorKind::Interrupted,
                     "interrupted by a crash; its files were restored".into(),
                     Recoverable::Yes,
@@ -798,15 +851,15 @@ fn result_from_outcome(run: &str, outcome: &DomainEvent) -> ToolResult {
                 .as_deref()
                 .and_then(|k| serde_json::from_value(json!(k)).ok())
                 .unwrap_or_default();
-            failure(
+            (
                 kind,
                 reason.clone(),
                 Recoverable::from(*recoverable),
                 "restored",
             )
         }
-        // The fold keeps only the five outcome types above.
-        other => failure(
+        // The fold keeps only the five outcome types above (`completed` in `result_from_outcome`).
+        other => (
             ToolErrorKind::Other,
             format!("{} is not a run's outcome", other.type_id()),
             Recoverable::No,
