@@ -179,20 +179,7 @@ pub(super) fn start_and_wait_healthy(
     estimate: Option<u64>,
     cancel: &CancelToken,
 ) -> Result<(Child, serde_json::Value), ModelLoadError> {
-    let host = &inner.options.host;
-    let mut cmd = Command::new(bin);
-    cmd.arg("--model")
-        .arg(&d.model_path)
-        .args(["--ctx-size", &d.context_size.to_string()])
-        .args(["--host", host])
-        .args(["--port", &port.to_string()])
-        .args(["--alias", alias]);
-    if let Some(t) = d.threads {
-        cmd.args(["--threads", &t.to_string()]);
-    }
-    cmd.args(&d.extra_args);
-    // Cleared environment, own group, parent-death signal, no inherited host descriptors.
-    sys::fence(&mut cmd);
+    let mut cmd = server_command(bin, d, &inner.options.host, port, alias);
     let (confinement, isolation) = super::isolation::plan(
         inner.options.isolation,
         bin,
@@ -209,24 +196,69 @@ pub(super) fn start_and_wait_healthy(
         sys::confine_command(&mut cmd, c);
     }
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let (tx, rx) = mpsc::channel();
-    let sent = inner.spawner.lock().send(SpawnRequest {
-        command: cmd,
-        reply: tx,
-    });
-    let spawned = match sent {
-        Ok(()) => rx
-            .recv()
-            .unwrap_or_else(|_| Err(std::io::Error::other("spawner thread is gone"))),
-        Err(_) => Err(std::io::Error::other("spawner thread is gone")),
-    };
-    let mut child = spawned.map_err(|source| ModelLoadError::Spawn {
+    let mut child = spawn(inner, cmd).map_err(|source| ModelLoadError::Spawn {
         path: bin.to_path_buf(),
         source,
     })?;
     let tail = Arc::new(LogTail::default());
     start_log_drain(inner, &mut child, &d.model_id, generation, log_file, &tail);
+    wait_healthy(inner, &mut child, &tail, port, alias, cancel)?;
+    Ok((child, isolation))
+}
 
+/// The server's command line: the model, its context, the address and alias it answers
+/// under, threads, the descriptor's extra arguments; fenced (cleared environment, own group,
+/// parent-death signal, no inherited host descriptors).
+fn server_command(
+    bin: &std::path::Path,
+    d: &ModelDescriptor,
+    host: &str,
+    port: u16,
+    alias: &str,
+) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.arg("--model")
+        .arg(&d.model_path)
+        .args(["--ctx-size", &d.context_size.to_string()])
+        .args(["--host", host])
+        .args(["--port", &port.to_string()])
+        .args(["--alias", alias]);
+    if let Some(t) = d.threads {
+        cmd.args(["--threads", &t.to_string()]);
+    }
+    cmd.args(&d.extra_args);
+    // Cleared environment, own group, parent-death signal, no inherited host descriptors.
+    sys::fence(&mut cmd);
+    cmd
+}
+
+/// Spawns `cmd` from the manager's spawner thread.
+fn spawn(inner: &Inner, cmd: Command) -> std::io::Result<Child> {
+    let (tx, rx) = mpsc::channel();
+    let sent = inner.spawner.lock().send(SpawnRequest {
+        command: cmd,
+        reply: tx,
+    });
+    match sent {
+        Ok(()) => rx
+            .recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("spawner thread is gone"))),
+        Err(_) => Err(std::io::Error::other("spawner thread is gone")),
+    }
+}
+
+/// Polls the started server's `/health` until it answers as ours; the load's cancel, the
+/// manager's shutdown, the server's exit, the health timeout or another server on the port
+/// end it with the error (the server stopped, or reaped when it exited on its own).
+fn wait_healthy(
+    inner: &Arc<Inner>,
+    child: &mut Child,
+    tail: &LogTail,
+    port: u16,
+    alias: &str,
+    cancel: &CancelToken,
+) -> Result<(), ModelLoadError> {
+    let host = &inner.options.host;
     let base = inner.base_url(port);
     let probe = super::super::llama::agent(&HttpOptions {
         connect_timeout: Duration::from_millis(200),
@@ -240,12 +272,12 @@ pub(super) fn start_and_wait_healthy(
     };
     loop {
         if cancel.is_cancelled() {
-            return fail(&mut child, ModelLoadError::Cancelled);
+            return fail(child, ModelLoadError::Cancelled);
         }
         if inner.state.lock().shutdown {
-            return fail(&mut child, ModelLoadError::ManagerGone);
+            return fail(child, ModelLoadError::ManagerGone);
         }
-        if exited_unreaped(&child) {
+        if exited_unreaped(child) {
             kill_group(child.id() as i32);
             let status = child
                 .wait()
@@ -261,7 +293,7 @@ pub(super) fn start_and_wait_healthy(
         if started.elapsed() > inner.options.health_timeout {
             let waited_ms = started.elapsed().as_millis() as u64;
             return fail(
-                &mut child,
+                child,
                 ModelLoadError::Timeout {
                     waited_ms,
                     log_tail: tail.lines(),
@@ -278,12 +310,12 @@ pub(super) fn start_and_wait_healthy(
                             other.unwrap_or_default()
                         );
                         let addr = format!("{host}:{port}");
-                        return fail(&mut child, ModelLoadError::PortInUse { addr, detail });
+                        return fail(child, ModelLoadError::PortInUse { addr, detail });
                     }
                 }
             }
         }
         std::thread::sleep(HEALTH_POLL);
     }
-    Ok((child, isolation))
+    Ok(())
 }
