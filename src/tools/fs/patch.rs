@@ -2,7 +2,7 @@
 //! then written back through the confined API.
 
 use super::ops::{self, FsError};
-use super::{fail, Roots};
+use super::{fail, Located, Roots};
 use crate::private_dir::PrivateDir;
 use crate::tools::process::{self, resolve_executable, Exit, RunSpec};
 use crate::tools::Recoverable;
@@ -188,42 +188,11 @@ pub(crate) fn apply(
             Recoverable::No,
         )
     })?;
-    let internal = |e: std::io::Error| {
-        ToolResult::failure(
-            id,
-            format!("could not prepare a private copy for patch: {e}"),
-            Recoverable::Yes,
-        )
-    };
+    let internal = |e: std::io::Error| copy_failure(id, e);
     let work = PrivateDir::new_in(&std::env::temp_dir(), "correx-patch-").map_err(internal)?;
     let tree = work.path().join("tree");
     std::fs::create_dir(&tree).map_err(internal)?;
-    let mut locs = Vec::with_capacity(files.len());
-    for f in &files {
-        let loc = roots
-            .locate(&f.path)
-            .map_err(|e| fail(req, FsError::Confine(e)))?;
-        let copy = tree.join(&f.path);
-        if let Some(parent) = copy.parent() {
-            std::fs::create_dir_all(parent).map_err(internal)?;
-        }
-        match f.change {
-            Change::Modify | Change::Delete => {
-                let bytes = ops::read(roots, &loc, cap).map_err(|e| fail(req, e))?;
-                std::fs::write(&copy, bytes).map_err(internal)?;
-            }
-            Change::Create => {
-                if ops::exists(roots, &loc).map_err(|e| fail(req, e))? {
-                    return Err(ToolResult::failure(
-                        id,
-                        format!("the diff creates {} but it already exists", f.path),
-                        Recoverable::Yes,
-                    ));
-                }
-            }
-        }
-        locs.push(loc);
-    }
+    let locs = copy_in(roots, req, &files, &tree, cap)?;
     let patch_file = work.path().join("change.diff");
     std::fs::write(&patch_file, diff).map_err(internal)?;
     let run = |dry: bool| {
@@ -262,7 +231,73 @@ pub(crate) fn apply(
     if real.exit != Exit::Code(0) || real.timed_out {
         return Err(patch_failure(req, "patch failed", &real));
     }
-    for (f, loc) in files.iter().zip(&locs) {
+    copy_out(roots, req, &files, &locs, &tree)?;
+    let names: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    Ok(ToolResult::success(
+        id,
+        format!("patched {}", names.join(", ")),
+    ))
+}
+
+/// A private copy, under `tree`, of every file the diff changes, each located beneath its
+/// root first (a file it creates must not exist yet); gives their locations.
+fn copy_in(
+    roots: &Roots,
+    req: &ToolRequest,
+    files: &[PatchFile],
+    tree: &Path,
+    cap: u64,
+) -> Result<Vec<Located>, ToolResult> {
+    let id = &req.invocation_id;
+    let internal = |e: std::io::Error| copy_failure(id, e);
+    let mut locs = Vec::with_capacity(files.len());
+    for f in files {
+        let loc = roots
+            .locate(&f.path)
+            .map_err(|e| fail(req, FsError::Confine(e)))?;
+        let copy = tree.join(&f.path);
+        if let Some(parent) = copy.parent() {
+            std::fs::create_dir_all(parent).map_err(internal)?;
+        }
+        match f.change {
+            Change::Modify | Change::Delete => {
+                let bytes = ops::read(roots, &loc, cap).map_err(|e| fail(req, e))?;
+                std::fs::write(&copy, bytes).map_err(internal)?;
+            }
+            Change::Create => {
+                if ops::exists(roots, &loc).map_err(|e| fail(req, e))? {
+                    return Err(ToolResult::failure(
+                        id,
+                        format!("the diff creates {} but it already exists", f.path),
+                        Recoverable::Yes,
+                    ));
+                }
+            }
+        }
+        locs.push(loc);
+    }
+    Ok(locs)
+}
+
+fn copy_failure(id: &crate::ids::ToolInvocationId, e: std::io::Error) -> ToolResult {
+    ToolResult::failure(
+        id,
+        format!("could not prepare a private copy for patch: {e}"),
+        Recoverable::Yes,
+    )
+}
+
+/// Writes each patched copy back to its file (atomically), or deletes the file whose copy
+/// patch removed; a copy that is no longer a regular file writes nothing.
+fn copy_out(
+    roots: &Roots,
+    req: &ToolRequest,
+    files: &[PatchFile],
+    locs: &[Located],
+    tree: &Path,
+) -> Result<(), ToolResult> {
+    let id = &req.invocation_id;
+    for (f, loc) in files.iter().zip(locs) {
         let copy = tree.join(&f.path);
         match std::fs::symlink_metadata(&copy) {
             Ok(m) if !m.file_type().is_file() => {
@@ -282,14 +317,10 @@ pub(crate) fn apply(
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 ops::delete(roots, loc).map_err(|e| fail(req, e))?
             }
-            Err(e) => return Err(internal(e)),
+            Err(e) => return Err(copy_failure(id, e)),
         }
     }
-    let names: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
-    Ok(ToolResult::success(
-        id,
-        format!("patched {}", names.join(", ")),
-    ))
+    Ok(())
 }
 
 #[cfg(test)]
