@@ -733,74 +733,30 @@ impl Slot<'_> {
         let table = self.table;
         let inner = &table.inner;
         let id = format!("job-{}", crate::ids::random_uuid());
-        let record = record::Record {
-            session_id: self.session.clone(),
-            job_id: id.clone(),
-        };
         let kill = |started: Started, cleanup: Box<dyn FnOnce() + Send>, why: String| {
             drop(started); // kills and reaps everything it started
             cleanup();
             Err(JobError::Failed { reason: why })
         };
-        if let Err(e) = inner.records.add(&record) {
-            return kill(
-                started,
-                launch.cleanup,
-                format!("writing the job's record: {e}"),
-            );
+        let recorded =
+            self.record_start(&id, launch.invocation_id, &launch.command, launch.timeout);
+        if let Err(why) = recorded {
+            return kill(started, launch.cleanup, why);
         }
-        let begun = DomainEvent::JobStarted {
-            session_id: self.session.clone(),
-            job_id: id.clone(),
-            invocation_id: launch.invocation_id,
-            command: launch.command.clone(),
-            timeout_ms: launch.timeout.as_millis() as u64,
-        };
-        if let Err(e) = inner.events.append(
-            &session_stream(&self.session),
-            ExpectedVersion::Any,
-            &[begun.to_new_event()],
-        ) {
-            inner.records.remove(&id);
-            return kill(
-                started,
-                launch.cleanup,
-                format!("recording the job's start: {e}"),
-            );
-        }
-        let job = Arc::new(Job {
-            id: id.clone(),
-            session: self.session.clone(),
-            command: launch.command,
-            started: Instant::now(),
-            out: Mutex::new([
-                Tail::new(launch.buffer_bytes),
-                Tail::new(launch.buffer_bytes),
-            ]),
-            end: Mutex::new(None),
-            ended: Condvar::new(),
-            asked: Mutex::new(None),
-            cancel: CancelToken::new(),
-            pidfd: Mutex::new(started.program_pidfd()),
-        });
+        let job = new_job(
+            &id,
+            &self.session,
+            launch.command,
+            launch.buffer_bytes,
+            &started,
+        );
         {
             let mut jobs = inner.jobs.lock();
             forget_oldest_ended(&mut jobs, &self.session);
             jobs.push(job.clone());
         }
         drop(self); // the job holds the slot now
-                    // Threads of jobs that ended are joined as new ones start, so they never pile up.
-        {
-            let mut threads = inner.threads.lock();
-            let (done, live): (Vec<_>, Vec<_>) = std::mem::take(&mut *threads)
-                .into_iter()
-                .partition(|t| t.is_finished());
-            *threads = live;
-            drop(threads);
-            for t in done {
-                let _ = t.join();
-            }
-        }
+        join_finished_threads(inner);
         let shared = inner.clone();
         let pumped = std::thread::Builder::new()
             .name(format!("correx-{id}"))
@@ -826,6 +782,76 @@ impl Slot<'_> {
                 })
             }
         }
+    }
+
+    /// Writes the job's record, then records its start (`job.started`), removing the record
+    /// again if the log refuses it; why it failed, if it did.
+    fn record_start(
+        &self,
+        id: &str,
+        invocation_id: String,
+        command: &[String],
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let inner = &self.table.inner;
+        let record = record::Record {
+            session_id: self.session.clone(),
+            job_id: id.to_owned(),
+        };
+        if let Err(e) = inner.records.add(&record) {
+            return Err(format!("writing the job's record: {e}"));
+        }
+        let begun = DomainEvent::JobStarted {
+            session_id: self.session.clone(),
+            job_id: id.to_owned(),
+            invocation_id,
+            command: command.to_vec(),
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        if let Err(e) = inner.events.append(
+            &session_stream(&self.session),
+            ExpectedVersion::Any,
+            &[begun.to_new_event()],
+        ) {
+            inner.records.remove(id);
+            return Err(format!("recording the job's start: {e}"));
+        }
+        Ok(())
+    }
+}
+
+/// A running job of `session`, its program `started`.
+fn new_job(
+    id: &str,
+    session: &str,
+    command: Vec<String>,
+    buffer_bytes: usize,
+    started: &Started,
+) -> Arc<Job> {
+    Arc::new(Job {
+        id: id.to_owned(),
+        session: session.to_owned(),
+        command,
+        started: Instant::now(),
+        out: Mutex::new([Tail::new(buffer_bytes), Tail::new(buffer_bytes)]),
+        end: Mutex::new(None),
+        ended: Condvar::new(),
+        asked: Mutex::new(None),
+        cancel: CancelToken::new(),
+        pidfd: Mutex::new(started.program_pidfd()),
+    })
+}
+
+/// Threads of jobs that ended are joined as new ones start, so they never pile up.
+fn join_finished_threads(inner: &Inner) {
+    let mut threads = inner.threads.lock();
+    let (done, live): (Vec<_>, Vec<_>) = std::mem::take(&mut *threads)
+        .into_iter()
+        .partition(|t| t.is_finished());
+    *threads = live;
+    drop(threads);
+    for t in done {
+        let _ = t.join();
     }
 }
 

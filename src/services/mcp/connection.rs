@@ -308,6 +308,20 @@ impl Shared {
             .or_insert_with(|| json!({}))
             .as_object_mut()
             .map(|m| m.insert("progressToken".into(), json!(id)));
+        if let Err(e) = self.send_request(id, method, params) {
+            return (Err(e), Vec::new());
+        }
+        self.await_answer(id, method, timeout, cancel, on_progress)
+    }
+
+    /// Registers the waiter of request `id`, then sends it; on a failure the waiter is removed
+    /// again.
+    fn send_request(
+        &self,
+        id: u64,
+        method: &str,
+        params: Map<String, Value>,
+    ) -> Result<(), RpcError> {
         self.waiters.lock().insert(
             id,
             Waiter {
@@ -318,14 +332,27 @@ impl Shared {
         );
         if self.is_ended() {
             self.waiters.lock().remove(&id);
-            return (Err(RpcError::Gone(self.why_ended())), Vec::new());
+            return Err(RpcError::Gone(self.why_ended()));
         }
         let sent =
             self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         if let Err(e) = sent {
             self.waiters.lock().remove(&id);
-            return (Err(e), Vec::new());
+            return Err(e);
         }
+        Ok(())
+    }
+
+    /// Waits for the answer to request `id` (sent), passing its progress on meanwhile; see
+    /// [`Shared::request`].
+    fn await_answer(
+        &self,
+        id: u64,
+        method: &str,
+        timeout: Duration,
+        cancel: Option<&CancelToken>,
+        on_progress: Option<&dyn Fn(&Value)>,
+    ) -> (Result<Value, RpcError>, Vec<Value>) {
         let deadline = Instant::now().checked_add(timeout);
         let mut passing = Passing::default();
         let mut waiters = self.waiters.lock();
@@ -334,20 +361,7 @@ impl Shared {
                 if w.answer.is_some() {
                     let w = waiters.remove(&id);
                     drop(waiters);
-                    return match w {
-                        Some(Waiter {
-                            answer: Some(a),
-                            progress,
-                            heard,
-                        }) => {
-                            // The last report often comes just before the answer.
-                            if let (Some(pass), Some(latest)) = (on_progress, progress.last()) {
-                                passing.pass(pass, latest, heard, true);
-                            }
-                            (a, progress)
-                        }
-                        _ => (Err(RpcError::Gone(self.why_ended())), Vec::new()),
-                    };
+                    return self.answered_call(w, &mut passing, on_progress);
                 }
                 if let (Some(pass), Some(latest)) = (on_progress, w.progress.last()) {
                     if passing.due(w.heard) {
@@ -364,29 +378,64 @@ impl Shared {
             if cancelled || late {
                 let progress = waiters.remove(&id).map(|w| w.progress).unwrap_or_default();
                 drop(waiters);
-                let reason = if cancelled {
-                    "cancelled by the host"
-                } else {
-                    "timed out"
-                };
-                if method != "initialize" {
-                    let _ = self.notify(
-                        "notifications/cancelled",
-                        json!({"requestId": id, "reason": reason}),
-                    );
-                }
-                let e = if cancelled {
-                    RpcError::Cancelled
-                } else {
-                    RpcError::TimedOut
-                };
-                return (Err(e), progress);
+                return self.abandon(id, method, cancelled, progress);
             }
             // Woken by an answer or the end; a cancel is seen within the slice.
             let slice = Instant::now() + Duration::from_millis(20);
             let until = deadline.map_or(slice, |d| d.min(slice));
             let _ = self.answered.wait_until(&mut waiters, until);
         }
+    }
+
+    /// What a call returns once its waiter `w` (removed, no lock held) has its answer.
+    fn answered_call(
+        &self,
+        w: Option<Waiter>,
+        passing: &mut Passing,
+        on_progress: Option<&dyn Fn(&Value)>,
+    ) -> (Result<Value, RpcError>, Vec<Value>) {
+        match w {
+            Some(Waiter {
+                answer: Some(a),
+                progress,
+                heard,
+            }) => {
+                // The last report often comes just before the answer.
+                if let (Some(pass), Some(latest)) = (on_progress, progress.last()) {
+                    passing.pass(pass, latest, heard, true);
+                }
+                (a, progress)
+            }
+            _ => (Err(RpcError::Gone(self.why_ended())), Vec::new()),
+        }
+    }
+
+    /// Gives up on request `id` (its waiter removed, no lock held), cancelled or late: the
+    /// server is told (but for `initialize`).
+    fn abandon(
+        &self,
+        id: u64,
+        method: &str,
+        cancelled: bool,
+        progress: Vec<Value>,
+    ) -> (Result<Value, RpcError>, Vec<Value>) {
+        let reason = if cancelled {
+            "cancelled by the host"
+        } else {
+            "timed out"
+        };
+        if method != "initialize" {
+            let _ = self.notify(
+                "notifications/cancelled",
+                json!({"requestId": id, "reason": reason}),
+            );
+        }
+        let e = if cancelled {
+            RpcError::Cancelled
+        } else {
+            RpcError::TimedOut
+        };
+        (Err(e), progress)
     }
 
     /// Handles one line the server wrote on stdout.
@@ -423,116 +472,127 @@ impl Shared {
         let response = m.contains_key("result") || m.contains_key("error");
         match (m.get("id"), m.get("method").and_then(Value::as_str)) {
             // A response to one of ours.
-            (Some(id), _) if response => {
-                let Some(id) = id.as_u64() else {
-                    // `id: null`: an error about a message it could not read.
-                    log::warn!(
-                        "mcp server {}: an error not tied to a request: {}",
-                        self.name,
-                        crate::text::bounded(
-                            m.get("error").map(Value::to_string).unwrap_or_default()
-                        )
-                    );
-                    return;
-                };
-                let answer = match (m.get("result"), m.get("error")) {
-                    (Some(r), _) => Ok(r.clone()),
-                    (None, Some(e)) => Err(RpcError::Server {
-                        code: e["code"].as_i64().unwrap_or(0),
-                        message: e["message"].as_str().unwrap_or_default().to_owned(),
-                    }),
-                    (None, None) => Err(RpcError::Server {
-                        code: -32603,
-                        message: "a response with neither result nor error".into(),
-                    }),
-                };
-                if let Some(w) = self.waiters.lock().get_mut(&id) {
-                    w.answer = Some(answer);
-                }
-                self.answered.notify_all();
-            }
+            (Some(id), _) if response => self.response(id, m),
             // A request from the server.
-            (Some(id), Some(method)) => {
-                let reply = match method {
-                    "ping" => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
-                    "roots/list" => {
-                        let roots: Vec<Value> = self
-                            .roots
-                            .iter()
-                            .map(|r| json!({"uri": file_uri(r), "name": r}))
-                            .collect();
-                        json!({"jsonrpc": "2.0", "id": id, "result": {"roots": roots}})
-                    }
-                    other => match McpClientMethod::from_method(other) {
-                        Some(asked) if self.declared.contains(&asked) => {
-                            self.answer_on_thread(id.clone(), asked, m.get("params"));
-                            return;
-                        }
-                        _ => json!({"jsonrpc": "2.0", "id": id, "error": {
-                            "code": -32601,
-                            "message": format!(
-                                "{other} is not supported by this client (correx answers ping, \
-                                 roots/list{})",
-                                self.declared
-                                    .iter()
-                                    .map(|m| format!(", {}", m.method()))
-                                    .collect::<String>()
-                            )
-                        }}),
-                    },
-                };
-                let _ = self.send(&reply);
-            }
+            (Some(id), Some(method)) => self.server_request(id, method, m),
             // A notification.
-            (None, Some(method)) => match method {
-                "notifications/progress" => {
-                    let mut params = m.get("params").cloned().unwrap_or(Value::Null);
-                    // Kept small: the counts, and the message cut to 1 KiB.
-                    if let Some(msg) = params.get("message").and_then(Value::as_str) {
-                        let cut: String = msg.chars().take(1024).collect();
-                        params["message"] = json!(cut);
-                    }
-                    if let Value::Object(p) = &mut params {
-                        p.retain(|k, _| {
-                            matches!(
-                                k.as_str(),
-                                "progressToken" | "progress" | "total" | "message"
-                            )
-                        });
-                    }
-                    if let Some(token) = params["progressToken"].as_u64() {
-                        if let Some(w) = self.waiters.lock().get_mut(&token) {
-                            if w.progress.len() == KEPT_PROGRESS {
-                                w.progress.remove(0);
-                            }
-                            w.progress.push(params);
-                            w.heard += 1;
-                        }
-                        // The caller passes it on while it waits.
-                        self.answered.notify_all();
-                    }
-                }
-                "notifications/cancelled" => {
-                    // The server withdrew a request the host is answering.
-                    let id = &m.get("params").unwrap_or(&Value::Null)["requestId"];
-                    if let Some(call) = self.host_calls.lock().get(&id.to_string()) {
-                        call.cancel.cancel();
-                    }
-                }
-                "notifications/tools/list_changed" => {
-                    self.tools_changed.store(true, Ordering::Release)
-                }
-                "notifications/message" => {
-                    let p = &m["params"];
-                    log::info!(
-                        "mcp server {}: {}",
-                        self.name,
-                        crate::text::bounded(p["data"].to_string())
-                    );
-                }
-                _ => {}
-            },
+            (None, Some(method)) => self.notification(method, m),
             (_, None) => {}
+        }
+    }
+
+    /// A response to one of ours: its waiter gets the answer.
+    fn response(&self, id: &Value, m: &Map<String, Value>) {
+        let Some(id) = id.as_u64() else {
+            // `id: null`: an error about a message it could not read.
+            log::warn!(
+                "mcp server {}: an error not tied to a request: {}",
+                self.name,
+                crate::text::bounded(m.get("error").map(Value::to_string).unwrap_or_default())
+            );
+            return;
+        };
+        let answer = match (m.get("result"), m.get("error")) {
+            (Some(r), _) => Ok(r.clone()),
+            (None, Some(e)) => Err(RpcError::Server {
+                code: e["code"].as_i64().unwrap_or(0),
+                message: e["message"].as_str().unwrap_or_default().to_owned(),
+            }),
+            (None, None) => Err(RpcError::Server {
+                code: -32603,
+                message: "a response with neither result nor error".into(),
+            }),
+        };
+        if let Some(w) = self.waiters.lock().get_mut(&id) {
+            w.answer = Some(answer);
+        }
+        self.answered.notify_all();
+    }
+
+    /// A request from the server: answered here (`ping`, `roots/list`), by the host's handler
+    /// on a thread of its own (a declared method), or refused.
+    fn server_request(self: &Arc<Self>, id: &Value, method: &str, m: &Map<String, Value>) {
+        let reply = match method {
+            "ping" => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
+            "roots/list" => {
+                let roots: Vec<Value> = self
+                    .roots
+                    .iter()
+                    .map(|r| json!({"uri": file_uri(r), "name": r}))
+                    .collect();
+                json!({"jsonrpc": "2.0", "id": id, "result": {"roots": roots}})
+            }
+            other => match McpClientMethod::from_method(other) {
+                Some(asked) if self.declared.contains(&asked) => {
+                    self.answer_on_thread(id.clone(), asked, m.get("params"));
+                    return;
+                }
+                _ => json!({"jsonrpc": "2.0", "id": id, "error": {
+                    "code": -32601,
+                    "message": format!(
+                        "{other} is not supported by this client (correx answers ping, \
+                         roots/list{})",
+                        self.declared
+                            .iter()
+                            .map(|m| format!(", {}", m.method()))
+                            .collect::<String>()
+                    )
+                }}),
+            },
+        };
+        let _ = self.send(&reply);
+    }
+
+    /// A notification from the server.
+    fn notification(&self, method: &str, m: &Map<String, Value>) {
+        match method {
+            "notifications/progress" => self.progress(m),
+            "notifications/cancelled" => {
+                // The server withdrew a request the host is answering.
+                let id = &m.get("params").unwrap_or(&Value::Null)["requestId"];
+                if let Some(call) = self.host_calls.lock().get(&id.to_string()) {
+                    call.cancel.cancel();
+                }
+            }
+            "notifications/tools/list_changed" => self.tools_changed.store(true, Ordering::Release),
+            "notifications/message" => {
+                let p = &m["params"];
+                log::info!(
+                    "mcp server {}: {}",
+                    self.name,
+                    crate::text::bounded(p["data"].to_string())
+                );
+            }
+            _ => {}
+        }
+    }
+
+    /// A progress notification: kept with the call it names, whose caller is woken.
+    fn progress(&self, m: &Map<String, Value>) {
+        let mut params = m.get("params").cloned().unwrap_or(Value::Null);
+        // Kept small: the counts, and the message cut to 1 KiB.
+        if let Some(msg) = params.get("message").and_then(Value::as_str) {
+            let cut: String = msg.chars().take(1024).collect();
+            params["message"] = json!(cut);
+        }
+        if let Value::Object(p) = &mut params {
+            p.retain(|k, _| {
+                matches!(
+                    k.as_str(),
+                    "progressToken" | "progress" | "total" | "message"
+                )
+            });
+        }
+        if let Some(token) = params["progressToken"].as_u64() {
+            if let Some(w) = self.waiters.lock().get_mut(&token) {
+                if w.progress.len() == KEPT_PROGRESS {
+                    w.progress.remove(0);
+                }
+                w.progress.push(params);
+                w.heard += 1;
+            }
+            // The caller passes it on while it waits.
+            self.answered.notify_all();
         }
     }
 }

@@ -46,26 +46,7 @@ fn check_at(schema: &Value, value: &Value, path: &str, depth: usize) -> Result<(
     if depth > MAX_DEPTH {
         return Ok(());
     }
-    match s.get("type") {
-        Some(Value::String(t)) if !is_type(value, t) => {
-            return Err(format!(
-                "{path} must be {}, got {}",
-                article(t),
-                kind(value)
-            ));
-        }
-        Some(Value::Array(ts)) => {
-            let names: Vec<&str> = ts.iter().filter_map(Value::as_str).collect();
-            if !names.is_empty() && !names.iter().any(|t| is_type(value, t)) {
-                return Err(format!(
-                    "{path} must be one of {}, got {}",
-                    names.join(", "),
-                    kind(value)
-                ));
-            }
-        }
-        _ => {}
-    }
+    check_type(s, value, path)?;
     if let Some(Value::Array(options)) = s.get("enum") {
         if !options.iter().any(|o| same(o, value)) {
             return Err(format!(
@@ -92,15 +73,7 @@ fn check_at(schema: &Value, value: &Value, path: &str, depth: usize) -> Result<(
     }
     match value {
         Value::Object(o) => object(s, o, path, depth),
-        Value::Array(items) => {
-            bounds(s, "minItems", "maxItems", items.len(), path, "items")?;
-            if let Some(item) = s.get("items") {
-                for (i, v) in items.iter().enumerate() {
-                    check_at(item, v, &format!("{path}[{i}]"), depth + 1)?;
-                }
-            }
-            Ok(())
-        }
+        Value::Array(items) => array(s, items, path, depth),
         Value::String(text) => bounds(
             s,
             "minLength",
@@ -109,22 +82,59 @@ fn check_at(schema: &Value, value: &Value, path: &str, depth: usize) -> Result<(
             path,
             "characters",
         ),
-        Value::Number(n) => {
-            let x = n.as_f64().unwrap_or(0.0);
-            if let Some(min) = s.get("minimum").and_then(Value::as_f64) {
-                if x < min {
-                    return Err(format!("{path} must be at least {min}"));
-                }
-            }
-            if let Some(max) = s.get("maximum").and_then(Value::as_f64) {
-                if x > max {
-                    return Err(format!("{path} must be at most {max}"));
-                }
-            }
-            Ok(())
-        }
+        Value::Number(n) => number(s, n, path),
         Value::Null | Value::Bool(_) => Ok(()),
     }
+}
+
+/// The schema's `type` (one or a list).
+fn check_type(s: &Map<String, Value>, value: &Value, path: &str) -> Result<(), String> {
+    match s.get("type") {
+        Some(Value::String(t)) if !is_type(value, t) => {
+            return Err(format!(
+                "{path} must be {}, got {}",
+                article(t),
+                kind(value)
+            ));
+        }
+        Some(Value::Array(ts)) => {
+            let names: Vec<&str> = ts.iter().filter_map(Value::as_str).collect();
+            if !names.is_empty() && !names.iter().any(|t| is_type(value, t)) {
+                return Err(format!(
+                    "{path} must be one of {}, got {}",
+                    names.join(", "),
+                    kind(value)
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn array(s: &Map<String, Value>, items: &[Value], path: &str, depth: usize) -> Result<(), String> {
+    bounds(s, "minItems", "maxItems", items.len(), path, "items")?;
+    if let Some(item) = s.get("items") {
+        for (i, v) in items.iter().enumerate() {
+            check_at(item, v, &format!("{path}[{i}]"), depth + 1)?;
+        }
+    }
+    Ok(())
+}
+
+fn number(s: &Map<String, Value>, n: &serde_json::Number, path: &str) -> Result<(), String> {
+    let x = n.as_f64().unwrap_or(0.0);
+    if let Some(min) = s.get("minimum").and_then(Value::as_f64) {
+        if x < min {
+            return Err(format!("{path} must be at least {min}"));
+        }
+    }
+    if let Some(max) = s.get("maximum").and_then(Value::as_f64) {
+        if x > max {
+            return Err(format!("{path} must be at most {max}"));
+        }
+    }
+    Ok(())
 }
 
 fn object(

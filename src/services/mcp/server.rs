@@ -9,6 +9,7 @@ use super::host_requests::HandlerSlot;
 use crate::cancel::CancelToken;
 use crate::domain::DomainEvent;
 use crate::events::{EventStore, ExpectedVersion};
+use crate::sys::spawn::{Cleanup, Started};
 use crate::tools::ShellTool;
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
@@ -92,6 +93,50 @@ fn record(events: &dyn EventStore, name: &str, e: DomainEvent) {
     if let Err(err) = events.append(MCP_STREAM, ExpectedVersion::Any, &[e.to_new_event()]) {
         log::error!("mcp server {name}: recording {}: {err}", e.type_id());
     }
+}
+
+/// A server's thread: reads its output until it ends, cleans up, then ends its connection and
+/// records why it ended.
+fn supervise(
+    started: Started,
+    cleanup: Cleanup,
+    shared: &Arc<Shared>,
+    stopping: &AtomicBool,
+    events: &dyn EventStore,
+    name: &str,
+) {
+    let mut lines = Lines::new(shared.clone());
+    let ended = started.wait(&mut lines, Some(&shared.kill));
+    cleanup();
+    let (code, signal) = match &ended {
+        Ok(e) => match e.exit {
+            crate::sys::spawn::Exit::Code(c) => (Some(c), None),
+            crate::sys::spawn::Exit::Signal(s) => (None, Some(s)),
+        },
+        Err(_) => (None, None),
+    };
+    let reason = if shared.overflowed.load(Ordering::Acquire) {
+        "line_too_long"
+    } else if stopping.load(Ordering::Acquire) {
+        "stopped"
+    } else if code == Some(0) {
+        "exited"
+    } else {
+        "crashed"
+    };
+    shared.end(format!(
+        "it {reason} (exit code {code:?}, signal {signal:?})"
+    ));
+    record(
+        events,
+        name,
+        DomainEvent::McpServerExited {
+            server: name.to_owned(),
+            reason: reason.into(),
+            exit_code: code,
+            signal,
+        },
+    );
 }
 
 fn backoff(failures: u32) -> Duration {
@@ -301,38 +346,7 @@ impl McpServer {
             std::thread::Builder::new()
                 .name(format!("correx-mcp-{}", self.name))
                 .spawn(move || {
-                    let mut lines = Lines::new(shared.clone());
-                    let ended = started.wait(&mut lines, Some(&shared.kill));
-                    cleanup();
-                    let (code, signal) = match &ended {
-                        Ok(e) => match e.exit {
-                            crate::sys::spawn::Exit::Code(c) => (Some(c), None),
-                            crate::sys::spawn::Exit::Signal(s) => (None, Some(s)),
-                        },
-                        Err(_) => (None, None),
-                    };
-                    let reason = if shared.overflowed.load(Ordering::Acquire) {
-                        "line_too_long"
-                    } else if stopping.load(Ordering::Acquire) {
-                        "stopped"
-                    } else if code == Some(0) {
-                        "exited"
-                    } else {
-                        "crashed"
-                    };
-                    shared.end(format!(
-                        "it {reason} (exit code {code:?}, signal {signal:?})"
-                    ));
-                    record(
-                        events.as_ref(),
-                        &name,
-                        DomainEvent::McpServerExited {
-                            server: name.clone(),
-                            reason: reason.into(),
-                            exit_code: code,
-                            signal,
-                        },
-                    );
+                    supervise(started, cleanup, &shared, &stopping, events.as_ref(), &name)
                 })
                 .map_err(|e| e.to_string())?
         };
