@@ -118,7 +118,7 @@ pub use sandbox::{
 };
 pub use services::jobs::{
     signal_number, InterruptedJob, JobCursor, JobEndReason, JobError, JobInfo, JobOutput,
-    JobStatus, JobTable, JobsOptions, SIGNALS,
+    JobStatus, JobTable, SIGNALS,
 };
 pub use services::mcp::{
     McpClientMethod, McpHub, McpRefusal, McpRequestHandler, McpServerConfig, McpServerRequest,
@@ -128,11 +128,11 @@ pub use sessions::{Session, SessionError, Step, MAX_STEP_KEY};
 pub use settings::{ConfigError, Section};
 pub use tools::{
     looks_secret, BuildContext, BuiltinTool, ConfineError, DispatchingToolExecutor,
-    FileAffectingTool, FileEditTool, FileReadTool, FileToolConfig, FileWriteTool, JobsTool,
-    JobsToolOptions, Recoverable, ResolveMode, Roots, ShellOptions, ShellTool, Tier, Tool,
-    ToolCapability, ToolConfig, ToolError, ToolErrorKind, ToolExecutor, ToolRegistry, ToolRequest,
-    ToolResult, ToolRow, ToolSource, ValidationResult, BUILTIN_TOOLS, DEFAULT_MAX_READ_BYTES,
-    DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
+    FileAffectingTool, FileEditTool, FileReadTool, FileToolConfig, FileWriteTool, JobsOptions,
+    JobsTool, JobsToolOptions, Recoverable, ResolveMode, Roots, ShellOptions, ShellTool, Tier,
+    Tool, ToolCapability, ToolConfig, ToolError, ToolErrorKind, ToolExecutor, ToolRegistry,
+    ToolRequest, ToolResult, ToolRow, ToolSource, ValidationResult, BUILTIN_TOOLS,
+    DEFAULT_MAX_READ_BYTES, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
 };
 
 #[cfg(test)]

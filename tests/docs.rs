@@ -82,7 +82,7 @@ const SECTIONS: &[Section] = &[
     },
     Section {
         path: "tools.shell.jobs",
-        file: "src/services/jobs/options.rs",
+        file: "src/tools/shell/jobs.rs",
         ty: "JobsOptions",
         extra: &[],
     },

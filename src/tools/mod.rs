@@ -38,5 +38,7 @@ pub use fs::{
 pub use jobs::{JobsTool, JobsToolOptions};
 pub(crate) use params::json_kind;
 pub use registry::{DispatchingToolExecutor, ToolRegistry, ToolSource};
-pub use shell::{looks_secret, ShellOptions, ShellTool, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT};
+pub use shell::{
+    looks_secret, JobsOptions, ShellOptions, ShellTool, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
+};
 pub use table::{BuildContext, BuiltinTool, ToolConfig, ToolRow, BUILTIN_TOOLS};

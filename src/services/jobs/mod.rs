@@ -10,16 +10,14 @@
 //! opened on the same sandbox root records those jobs `interrupted`.
 
 mod buffer;
-mod options;
 mod record;
-
-pub use options::JobsOptions;
 
 use crate::cancel::CancelToken;
 use crate::domain::session_stream;
 use crate::domain::{DomainEvent, EventType};
 use crate::events::{EventStore, ExpectedVersion};
 use crate::sys::spawn::{Exit, Started};
+use crate::tools::shell::background::{Background, Launch, Reserved};
 use buffer::Tail;
 use parking_lot::{Condvar, Mutex};
 use std::fmt;
@@ -710,18 +708,6 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// What a job is, besides its running program.
-pub(crate) struct Launch {
-    pub invocation_id: String,
-    pub command: Vec<String>,
-    pub timeout: Duration,
-    /// Bytes kept of each stream.
-    pub buffer_bytes: usize,
-    /// Runs once every process of the job is gone, before its end is recorded (the run's
-    /// temp directory, cgroup and proxy go).
-    pub cleanup: crate::sys::spawn::Cleanup,
-}
-
 impl Slot<'_> {
     /// Makes `started` a job: records it (`job.started`), then reads its output on a thread of
     /// its own until it ends, and records the end. Returns its id.
@@ -944,4 +930,18 @@ fn finish(
         duration,
     });
     job.ended.notify_all();
+}
+
+impl Background for JobTable {
+    fn reserve(&self, session: &str, max: usize) -> Result<Box<dyn Reserved + '_>, String> {
+        JobTable::reserve(self, session, max)
+            .map(|slot| Box::new(slot) as Box<dyn Reserved + '_>)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl Reserved for Slot<'_> {
+    fn launch(self: Box<Self>, started: Started, launch: Launch) -> Result<String, String> {
+        Slot::launch(*self, started, launch).map_err(|e| e.to_string())
+    }
 }

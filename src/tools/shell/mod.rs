@@ -9,11 +9,11 @@ use crate::cancel::CancelToken;
 use crate::confine::net::{self as network, RunProxy};
 use crate::confine::{self, AppliedPolicy, Policy, Route, RunNetwork};
 use crate::private_dir::{check_private, PrivateDir};
-use crate::services::jobs::{JobTable, JobsOptions};
 use crate::settings::Section;
 use crate::sys::spawn::{self, Captured, Cleanup, Exit, RunNet, RunOutput, SpawnSpec, Started};
 use crate::sys::{resolve_both, FIXED_PATH};
 use crate::tools::Recoverable;
+use background::{Background, Launch};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -21,8 +21,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) mod background;
+mod jobs;
 mod options;
 
+pub use jobs::JobsOptions;
 pub use options::{ShellOptions, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT};
 
 /// Runs an allowlisted executable with argv from the request (`{"argv": ["ls", "-l"]}`, and an
@@ -59,7 +62,7 @@ pub struct ShellTool {
     spare: parking_lot::Mutex<Option<PathBuf>>,
     /// The runtime's job table and this shell's bounds on it; `None`: background runs are
     /// refused.
-    jobs: Option<(Arc<JobTable>, JobsOptions)>,
+    jobs: Option<(Arc<dyn Background>, JobsOptions)>,
     jobs_options: JobsOptions,
 }
 
@@ -161,14 +164,14 @@ impl Prepared<'_> {
 }
 
 /// A background request's job table, this shell's bounds on it, and the job's timeout.
-type Background<'a> = (&'a JobTable, &'a JobsOptions, Duration);
+type BackgroundRun<'a> = (&'a dyn Background, &'a JobsOptions, Duration);
 
 /// A shell request as read, once, for its validation and its run alike.
 struct ShellRequest<'a> {
     argv: Vec<&'a str>,
     /// A background job's table and this shell's bounds on it; `None` for a run that ends
     /// with its call.
-    background: Option<(&'a JobTable, &'a JobsOptions)>,
+    background: Option<(&'a dyn Background, &'a JobsOptions)>,
     timeout: Duration,
 }
 
@@ -428,7 +431,7 @@ impl ShellTool {
     }
 
     /// The same tool, starting background jobs (`"background": true`) in `table`.
-    pub fn with_jobs(mut self, table: Arc<JobTable>) -> Self {
+    pub(crate) fn with_jobs(mut self, table: Arc<dyn Background>) -> Self {
         self.jobs = Some((table, self.jobs_options.clone()));
         self
     }
@@ -438,7 +441,7 @@ impl ShellTool {
     fn background(
         &self,
         request: &ToolRequest,
-    ) -> Result<Option<Background<'_>>, (ToolErrorKind, String)> {
+    ) -> Result<Option<BackgroundRun<'_>>, (ToolErrorKind, String)> {
         let off = |reason: &str| (ToolErrorKind::NotAllowed, reason.to_owned());
         let invalid = |reason: String| (ToolErrorKind::InvalidRequest, reason);
         match request.parameters.get("background") {
@@ -465,7 +468,7 @@ impl ShellTool {
                         }
                     },
                 };
-                Ok(Some((table, options, timeout)))
+                Ok(Some((table.as_ref(), options, timeout)))
             }
             Some(v) => Err(invalid(format!(
                 "parameter \"background\" must be true or false, got {}",
@@ -875,7 +878,7 @@ impl ShellTool {
 fn start_job(
     request: &ToolRequest,
     prepared: Prepared<'_>,
-    table: &JobTable,
+    table: &dyn Background,
     options: &JobsOptions,
     timeout: Duration,
 ) -> Result<ToolResult, ToolResult> {
@@ -895,7 +898,7 @@ fn start_job(
     let job_id = slot
         .launch(
             started,
-            crate::services::jobs::Launch {
+            Launch {
                 invocation_id: id.to_string(),
                 command,
                 timeout,
@@ -903,7 +906,7 @@ fn start_job(
                 cleanup,
             },
         )
-        .map_err(|e| ToolResult::failure(id, e.to_string(), Recoverable::Yes))?;
+        .map_err(|e| ToolResult::failure(id, e, Recoverable::Yes))?;
     let data = serde_json::json!({"job_id": job_id, "background": true,
                                   "timeout_ms": timeout.as_millis() as u64});
     Ok(ToolResult::Success {

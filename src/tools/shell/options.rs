@@ -1,9 +1,9 @@
 //! [`ShellOptions`]: the shell tool's config section (`tools.shell`), what it says of itself,
 //! and how the runtime builds it.
 
+use super::JobsOptions;
 use super::ShellTool;
 use crate::confine::{IsolationOptions, RunAs};
-use crate::services::jobs::JobsOptions;
 use crate::settings::{self, ConfigError, Section};
 use crate::tools::table::{BuildContext, BuiltinTool, ToolRow};
 use crate::tools::{Tier, ToolError};
@@ -127,7 +127,9 @@ impl BuiltinTool for ShellTool {
     fn build(config: &ShellOptions, context: &BuildContext) -> Result<Self, ToolError> {
         let tool = ShellTool::new(config.clone())?;
         Ok(match &context.jobs {
-            Some(table) => tool.with_jobs(table.clone()),
+            Some(table) => {
+                tool.with_jobs(table.clone() as std::sync::Arc<dyn super::background::Background>)
+            }
             None => tool,
         })
     }
