@@ -35,13 +35,9 @@ impl EventLog {
     /// As [`SqliteEventStore::open_with`], or for a URL as `PostgresEventStore::open`;
     /// [`EventStoreError::InvalidLocation`] for a URL this build cannot open.
     pub fn open(location: impl AsRef<Path>, options: StoreOptions) -> Result<Self> {
-        let location = location.as_ref();
-        if let Some(url) = postgres_url(location)? {
-            return Self::open_postgres(url);
-        }
-        Ok(Self::from(Arc::new(SqliteEventStore::open_with(
-            location, options,
-        )?)))
+        Self::open_at(location.as_ref(), |path| {
+            SqliteEventStore::open_with(path, options)
+        })
     }
 
     /// Opens the log at `location` only if it is a correx log already: nothing is created.
@@ -51,13 +47,20 @@ impl EventLog {
     /// PostgreSQL database without the log's tables gets them: the database itself is what
     /// must exist.)
     pub fn open_existing(location: impl AsRef<Path>, options: StoreOptions) -> Result<Self> {
-        let location = location.as_ref();
+        Self::open_at(location.as_ref(), |path| {
+            SqliteEventStore::open_existing(path, options)
+        })
+    }
+
+    /// A `postgres://` `location` opened as PostgreSQL; any other, a SQLite file, by `sqlite`.
+    fn open_at(
+        location: &Path,
+        sqlite: impl FnOnce(&Path) -> Result<SqliteEventStore>,
+    ) -> Result<Self> {
         if let Some(url) = postgres_url(location)? {
             return Self::open_postgres(url);
         }
-        Ok(Self::from(Arc::new(SqliteEventStore::open_existing(
-            location, options,
-        )?)))
+        Ok(Self::from(Arc::new(sqlite(location)?)))
     }
 
     #[cfg(feature = "postgres")]

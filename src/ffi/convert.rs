@@ -72,6 +72,20 @@ pub(crate) fn parse_v1<T: serde::de::DeserializeOwned>(text: &str, what: &str) -
         .map_err(|e| Failure::new(CORREX_E_INVALID_ARGUMENT, format!("{what}: {e}")))
 }
 
+/// Borrows the NUL-terminated UTF-8 argument `p` and deserializes it as a `{"v": 1, ...}`
+/// object into `T`: [`str_arg`], then [`parse_v1`].
+///
+/// # Safety
+/// As [`str_arg`].
+pub(crate) unsafe fn request_arg<T: serde::de::DeserializeOwned>(
+    p: *const c_char,
+    name: &str,
+) -> FfiResult<T> {
+    // SAFETY: per the contract above.
+    let text = unsafe { str_arg(p, name) }?;
+    parse_v1(text, name)
+}
+
 /// `value` with `"v": 1` added, as a caller-owned C string.
 pub(crate) fn json_out(mut value: Value) -> *mut c_char {
     if let Value::Object(map) = &mut value {

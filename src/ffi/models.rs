@@ -1,7 +1,7 @@
 //! Models and inference: load, unload, status, infer, tokenize.
 
 use super::cancel::{correx_cancel, token};
-use super::convert::{json_v1, out_arg, parse_v1, str_arg};
+use super::convert::{json_v1, out_arg, request_arg, str_arg};
 use super::runtime::{answer_json, correx_runtime, with_runtime};
 use super::{
     correx_error, Failure, FfiResult, CORREX_CHUNK_REASONING, CORREX_CHUNK_TEXT, CORREX_CONTINUE,
@@ -403,8 +403,7 @@ pub unsafe extern "C" fn correx_infer_stream(
         // SAFETY: forwarded.
         let id = unsafe { str_arg(model_id, "model_id") }?;
         // SAFETY: forwarded.
-        let text = unsafe { str_arg(request_json, "request_json") }?;
-        let request: InferenceRequest = parse_v1(text, "request_json")?;
+        let request: InferenceRequest = unsafe { request_arg(request_json, "request_json") }?;
         let d = known_model(r, id)?;
         // SAFETY: the host's promise on on_chunk and user_data is this function's contract.
         let mut forward = unsafe { forwarder(on_chunk, user_data) };

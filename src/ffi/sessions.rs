@@ -2,17 +2,17 @@
 //! transcript a new process continues from.
 
 use super::cancel::{correx_cancel, token};
-use super::convert::{parse_v1, str_arg};
+use super::convert::{request_arg, str_arg};
 use super::models::{correx_chunk_fn, forwarder, inference_failure, known_model, response_json};
 use super::runtime::{answer_json, correx_runtime};
+use super::tools::tool_request;
 use super::{
     correx_error, Failure, FfiResult, CORREX_E_BUSY, CORREX_E_CANCELLED, CORREX_E_CONFLICT,
     CORREX_E_EVENT_STORE, CORREX_E_INVALID_ARGUMENT,
 };
-use crate::ids::{SessionId, ToolInvocationId};
+use crate::ids::SessionId;
 use crate::inference::InferenceRequest;
-use crate::sessions::{Session, SessionError};
-use crate::tools::ToolRequest;
+use crate::sessions::{Session, SessionError, Step};
 use serde_json::{json, Value};
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
@@ -35,6 +35,37 @@ fn session_of(r: &correx_runtime, id: *const c_char) -> FfiResult<Arc<Session>> 
     // SAFETY: the callers' contracts say `id` is NULL or a valid C string.
     let id = unsafe { str_arg(id, "session_id") }?;
     r.runtime.session(id).map_err(session_failure)
+}
+
+/// As [`answer_json`], for a call on step `step` of session `session_id`: `body` gets the
+/// session and the step key, checked in that order (after `rt` and `out_json`).
+///
+/// # Safety
+/// As [`answer_json`]; `session_id` and `step` are NULL or valid C strings.
+unsafe fn answer_step(
+    rt: *const correx_runtime,
+    session_id: *const c_char,
+    step: *const c_char,
+    out_json: *mut *mut c_char,
+    err: *mut *mut correx_error,
+    body: impl FnOnce(&correx_runtime, &Session, &str) -> FfiResult<Value>,
+) -> i32 {
+    let body = |r: &correx_runtime| -> FfiResult<Value> {
+        let session = session_of(r, session_id)?;
+        // SAFETY: per the contract above.
+        let step = unsafe { str_arg(step, "step") }?;
+        body(r, &session, step)
+    };
+    // SAFETY: forwarded from our caller.
+    unsafe { answer_json(rt, out_json, err, body) }
+}
+
+/// A step's answer for the host: `value` made of its result, plus `"replayed"` and `"attempt"`.
+fn step_json<T>(step: &Step<T>, value: impl FnOnce(&T) -> Value) -> Value {
+    let mut v = value(&step.value);
+    v["replayed"] = json!(step.replayed);
+    v["attempt"] = json!(step.attempt);
+    v
 }
 
 #[derive(serde::Deserialize)]
@@ -96,15 +127,11 @@ pub unsafe extern "C" fn correx_session_infer(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
-    let body = |r: &correx_runtime| -> FfiResult<Value> {
-        let session = session_of(r, session_id)?;
-        // SAFETY: forwarded.
-        let step = unsafe { str_arg(step, "step") }?;
+    let body = |r: &correx_runtime, session: &Session, step: &str| -> FfiResult<Value> {
         // SAFETY: forwarded.
         let id = unsafe { str_arg(model_id, "model_id") }?;
         // SAFETY: forwarded.
-        let text = unsafe { str_arg(request_json, "request_json") }?;
-        let request: InferenceRequest = parse_v1(text, "request_json")?;
+        let request: InferenceRequest = unsafe { request_arg(request_json, "request_json") }?;
         let d = known_model(r, id)?;
         // SAFETY: the host's promise on on_chunk and user_data is this function's contract.
         let mut forward = unsafe { forwarder(on_chunk, user_data) };
@@ -112,13 +139,11 @@ pub unsafe extern "C" fn correx_session_infer(
         let answer = session
             .infer_stream(step, &model, &request, &token(cancel), &mut forward)
             .map_err(session_failure)?;
-        let mut v = response_json(&answer.value);
-        v["replayed"] = json!(answer.replayed);
-        v["attempt"] = json!(answer.attempt);
-        Ok(v)
+        Ok(step_json(&answer, response_json))
     };
-    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
-    unsafe { answer_json(rt, out_json, err, body) }
+    // SAFETY: rt, session_id, step, out_json and err are NULL or valid, per this function's
+    // contract.
+    unsafe { answer_step(rt, session_id, step, out_json, err, body) }
 }
 
 /// Performs tool step `step` of session `session_id` once, through the sandbox as
@@ -164,22 +189,15 @@ pub unsafe extern "C" fn correx_session_execute(
     out_json: *mut *mut c_char,
     err: *mut *mut correx_error,
 ) -> i32 {
-    let body = |r: &correx_runtime| -> FfiResult<Value> {
-        let session = session_of(r, session_id)?;
+    let body = |r: &correx_runtime, session: &Session, step: &str| -> FfiResult<Value> {
         // SAFETY: forwarded.
-        let step = unsafe { str_arg(step, "step") }?;
-        // SAFETY: forwarded.
-        let text = unsafe { str_arg(request_json, "request_json") }?;
-        let input: ToolStepIn = parse_v1(text, "request_json")?;
-        let request = ToolRequest {
-            invocation_id: input
-                .invocation_id
-                .map(ToolInvocationId::from_string)
-                .unwrap_or_else(ToolInvocationId::random),
-            session_id: SessionId::from_string(session.id()),
-            tool_name: input.tool_name,
-            parameters: input.parameters,
-        };
+        let input: ToolStepIn = unsafe { request_arg(request_json, "request_json") }?;
+        let request = tool_request(
+            input.invocation_id,
+            SessionId::from_string(session.id()),
+            input.tool_name,
+            input.parameters,
+        );
         let done = session
             .execute(
                 step,
@@ -189,13 +207,13 @@ pub unsafe extern "C" fn correx_session_execute(
                 &token(cancel),
             )
             .map_err(session_failure)?;
-        let mut v = serde_json::to_value(&done.value).unwrap_or(Value::Null);
-        v["replayed"] = json!(done.replayed);
-        v["attempt"] = json!(done.attempt);
-        Ok(v)
+        Ok(step_json(&done, |result| {
+            serde_json::to_value(result).unwrap_or(Value::Null)
+        }))
     };
-    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
-    unsafe { answer_json(rt, out_json, err, body) }
+    // SAFETY: rt, session_id, step, out_json and err are NULL or valid, per this function's
+    // contract.
+    unsafe { answer_step(rt, session_id, step, out_json, err, body) }
 }
 
 /// The conversation of session `session_id` as the log tells it, for a new process to

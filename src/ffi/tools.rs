@@ -1,7 +1,7 @@
 //! Tools: running one through the sandbox, and listing them.
 
 use super::cancel::{correx_cancel, token};
-use super::convert::{parse_v1, str_arg};
+use super::convert::request_arg;
 use super::runtime::{answer_json, correx_runtime};
 use super::{correx_error, FfiResult};
 use crate::approvals::ApprovalContext;
@@ -18,6 +18,23 @@ pub(super) fn tool_request_json(r: &ToolRequest) -> Value {
         "tool_name": r.tool_name,
         "parameters": r.parameters,
     })
+}
+
+/// A tool request from the host's fields: the invocation id is generated when absent.
+pub(super) fn tool_request(
+    invocation_id: Option<String>,
+    session_id: SessionId,
+    tool_name: String,
+    parameters: serde_json::Map<String, Value>,
+) -> ToolRequest {
+    ToolRequest {
+        invocation_id: invocation_id
+            .map(ToolInvocationId::from_string)
+            .unwrap_or_else(ToolInvocationId::random),
+        session_id,
+        tool_name,
+        parameters,
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -99,17 +116,13 @@ pub unsafe extern "C" fn correx_tool_execute_with_cancel(
 ) -> i32 {
     let body = |r: &correx_runtime| -> FfiResult<Value> {
         // SAFETY: forwarded.
-        let text = unsafe { str_arg(request_json, "request_json") }?;
-        let input: ToolRequestIn = parse_v1(text, "request_json")?;
-        let request = ToolRequest {
-            invocation_id: input
-                .invocation_id
-                .map(ToolInvocationId::from_string)
-                .unwrap_or_else(ToolInvocationId::random),
-            session_id: SessionId::from_string(input.session_id),
-            tool_name: input.tool_name,
-            parameters: input.parameters,
-        };
+        let input: ToolRequestIn = unsafe { request_arg(request_json, "request_json") }?;
+        let request = tool_request(
+            input.invocation_id,
+            SessionId::from_string(input.session_id),
+            input.tool_name,
+            input.parameters,
+        );
         let result = r.runtime.executor().execute_cancellable_in(
             &request,
             &ApprovalContext::new(request.session_id.clone()),

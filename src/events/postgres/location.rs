@@ -242,25 +242,25 @@ mod tests {
                     db.example:5432:other:alice:nope\n\
                     127.0.0.1:5433:*:alice:pa\\:ss\\\\word\n\
                     *:*:*:*:fallback\n";
-        assert_eq!(
-            password_from_file(text, ["127.0.0.1", "5433", "correx", "alice"]).as_deref(),
-            Some("pa:ss\\word")
-        );
-        assert_eq!(
-            password_from_file(text, ["127.0.0.1", "5432", "correx", "bob"]).as_deref(),
-            Some("fallback")
-        );
-        assert_eq!(password_from_file("a:b:c\n", ["a", "b", "c", "d"]), None);
         // An escaped `*` is a literal star; the password ends at an unescaped `:`.
-        let text = "h:1:\\*:u:literal\nh:1:*:u:pa:ss\n";
-        assert_eq!(
-            password_from_file(text, ["h", "1", "*", "u"]).as_deref(),
-            Some("literal")
-        );
-        assert_eq!(
-            password_from_file(text, ["h", "1", "db", "u"]).as_deref(),
-            Some("pa")
-        );
+        let stars = "h:1:\\*:u:literal\nh:1:*:u:pa:ss\n";
+        for (text, want, found) in [
+            (
+                text,
+                ["127.0.0.1", "5433", "correx", "alice"],
+                Some("pa:ss\\word"),
+            ),
+            (
+                text,
+                ["127.0.0.1", "5432", "correx", "bob"],
+                Some("fallback"),
+            ),
+            ("a:b:c\n", ["a", "b", "c", "d"], None),
+            (stars, ["h", "1", "*", "u"], Some("literal")),
+            (stars, ["h", "1", "db", "u"], Some("pa")),
+        ] {
+            assert_eq!(password_from_file(text, want).as_deref(), found, "{want:?}");
+        }
     }
 
     /// The password file is ignored when others may read it (another user could have read

@@ -341,17 +341,18 @@ impl Conn {
     }
 
     pub(super) fn commit(&mut self) -> Result<()> {
-        self.client
-            .batch_execute("COMMIT")
-            .map_err(pg_error("commit"))?;
-        self.in_transaction = false;
-        Ok(())
+        self.end_transaction("COMMIT", "commit")
     }
 
     pub(super) fn rollback(&mut self) -> Result<()> {
+        self.end_transaction("ROLLBACK", "roll back")
+    }
+
+    /// Ends the open transaction with `statement` (`operation` names it in an error).
+    fn end_transaction(&mut self, statement: &str, operation: &'static str) -> Result<()> {
         self.client
-            .batch_execute("ROLLBACK")
-            .map_err(pg_error("roll back"))?;
+            .batch_execute(statement)
+            .map_err(pg_error(operation))?;
         self.in_transaction = false;
         Ok(())
     }
