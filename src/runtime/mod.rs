@@ -142,6 +142,12 @@ impl Runtime {
         config: &RuntimeConfig,
         approvals: Arc<dyn ApprovalEngine>,
     ) -> Result<Self, RuntimeError> {
+        // Before anything is opened or recorded: a config built in Rust has not been through
+        // the JSON reader's checks.
+        config
+            .models
+            .check_values()
+            .map_err(|e| RuntimeError::Config(e.under("models")))?;
         let events = Arc::new(
             EventLog::open(
                 &config.event_log,

@@ -104,8 +104,7 @@ fn read_timeout<'de, D: Deserializer<'de>>(d: D) -> Result<HttpOptions, D::Error
 
 impl Section for ManagerOptions {
     fn validate(&self) -> Result<(), ConfigError> {
-        settings::check(self.port != 0, "port", "0 is not a port (1-65535)")?;
-        self.check_values()
+        self.check(false)
     }
 }
 
@@ -113,7 +112,15 @@ impl ManagerOptions {
     /// Every check but the config's refusal of port 0 (from Rust, 0 asks the kernel for a
     /// free port): what the manager itself is built with.
     pub(crate) fn check_values(&self) -> Result<(), ConfigError> {
+        self.check(true)
+    }
+
+    /// The section's checks, in the config's order; `port_zero` allows port 0.
+    fn check(&self, port_zero: bool) -> Result<(), ConfigError> {
         settings::non_empty("server_bin", &self.server_bin)?;
+        if !port_zero {
+            settings::check(self.port != 0, "port", "0 is not a port (1-65535)")?;
+        }
         settings::positive("port_count", u64::from(self.port_count))?;
         settings::positive("max_loaded", self.max_loaded as u64)?;
         if let Some(bytes) = self.memory_budget {
