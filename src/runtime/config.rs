@@ -132,6 +132,34 @@ mod tests {
         c.tools.get::<ShellTool>().expect("the shell has a row")
     }
 
+    /// A config built in Rust gets the JSON reader's checks too, with the same message, and
+    /// fails before the runtime opens or records anything; a shell built in Rust likewise.
+    #[test]
+    fn settings_built_in_rust_are_checked_as_a_config_is() {
+        let dir = std::env::temp_dir().join(format!("correx-unit-rust-cfg-{}", std::process::id()));
+        let log = dir.join("events.db");
+        let mut config = RuntimeConfig::new(&log);
+        config.models.max_loaded = 0;
+        let e =
+            crate::runtime::Runtime::new(&config, std::sync::Arc::new(crate::approvals::DenyAll))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+        assert_eq!(e, "config field models.max_loaded: must be greater than 0");
+        assert!(
+            !log.exists(),
+            "the log was opened before the config was refused"
+        );
+        let shell = ShellTool::new(ShellOptions {
+            timeout: Duration::ZERO,
+            ..ShellOptions::default()
+        })
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert_eq!(shell, "config field timeout_ms: must be greater than 0");
+    }
+
     #[test]
     fn the_scheduler_fields_parse_and_bad_values_are_named() {
         let c = RuntimeConfig::from_json(
