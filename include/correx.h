@@ -522,7 +522,8 @@ int32_t correx_jobs(const struct correx_runtime *rt,
  * `correx_session_infer` reads them again).
  *
  * # Returns
- * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT` (not UTF-8), `CORREX_E_UNUSABLE`.
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT` (not UTF-8, or an id no session
+ * call takes: empty, over 256 bytes, or holding a control character), `CORREX_E_UNUSABLE`.
  *
  * # Blocking and threads
  * Blocks up to about 2 s while jobs end. Any thread.

@@ -231,6 +231,42 @@ fn an_array_where_an_object_belongs_is_invalid() -> TestResult {
     Ok(())
 }
 
+/// `correx_session_end` refuses the ids every other session call refuses (empty, over 256
+/// bytes, a control character), with the same message, and ends a valid one.
+#[test]
+fn session_end_takes_only_ids_a_session_call_takes() -> TestResult {
+    let dir = TempDir::new("ffi-session-end");
+    let rt = runtime(&dir, free_port())?;
+    let end = |id: &str| -> (i32, String) {
+        let id = CString::new(id).unwrap_or_default();
+        let mut err = ptr::null_mut();
+        // SAFETY: valid runtime, string and out-param; the error is read and freed below.
+        let rc = unsafe { correx_session_end(rt.0, id.as_ptr(), &mut err) };
+        // SAFETY: err is NULL or an error made by the call above, freed once.
+        let message = unsafe {
+            let m = correx_error_message(err);
+            let text = if m.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(m).to_string_lossy().into_owned()
+            };
+            correx_error_free(err);
+            text
+        };
+        (rc, message)
+    };
+    for bad in ["", &"s".repeat(257), "a\u{1b}b"] {
+        let (rc, message) = end(bad);
+        assert_eq!(rc, CORREX_E_INVALID_ARGUMENT, "{bad:?}");
+        assert!(
+            message.contains("a session id is 1 to 256 bytes"),
+            "{message}"
+        );
+    }
+    assert_eq!(end("s1"), (CORREX_OK, String::new()));
+    Ok(())
+}
+
 /// A panic inside correx is caught at the C boundary: the call returns `CORREX_E_PANIC`, the
 /// handle answers `CORREX_E_UNUSABLE` from then on, and freeing it still works (the drop).
 #[test]

@@ -82,7 +82,8 @@ pub unsafe extern "C" fn correx_jobs(
 /// `correx_session_infer` reads them again).
 ///
 /// # Returns
-/// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT` (not UTF-8), `CORREX_E_UNUSABLE`.
+/// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT` (not UTF-8, or an id no session
+/// call takes: empty, over 256 bytes, or holding a control character), `CORREX_E_UNUSABLE`.
 ///
 /// # Blocking and threads
 /// Blocks up to about 2 s while jobs end. Any thread.
@@ -98,6 +99,7 @@ pub unsafe extern "C" fn correx_session_end(
     let body = |r: &correx_runtime| -> FfiResult {
         // SAFETY: forwarded.
         let session = unsafe { str_arg(session_id, "session_id") }?;
+        crate::sessions::check_session_id(session).map_err(super::sessions::session_failure)?;
         r.runtime.jobs().end_session(session);
         r.runtime.forget_session(session);
         Ok(())

@@ -33,6 +33,7 @@ mod tools;
 
 pub use cancel::*;
 pub use events::*;
+pub use jobs::*;
 pub use log_bridge::{correx_log_callback, correx_set_log_callback};
 pub use mcp::*;
 pub use metrics::*;

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
-fn session_failure(e: SessionError) -> Failure {
+pub(super) fn session_failure(e: SessionError) -> Failure {
     if let SessionError::Inference(inner) = e {
         return inference_failure(inner);
     }

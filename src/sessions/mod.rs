@@ -229,6 +229,15 @@ impl fmt::Debug for Session {
     }
 }
 
+/// Whether `id` may name a session (1 to [`MAX_STEP_KEY`] bytes, no control character): the
+/// one rule every call naming a session applies.
+///
+/// # Errors
+/// [`SessionError::InvalidRequest`] saying why not.
+pub(crate) fn check_session_id(id: &str) -> Result<(), SessionError> {
+    check_key("session id", id)
+}
+
 fn check_key(what: &str, key: &str) -> Result<(), SessionError> {
     if key.is_empty() || key.len() > MAX_STEP_KEY || key.chars().any(char::is_control) {
         return Err(SessionError::InvalidRequest(format!(
@@ -253,7 +262,7 @@ impl Session {
     /// [`SessionError::InvalidRequest`] for an empty, over-long or control-character id;
     /// [`SessionError::Events`] / [`SessionError::Corrupt`] when the stream cannot be read.
     pub fn open(events: Arc<dyn EventStore>, id: &str) -> Result<Session, SessionError> {
-        check_key("session id", id)?;
+        check_session_id(id)?;
         let session = Session {
             id: id.to_owned(),
             stream: session_stream(id),
