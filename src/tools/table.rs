@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// A tool the runtime builds from its config section (`tools.<name>`).
 pub trait BuiltinTool: Tool + Sized + 'static {
     /// The tool's row: its name, tier, description and schema, said here once (its `impl
-    /// Tool` reads them with [`identity_from_row`]).
+    /// Tool` reads them from here).
     const ROW: ToolRow;
 
     /// The section's type, every field but `enabled` (which the table reads for every tool).

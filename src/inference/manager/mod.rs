@@ -282,8 +282,9 @@ impl DefaultModelManager {
     /// A manager that records its events in `events`.
     ///
     /// # Errors
-    /// [`ConfigError`] for options a `models` config section would refuse (the same checks
-    /// and messages; from Rust, `port` 0 is allowed: a free port for each server).
+    /// [`ConfigError`](crate::ConfigError) for options a `models` config section would refuse
+    /// (the same checks and messages; from Rust, `port` 0 is allowed: a free port for each
+    /// server).
     pub fn new(
         events: Arc<dyn EventStore>,
         options: ManagerOptions,
