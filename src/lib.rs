@@ -77,10 +77,10 @@ pub use approvals::{
     DenyAll, EngineChoice, RuleAction,
 };
 pub use cancel::CancelToken;
+/// The layers of an [`AppliedPolicy`]: how a run was confined, as recorded.
+pub use confine::applied;
 pub use confine::{
-    Allowlist, AllowlistNetwork, Applied, AppliedPolicy, Capabilities, Devices, Filesystem,
-    Identity, Ipc, IsolationMode, IsolationOptions, Limits, LoopbackNetwork, Namespaces, Network,
-    NetworkPolicy, PlainNetwork, ResourceLimits, RunAs, Scopes,
+    Allowlist, AppliedPolicy, IsolationMode, IsolationOptions, NetworkPolicy, ResourceLimits, RunAs,
 };
 pub use domain::{
     append_domain, check_domain_event, verify_log, verify_log_sealed, DomainEvent, EventType,

@@ -2,7 +2,7 @@
 //! `tool.execution_started` (and `mcp.server_started`) record it. One type, serialized as is,
 //! so a renamed field is a compile error rather than a silent change of the record.
 
-use super::options::IsolationMode;
+use super::options::{IsolationMode, ResourceLimits};
 use serde::Serialize;
 
 /// The confinement a tool's runs get, or why they are all refused. Serialized into the events
@@ -221,19 +221,13 @@ pub struct Scopes {
     pub abstract_unix_socket: bool,
 }
 
-/// A run's resource limits as applied.
+/// A run's resource limits as applied: the configured ones, and how the process count is
+/// bounded.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Limits {
-    /// Address space per process, bytes.
-    pub address_space_bytes: Option<u64>,
-    /// Largest file a process may write, bytes.
-    pub file_size_bytes: Option<u64>,
-    /// CPU time per process, seconds.
-    pub cpu_seconds: Option<u64>,
-    /// Open descriptors per process.
-    pub open_files: Option<u64>,
-    /// Processes the run may have at once.
-    pub max_processes: Option<u64>,
+    /// The limits as configured (recorded beside the rest, not nested).
+    #[serde(flatten)]
+    pub configured: ResourceLimits,
     /// Whether `max_processes` is enforced.
     pub max_processes_enforced: bool,
     /// How: `rlimit_nproc_in_user_namespace`, `cgroup_pids_max` or `none`.

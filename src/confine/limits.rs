@@ -164,13 +164,8 @@ pub(super) fn plan(
 impl Processes {
     /// The limits as applied, for the record; `None` for a run not confined.
     pub fn applied(&self, options: &IsolationOptions, kernel: &Kernel) -> Option<Limits> {
-        let l = &options.limits;
         kernel.confine.then(|| Limits {
-            address_space_bytes: l.address_space_bytes,
-            file_size_bytes: l.file_size_bytes,
-            cpu_seconds: l.cpu_seconds,
-            open_files: l.open_files,
-            max_processes: l.max_processes,
+            configured: options.limits.clone(),
             max_processes_enforced: self.process_bound != "none",
             process_bound: self.process_bound,
             process_bound_scope: self.bound_scope,

@@ -5,7 +5,7 @@
 //! Tools and services start confined programs through this module; they do not know how the
 //! confinement is made.
 
-mod applied;
+pub mod applied;
 mod filesystem;
 mod identity;
 mod kernel;
@@ -15,10 +15,7 @@ mod network;
 mod options;
 mod policy;
 
-pub use applied::{
-    AllowlistNetwork, Applied, AppliedPolicy, Capabilities, Devices, Filesystem, Identity, Ipc,
-    Limits, LoopbackNetwork, Namespaces, Network, PlainNetwork, Scopes,
-};
+pub use applied::AppliedPolicy;
 pub use net::{Allowlist, NetworkPolicy};
 pub(crate) use network::{Route, RunNetwork};
 pub use options::{IsolationMode, IsolationOptions, ResourceLimits, RunAs};

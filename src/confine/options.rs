@@ -37,7 +37,7 @@ impl IsolationMode {
 /// Resource limits of one run (`setrlimit` in the child; soft and hard). `None` leaves the
 /// host's limit. Core dumps are always off in a confined run. In the config
 /// (`tools.shell.isolation.limits`) each is a positive number; one left out keeps its default.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ResourceLimits {
     /// Address space per process, bytes; default 8 GiB.
