@@ -163,8 +163,8 @@ impl Prepared<'_> {
     }
 }
 
-/// A background request's job table, this shell's bounds on it, and the job's timeout.
-type BackgroundRun<'a> = (&'a dyn Background, &'a JobsOptions, Duration);
+/// A background request's job table, and this shell's bounds on it.
+type BackgroundRun<'a> = (&'a dyn Background, &'a JobsOptions);
 
 /// A shell request as read, once, for its validation and its run alike.
 struct ShellRequest<'a> {
@@ -436,8 +436,7 @@ impl ShellTool {
         self
     }
 
-    /// A background request's job table and bounds, and its timeout; `None` for a run that
-    /// ends with its call.
+    /// A background request's job table and bounds; `None` for a run that ends with its call.
     fn background(
         &self,
         request: &ToolRequest,
@@ -457,18 +456,7 @@ impl ShellTool {
                         "background runs are off (tools.shell.jobs.max_per_session is 0)",
                     ));
                 }
-                let timeout = match request.parameters.get("timeout_ms") {
-                    None | Some(serde_json::Value::Null) => options.timeout,
-                    Some(v) => match v.as_u64() {
-                        Some(ms) if ms > 0 => Duration::from_millis(ms).min(options.timeout),
-                        _ => {
-                            return Err(invalid(format!(
-                                "parameter \"timeout_ms\" must be a positive integer, got {v}"
-                            )))
-                        }
-                    },
-                };
-                Ok(Some((table.as_ref(), options, timeout)))
+                Ok(Some((table.as_ref(), options)))
             }
             Some(v) => Err(invalid(format!(
                 "parameter \"background\" must be true or false, got {}",
@@ -617,26 +605,28 @@ impl ShellTool {
     fn read_request<'a>(&'a self, request: &'a ToolRequest) -> Result<ShellRequest<'a>, Unfit> {
         let invalid = |r: String| (ToolErrorKind::InvalidRequest, r, Recoverable::Yes);
         let argv = self.argv(request).map_err(invalid)?;
-        let timeout = self.timeout_of(request).map_err(invalid)?;
+        let asked = self.timeout_of(request).map_err(invalid)?;
         let background = self
             .background(request)
             .map_err(|(kind, r)| (kind, r, Recoverable::No))?;
+        // A job's bound is the jobs section's, a run's the shell's.
+        let bound = background.map_or(self.timeout, |(_, options)| options.timeout);
         Ok(ShellRequest {
             argv,
-            timeout: background.map_or(timeout, |(_, _, t)| t),
-            background: background.map(|(table, options, _)| (table, options)),
+            timeout: asked.map_or(bound, |t| t.min(bound)),
+            background,
         })
     }
 
-    /// The request's `timeout_ms`, at most the configured timeout; the configured one without.
-    fn timeout_of(&self, request: &ToolRequest) -> Result<Duration, String> {
+    /// The request's `timeout_ms`, checked; `None` without one (the bound applies).
+    fn timeout_of(&self, request: &ToolRequest) -> Result<Option<Duration>, String> {
         match request.parameters.get("timeout_ms") {
-            None | Some(serde_json::Value::Null) => Ok(self.timeout),
+            None | Some(serde_json::Value::Null) => Ok(None),
             Some(v) => match v.as_u64() {
                 Some(0) | None => Err(format!(
                     "parameter \"timeout_ms\" must be a positive integer, got {v}"
                 )),
-                Some(ms) => Ok(Duration::from_millis(ms).min(self.timeout)),
+                Some(ms) => Ok(Some(Duration::from_millis(ms))),
             },
         }
     }
