@@ -11,6 +11,7 @@ pub(crate) mod limits;
 pub(crate) mod mediate;
 pub(crate) mod namespaces;
 pub(crate) mod net;
+mod raw;
 pub(crate) mod seccomp;
 pub(crate) mod spawn;
 pub(crate) mod spawner;
