@@ -17,6 +17,55 @@ fn req(tool: &str, params: serde_json::Value) -> ToolRequest {
     )
 }
 
+/// The view a confined run sees: where it is built (`tool`, once when the tool is built;
+/// `run`, by each run's supervisor), what building it costs (`view_build_ms`: a tool built
+/// with its view against one built without, per tool; a run's share is in the spawn ratio),
+/// and what the view and its own /proc cost a run (`view_spawn_ratio`: a run with against one
+/// without, alternating).
+fn view(confined: &ShellTool) -> Result<(), Box<dyn std::error::Error>> {
+    let v = confined.applied_policy().to_json()["view"].clone();
+    println!("view_built: {}", v["built"].as_str().unwrap_or("?"));
+    println!("view_proc: {}", v["proc"].as_str().unwrap_or("?"));
+    let build = |no_view: bool| -> Result<Duration, correx::ToolError> {
+        let mut times = Vec::new();
+        for _ in 0..15 {
+            let t = Instant::now();
+            let mut o = ShellOptions {
+                allowed_executables: vec!["true".into()],
+                ..ShellOptions::default()
+            };
+            o.isolation.force_no_view = no_view;
+            drop(ShellTool::new(o)?);
+            times.push(t.elapsed());
+        }
+        times.sort();
+        Ok(times[times.len() / 2])
+    };
+    let (with, without) = (build(false)?, build(true)?);
+    println!(
+        "view_build_ms: {:.2}",
+        (with.as_secs_f64() - without.as_secs_f64()).max(0.0) * 1e3
+    );
+    let mut o = ShellOptions {
+        allowed_executables: vec!["true".into()],
+        ..ShellOptions::default()
+    };
+    o.isolation.force_no_view = true;
+    let bare = ShellTool::new(o)?;
+    let true_req = req("shell", json!({"argv": ["/bin/true"]}));
+    let (ours, theirs) = compare(
+        15,
+        40,
+        || assert!(confined.execute(&true_req).is_success()),
+        || assert!(bare.execute(&true_req).is_success()),
+    );
+    println!(
+        "view_spawn_ratio: {:.3}",
+        ours.as_secs_f64() / theirs.as_secs_f64()
+    );
+    Ok(())
+}
+
 /// Alternates `ours` and `raw` in blocks and returns (median ours, median raw) per call.
 fn compare(
     rounds: usize,
@@ -112,6 +161,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "ruleset_and_filter_build_us: {:.1}",
         t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
     );
+
+    view(&confined)?;
 
     network(against_raw_rounds())?;
 

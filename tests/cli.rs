@@ -565,6 +565,15 @@ fn doctor_reports_a_missing_llama_server_and_fails() -> TestResult {
         "{out}"
     );
     assert!(out.contains("at most 2 spawned model(s)"), "{out}");
+    // Which filesystem a confined run sees here (on this machine: a view of its own).
+    let view = out
+        .lines()
+        .find(|l| l.contains("filesystem view"))
+        .ok_or("no filesystem view line")?;
+    assert!(
+        view.starts_with("ok") && view.contains("only what it is granted"),
+        "{view}"
+    );
     assert!(err.contains("requirement(s) missing"), "{err}");
     Ok(())
 }

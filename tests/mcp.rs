@@ -20,7 +20,7 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// The installed servers (`$CACHE/mcp/env`); in CI a missing install fails, elsewhere the test
 /// is skipped loudly.
-fn installed() -> Option<HashMap<String, String>> {
+pub(crate) fn installed() -> Option<HashMap<String, String>> {
     let cache = std::env::var_os("CORREX_CACHE")
         .map(std::path::PathBuf::from)
         .or_else(|| {

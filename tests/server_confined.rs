@@ -65,6 +65,23 @@ fn scenario(install: LlamaInstall) -> TestResult {
     assert_eq!(iso["mode"], "required", "{iso}");
     assert_eq!(iso["network"]["tcp_bind"][0], port);
     assert_eq!(iso["network"]["landlock_tcp"], true);
+    // Its view holds its binary, libraries and model, each at its own path, and nothing of
+    // the host's beside them: not the planted file, not the rest of /etc.
+    assert_eq!(iso["view"]["built"], "server", "{iso}");
+    let inside = |p: &std::path::Path| {
+        std::fs::symlink_metadata(format!("/proc/{pid}/root{}", p.display())).is_ok()
+    };
+    assert!(
+        inside(&d.model_path),
+        "the model is not in the server's view"
+    );
+    assert!(!inside(&secret), "the planted file is in the server's view");
+    for absent in ["/etc/shadow", "/etc/passwd", "/home", "/var"] {
+        assert!(
+            !inside(std::path::Path::new(absent)),
+            "{absent} is in the server's view"
+        );
+    }
     s.manager.unload("confined")?;
 
     // The control: unconfined, the same request gets the planted file.

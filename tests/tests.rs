@@ -28,3 +28,4 @@ mod serving_truth;
 mod sessions;
 mod tools;
 mod upgrade;
+mod view;

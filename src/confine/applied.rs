@@ -31,6 +31,8 @@ pub struct Applied {
     pub landlock_abi: u32,
     /// Landlock's filesystem rules; `null` without Landlock.
     pub filesystem: Option<Filesystem>,
+    /// The filesystem the run sees: built for it, or the host's.
+    pub view: View,
     /// The run's network.
     pub network: Network,
     /// Whom the run executes as; `null` in mode `none`.
@@ -73,6 +75,35 @@ pub struct Filesystem {
     pub private_tmp: bool,
     /// Truncation is a right of its own (ABI 3).
     pub truncate_handled: bool,
+}
+
+/// The filesystem a run sees.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct View {
+    /// `tool` (built once, when the tool was built, in its mount namespace), `run` (built for
+    /// each run, in its own), or `none` (the run walks the host's tree, filtered by Landlock).
+    pub built: &'static str,
+    /// What is in it, in the order it was built; empty with `built: "none"`.
+    pub mounts: Vec<ViewMount>,
+    /// `own` (a procfs of the run's PID namespace: only its processes), or `none` (no `/proc`).
+    pub proc: &'static str,
+    /// Why there is no view (or no `/proc` in it), where one was possible to want.
+    pub fallback: Option<String>,
+}
+
+/// One path of a run's view.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ViewMount {
+    /// Where it is in the view (its own absolute path).
+    pub path: String,
+    /// The host path bound there; `null` for a symlink or a directory of the view.
+    pub from: Option<String>,
+    /// `read_only`, `read_write` (idmapped for the run on a root host where
+    /// `working_dirs_idmapped`), `device` or `symlink` (to `target`).
+    pub access: &'static str,
+    /// A symlink's target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 /// The run's network, in one of three shapes.

@@ -5,8 +5,9 @@
 use super::applied::Filesystem;
 use super::kernel::Kernel;
 use super::options::IsolationOptions;
+use super::view::{self, Planned, Proc};
 use crate::sys::landlock::{self, Access, FsRule, OpenedRules};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// System directories a normal program needs to read and execute from.
 const SYSTEM_READ: &[&str] = &[
@@ -41,6 +42,26 @@ pub(super) fn grants(
 }
 
 impl Grants {
+    /// The view of these grants (and of `tmp_base`, writable), built on `tmp_base`; with
+    /// `idmap` the writable paths show their owners' files as the run's.
+    ///
+    /// # Errors
+    /// Why no view can hold these grants.
+    pub fn view(&self, idmap: bool, proc: Proc, tmp_base: &Path) -> Result<Planned, String> {
+        let devices: Vec<PathBuf> = DEVICES.iter().map(PathBuf::from).collect();
+        let mut write = self.write.clone();
+        write.push(tmp_base.to_path_buf());
+        view::plan(&view::Spec {
+            system: SYSTEM_READ,
+            read: &self.read[SYSTEM_READ.len()..],
+            write: &write,
+            devices: &devices,
+            idmap,
+            proc,
+            stage: tmp_base,
+        })
+    }
+
     /// The rules opened (each path once, now), where Landlock applies.
     ///
     /// # Errors

@@ -57,11 +57,14 @@ fn rlimits(options: &IsolationOptions, kernel: &Kernel) -> Vec<Rlimit> {
 
 /// What a root host's spawner thread takes once for every run: the tool's namespaces, an
 /// empty bounding set, the syscall floor (each costs a run tens of microseconds: cred changes
-/// and filter compilation are slow). `None` where runs confine themselves.
+/// and filter compilation are slow); with `mount_per_run`, the floor but `mount`, which each
+/// run's supervisor needs for its /proc and each run's own filter refuses. `None` where runs
+/// confine themselves.
 fn thread_prepare(
     kernel: &Kernel,
     held: Option<&HeldNamespaces>,
     own_uts_ipc: bool,
+    mount_per_run: bool,
 ) -> Option<Prepare> {
     // A root host that could only make user-and-PID namespaces clones its supervisors with
     // CLONE_NEWUSER, which the floor on the thread would refuse: per-run confinement then.
@@ -74,6 +77,7 @@ fn thread_prepare(
     };
     let floor = Filter::new(seccomp::Options {
         floor: true,
+        split_mount: mount_per_run,
         deny_ipc: !own_uts_ipc,
         sockets: Sockets::Any,
     })
@@ -90,6 +94,7 @@ pub(super) fn plan(
     kernel: &Kernel,
     held: Option<&HeldNamespaces>,
     own_uts_ipc: bool,
+    mount_per_run: bool,
 ) -> Processes {
     let max = options.limits.max_processes;
     let nproc_in_userns = kernel.own_user_namespace();
@@ -99,7 +104,7 @@ pub(super) fn plan(
         Some(_) if kernel.confine && !nproc_in_userns => crate::sys::cgroup::pids_parent(),
         _ => None,
     };
-    let prepare = || thread_prepare(kernel, held, own_uts_ipc);
+    let prepare = || thread_prepare(kernel, held, own_uts_ipc, mount_per_run);
     let mut thread_confined = false;
     // v1: one cgroup per tool with a spawner thread in it (no migration per run).
     let tool_cgroup = match (pids_parent, max) {

@@ -14,6 +14,7 @@ pub(crate) mod net;
 mod network;
 mod options;
 mod policy;
+pub(crate) mod view;
 
 pub use applied::AppliedPolicy;
 pub use net::{Allowlist, NetworkPolicy};

@@ -129,6 +129,11 @@ pub struct IsolationOptions {
     #[cfg(feature = "test-hooks")]
     #[serde(skip)]
     pub force_mediated_network: bool,
+    /// Test hook (feature `test-hooks`): no view; runs walk the host's tree, filtered by
+    /// Landlock (what a host without mount namespaces gets).
+    #[cfg(feature = "test-hooks")]
+    #[serde(skip)]
+    pub force_no_view: bool,
 }
 
 impl IsolationOptions {
@@ -152,6 +157,14 @@ impl IsolationOptions {
     pub(super) fn mediated_forced(&self) -> bool {
         #[cfg(feature = "test-hooks")]
         return self.force_mediated_network;
+        #[cfg(not(feature = "test-hooks"))]
+        false
+    }
+
+    /// Whether a test asked for no view.
+    pub(super) fn view_refused(&self) -> bool {
+        #[cfg(feature = "test-hooks")]
+        return self.force_no_view;
         #[cfg(not(feature = "test-hooks"))]
         false
     }

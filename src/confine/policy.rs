@@ -2,7 +2,9 @@
 //! built, one layer at a time (the kernel's offer, network, identity, syscalls, filesystem,
 //! limits and containment), and each run's confinement from it.
 
-use super::applied::{Applied, AppliedPolicy, Capabilities, Devices, Ipc, Namespaces, Scopes};
+use super::applied::{
+    Applied, AppliedPolicy, Capabilities, Devices, Ipc, Namespaces, Scopes, View,
+};
 use super::filesystem;
 use super::identity;
 use super::kernel::Kernel;
@@ -10,6 +12,7 @@ use super::limits;
 use super::net::PROXY_PORT;
 use super::network::{self, Route, RunNetwork};
 use super::options::{IsolationMode, IsolationOptions};
+use super::view::{Planned, Proc};
 use crate::sys::cgroup::{RunCgroup, ToolCgroup};
 use crate::sys::landlock::{self, OpenedRules, TcpPorts};
 use crate::sys::limits::Rlimit;
@@ -17,7 +20,9 @@ use crate::sys::namespaces::{HeldNamespaces, Ids};
 use crate::sys::seccomp::{self, Filter};
 use crate::sys::spawn::{Confinement, Containment};
 use crate::sys::spawner::Spawner;
+use crate::sys::view::ViewPlan;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// What the kernel here lets a tool enforce, decided when the tool is built.
 #[derive(Debug)]
@@ -45,6 +50,13 @@ pub(crate) struct Policy {
     /// The ids a run executes as (root hosts), when not the host's.
     run_as: Option<Ids>,
     drop_bounding: bool,
+    /// Each run's view, built by its supervisor (an unprivileged host).
+    run_view: Option<Arc<ViewPlan>>,
+    /// Each run mounts a /proc of its own over the tool's view (a root host), in a mount
+    /// namespace of this pool's.
+    proc_pool: Option<Arc<crate::sys::view::ProcPool>>,
+    /// The Landlock rights a run's own /proc gets (0 without Landlock).
+    proc_rights: u64,
     /// The applied policy, as recorded in `tool.execution_started`.
     pub applied: AppliedPolicy,
 }
@@ -62,13 +74,33 @@ pub(crate) fn plan(
     kernel.check_floor(mode)?;
     let confine = kernel.confine;
     let network = network::plan(options, &kernel)?;
-    let host = identity::plan(options, &kernel, working_dirs, tmp_base)?;
+    let grants = filesystem::grants(options, working_dirs, executable_dirs);
+    // A root host's view is built once, in the tool's mount namespace; each run with a PID
+    // namespace mounts its own /proc over it.
+    let root_proc = if kernel.containment == (Containment::PidNamespace { user_ns: false }) {
+        Proc::PerRun
+    } else {
+        Proc::None
+    };
+    let refused = || "no view: turned off by a test hook".to_owned();
+    let host = identity::plan(options, &kernel, working_dirs, tmp_base, |idmap| {
+        if options.view_refused() {
+            return Err(refused());
+        }
+        grants.view(idmap, root_proc, tmp_base)
+    })?;
+    let run_view = if options.view_refused() {
+        Err(refused())
+    } else {
+        run_view(&kernel, &grants, tmp_base)
+    };
     // The run's own UTS and IPC namespaces: the tool's (root), or made with its user
     // namespace (an unprivileged host); elsewhere SysV IPC is refused by the filter, and the
     // host's name is safe for want of CAP_SYS_ADMIN.
     let own_uts_ipc = host.held.is_some() || kernel.own_user_namespace();
     let filter = (confine && seccomp::available()).then_some(seccomp::Options {
         floor: true,
+        split_mount: false,
         deny_ipc: !own_uts_ipc,
         sockets: network.sockets(),
     });
@@ -77,8 +109,18 @@ pub(crate) fn plan(
     // raise a capability into it.
     let drop_bounding = confine && (kernel.root || kernel.own_user_namespace());
     kernel.check_containment(mode)?;
-    let grants = filesystem::grants(options, working_dirs, executable_dirs);
-    let processes = limits::plan(options, &kernel, host.held.as_ref(), own_uts_ipc);
+    // Mounting each run's /proc is the supervisor's: the floor on the spawner thread leaves
+    // `mount` to each run's own filter then.
+    let per_run_proc = host.view.is_some() && root_proc == Proc::PerRun;
+    let processes = limits::plan(
+        options,
+        &kernel,
+        host.held.as_ref(),
+        own_uts_ipc,
+        per_run_proc,
+    );
+    let own_proc = per_run_proc && processes.thread_confined;
+    let view = view_record(&host, &run_view, own_proc);
     let applied = applied(&Layers {
         options,
         kernel: &kernel,
@@ -89,12 +131,14 @@ pub(crate) fn plan(
         filtered: filter.is_some(),
         own_uts_ipc,
         drop_bounding,
+        view,
     });
     let rules = grants.open(&kernel)?;
     let thread_confined = processes.thread_confined;
     let run_filter = match filter {
         Some(f) => Filter::new(seccomp::Options {
             floor: !thread_confined,
+            split_mount: thread_confined && per_run_proc,
             // The spawner thread's filter refuses SysV IPC where that is needed.
             deny_ipc: f.deny_ipc && !thread_confined,
             ..f
@@ -116,12 +160,84 @@ pub(crate) fn plan(
         held: host.held,
         run_as: host.run_as,
         drop_bounding,
+        run_view: run_view.ok().map(|v| Arc::new(v.plan)),
+        proc_pool: own_proc.then(Arc::default),
+        proc_rights: if kernel.landlock_on() {
+            landlock::read_rights(kernel.abi)
+        } else {
+            0
+        },
         applied,
     })
 }
 
+/// A view per run, where runs get a user namespace of their own (an unprivileged host): built
+/// by each run's supervisor, with its /proc where the kernel lets a user namespace mount one.
+fn run_view(
+    kernel: &Kernel,
+    grants: &filesystem::Grants,
+    tmp_base: &Path,
+) -> Result<Planned, String> {
+    if !kernel.confine {
+        return Err("the run is not confined".into());
+    }
+    if kernel.root {
+        return Err("a root host's view is its tool's".into());
+    }
+    if !kernel.own_user_namespace() {
+        return Err(
+            "no mount namespace can be made here (no unprivileged user namespaces): the run \
+             walks the host's tree, filtered by Landlock"
+                .into(),
+        );
+    }
+    let proc = if crate::sys::view::proc_in_user_namespace() {
+        Proc::AtBuild
+    } else {
+        Proc::None
+    };
+    grants.view(false, proc, tmp_base)
+}
+
+/// The view as recorded: the tool's (root host), each run's, or none and why.
+fn view_record(
+    host: &identity::RootHost,
+    run_view: &Result<Planned, String>,
+    own_proc: bool,
+) -> View {
+    if let Some(mounts) = &host.view {
+        return View {
+            built: "tool",
+            mounts: mounts.clone(),
+            proc: if own_proc { "own" } else { "none" },
+            fallback: (!own_proc).then(|| {
+                "no /proc: the run has no PID namespace, or its spawner thread could not be \
+                 prepared"
+                    .to_owned()
+            }),
+        };
+    }
+    match run_view {
+        Ok(v) => View {
+            built: "run",
+            mounts: v.record.clone(),
+            proc: if v.plan.proc_at_build { "own" } else { "none" },
+            fallback: (!v.plan.proc_at_build).then(|| {
+                "no /proc: the kernel refuses a procfs in the run's user namespace (the host's \
+                 /proc is partly covered, as in many containers)"
+                    .to_owned()
+            }),
+        },
+        Err(e) => View {
+            built: "none",
+            mounts: Vec::new(),
+            proc: "none",
+            fallback: Some(host.view_fallback.clone().unwrap_or_else(|| e.clone())),
+        },
+    }
+}
+
 /// Every layer as planned, for the record.
-#[derive(Clone, Copy)]
 struct Layers<'a> {
     options: &'a IsolationOptions,
     kernel: &'a Kernel,
@@ -133,6 +249,7 @@ struct Layers<'a> {
     filtered: bool,
     own_uts_ipc: bool,
     drop_bounding: bool,
+    view: View,
 }
 
 /// The policy as applied, layer by layer, as `tool.execution_started` records it.
@@ -147,7 +264,9 @@ fn applied(layers: &Layers<'_>) -> AppliedPolicy {
         filtered,
         own_uts_ipc,
         drop_bounding,
-    } = *layers;
+        view,
+    } = layers;
+    let (filtered, own_uts_ipc, drop_bounding) = (*filtered, *own_uts_ipc, *drop_bounding);
     let confine = kernel.confine;
     let mode = options.mode;
     let scopes = kernel.scopes();
@@ -155,6 +274,7 @@ fn applied(layers: &Layers<'_>) -> AppliedPolicy {
         mode,
         landlock_abi: kernel.abi,
         filesystem: grants.applied(kernel),
+        view: view.clone(),
         network: network::applied(options, network, kernel, filtered),
         identity: identity::applied(host, kernel),
         capabilities: match (confine, drop_bounding) {
@@ -171,7 +291,7 @@ fn applied(layers: &Layers<'_>) -> AppliedPolicy {
         namespaces: Namespaces {
             pid: kernel.containment != Containment::Subreaper,
             user: kernel.own_user_namespace(),
-            mount: host.held.is_some(),
+            mount: host.held.is_some() || view.built == "run",
             net: network.own_namespace(),
             uts: confine && own_uts_ipc,
             ipc: confine && own_uts_ipc,
@@ -195,6 +315,13 @@ fn applied(layers: &Layers<'_>) -> AppliedPolicy {
 }
 
 impl Policy {
+    /// Whether each run starts in its directory by path: it builds its own view, or enters a
+    /// mount namespace of its own over the tool's (a descriptor of the host's tree, or of the
+    /// tool's namespace, would be outside its root).
+    pub fn start_by_path(&self) -> bool {
+        self.run_view.is_some() || self.proc_pool.is_some()
+    }
+
     /// A fresh `pids` cgroup for one run, where that is how its processes are bounded.
     pub fn run_cgroup(&self) -> Result<Option<RunCgroup>, String> {
         let Some((parent, limit)) = self.pids_cgroup else {
@@ -272,6 +399,9 @@ impl Policy {
             },
             drop_bounding: self.drop_bounding && !self.thread_confined,
             run_as: self.run_as.map(|i| (i.uid, i.gid)),
+            view: self.run_view.clone(),
+            proc_pool: self.proc_pool.clone(),
+            proc_rights: self.proc_rights,
         }))
     }
 }

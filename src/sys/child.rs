@@ -34,6 +34,9 @@ pub(crate) enum Stage {
     Capabilities,
     Identity,
     Network,
+    /// Building the run's view (or mounting its /proc): the view's step and entry are packed
+    /// above the stage's byte.
+    View,
 }
 
 impl Stage {
@@ -55,8 +58,17 @@ impl Stage {
             14 => "dropping capabilities",
             15 => "switching to the run's uid and gid",
             16 => "setting up its network namespace (loopback and the proxy's listener)",
+            17 => "building its view",
             _ => "starting",
         }
+    }
+
+    /// A view failure's (step, entry), unpacked from a report's stage.
+    pub(crate) fn view_failure(n: u32) -> Option<(u8, Option<u16>)> {
+        if n & 0xff != Stage::View as u32 {
+            return None;
+        }
+        Some(super::view::Failed::unpack(n >> 8))
     }
 }
 
@@ -77,6 +89,16 @@ pub(crate) struct ChildPlan {
     pub(crate) stop_r: RawFd,
     pub(crate) status_w: RawFd,
     pub(crate) cwd: RawFd,
+    /// The start directory by path (in a view the run builds itself), in place of `cwd`.
+    pub(crate) cwd_path: Option<CString>,
+    /// The run's own view, which the supervisor builds.
+    pub(crate) view: Option<std::sync::Arc<super::view::ViewPlan>>,
+    /// The supervisor mounts the run's own /proc over the tool's view (in `proc_ns`, a mount
+    /// namespace an earlier run left, or -1: a new one), starting in `cwd_path`.
+    pub(crate) own_proc: bool,
+    pub(crate) proc_ns: RawFd,
+    /// Landlock rights for the run's /proc, added to `ruleset` once it is mounted.
+    pub(crate) proc_rights: u64,
     pub(crate) user_maps: Option<[CString; 2]>,
     pub(crate) containment: Containment,
     /// Whether to confine (no_new_privs, then the rest).
@@ -107,6 +129,9 @@ pub(crate) struct ChildPlan {
     pub(crate) host_dumpable: i32,
     /// Descriptors the supervisor keeps until the program has exec'd (besides the pipes).
     pub(crate) keep: [RawFd; 5],
+    /// The host's `/proc` (an `O_PATH` descriptor, or -1), where a subreaper finds its
+    /// children: a view holds none, or only the run's.
+    pub(crate) proc_dir: RawFd,
     /// The supervisor's pid as the program's process sees it (its parent).
     pub(crate) supervisor_pid: std::sync::atomic::AtomicI32,
     /// The highest descriptor to close one by one where `close_range` is missing.
@@ -196,7 +221,6 @@ impl Drop for Stack {
     }
 }
 
-
 /// The kernel's `struct sigaction` for `rt_sigaction` (not glibc's).
 #[repr(C)]
 struct KernelSigaction {
@@ -211,6 +235,16 @@ fn fail(plan: &ChildPlan, stage: Stage, errno: i32) -> ! {
     let mut msg = [0u8; 8];
     msg[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
     msg[4..].copy_from_slice(&errno.to_ne_bytes());
+    call!(SYS_write, plan.fail_w, msg.as_ptr(), msg.len());
+    exit(127)
+}
+
+/// Reports a failed view build (its step and entry packed into the stage) and exits.
+fn fail_view(plan: &ChildPlan, f: super::view::Failed) -> ! {
+    let mut msg = [0u8; 8];
+    let stage = Stage::View as u32 | (f.packed() << 8);
+    msg[..4].copy_from_slice(&stage.to_ne_bytes());
+    msg[4..].copy_from_slice(&f.errno.to_ne_bytes());
     call!(SYS_write, plan.fail_w, msg.as_ptr(), msg.len());
     exit(127)
 }
@@ -310,12 +344,27 @@ fn supervisor(plan: &ChildPlan) -> ! {
             plan.keep[3],
             plan.keep[4],
             plan.net_sock,
+            plan.proc_dir,
+            plan.proc_ns,
         ],
         plan.max_fd,
     );
     if let Some(maps) = &plan.user_maps {
         if let Err(e) = map_ids(maps) {
             fail(plan, Stage::UserNamespace, e);
+        }
+    }
+    // The run's filesystem: its own view (built here, in the user and mount namespaces it was
+    // cloned with), or its own /proc over its tool's view. The program's process inherits it.
+    let landlock =
+        (plan.ruleset >= 0 && plan.proc_rights != 0).then_some((plan.ruleset, plan.proc_rights));
+    if let Some(view) = &plan.view {
+        if let Err(f) = super::view::build(view, &[], landlock) {
+            fail_view(plan, f);
+        }
+    } else if let (true, Some(cwd)) = (plan.own_proc, &plan.cwd_path) {
+        if let Err(f) = super::view::own_proc(plan.proc_ns, cwd, landlock) {
+            fail_view(plan, f);
         }
     }
     if plan.net_loopback {
@@ -378,10 +427,13 @@ fn supervisor(plan: &ChildPlan) -> ! {
             0
         );
     }
-    close_all_except([plan.stop_r, plan.status_w, child_pidfd], plan.max_fd);
+    close_all_except(
+        [plan.stop_r, plan.status_w, child_pidfd, plan.proc_dir],
+        plan.max_fd,
+    );
     let status = watch(plan, child_pidfd, pid as libc::pid_t);
     if plan.containment == Containment::Subreaper {
-        kill_descendants();
+        kill_descendants(plan.proc_dir);
     }
     call!(SYS_write, plan.status_w, status.as_ptr(), status.len());
     // As a namespace's init, exiting kills whatever is left in it.
@@ -616,7 +668,7 @@ fn watch(plan: &ChildPlan, child_pidfd: RawFd, child: libc::pid_t) -> [u8; 8] {
 
 /// Kills every child until none is left; orphans of killed children are reparented to us (a
 /// subreaper) and killed in the next round.
-fn kill_descendants() {
+fn kill_descendants(proc_dir: RawFd) {
     let mut buf = [0u8; 4096];
     let pause = libc::timespec {
         tv_sec: 0,
@@ -625,12 +677,21 @@ fn kill_descendants() {
     // A process that cannot die (uninterruptible sleep) must not keep us here for ever: after
     // about 10 s the host's deadline has long passed and it kills us.
     for _ in 0..10_000 {
-        let fd = call!(
-            SYS_openat,
-            libc::AT_FDCWD,
-            c"/proc/thread-self/children".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC
-        );
+        let fd = if proc_dir >= 0 {
+            call!(
+                SYS_openat,
+                proc_dir,
+                c"thread-self/children".as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC
+            )
+        } else {
+            call!(
+                SYS_openat,
+                libc::AT_FDCWD,
+                c"/proc/thread-self/children".as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC
+            )
+        };
         if fd < 0 {
             return; // no children list on this kernel: nothing more we can find
         }
@@ -867,7 +928,14 @@ fn program(plan: &ChildPlan) -> ! {
             }
         }
     }
-    if plan.cwd >= 0 {
+    if plan.own_proc {
+        // In the supervisor's working directory, entered in its own mount namespace.
+    } else if let Some(dir) = &plan.cwd_path {
+        let r = call!(SYS_chdir, dir.as_ptr());
+        if r < 0 {
+            fail(plan, Stage::Cwd, errno_of(r));
+        }
+    } else if plan.cwd >= 0 {
         let r = call!(SYS_fchdir, plan.cwd);
         if r < 0 {
             fail(plan, Stage::Cwd, errno_of(r));

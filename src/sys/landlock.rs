@@ -287,6 +287,12 @@ fn open_path(path: &Path) -> io::Result<Option<OwnedFd>> {
     Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
+/// The rights to read files and list directories, as ABI `abi` handles them (a rule a
+/// child adds itself, for a `/proc` it mounts).
+pub(crate) fn read_rights(abi: u32) -> u64 {
+    (FS_READ_FILE | FS_READ_DIR) & fs_all(abi)
+}
+
 pub(crate) fn last_errno() -> i32 {
     io::Error::last_os_error()
         .raw_os_error()

@@ -15,6 +15,7 @@ mod raw;
 pub(crate) mod seccomp;
 pub(crate) mod spawn;
 pub(crate) mod spawner;
+pub(crate) mod view;
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -102,6 +103,18 @@ pub(crate) struct ForkConfinement {
     pub filter: Option<seccomp::Filter>,
     pub rlimits: Vec<limits::Rlimit>,
     pub drop_bounding: bool,
+    /// The server's own view, built in a mount namespace of its own before the rest.
+    pub view: Option<ForkView>,
+}
+
+/// A view a forked child builds for itself: in a new mount namespace (inside a new user
+/// namespace, `maps` mapping the host's ids to themselves, where the host is not root), then
+/// back in its working directory where the view holds it.
+#[derive(Debug)]
+pub(crate) struct ForkView {
+    pub plan: view::ViewPlan,
+    pub maps: Option<[std::ffi::CString; 2]>,
+    pub cwd: Option<std::ffi::CString>,
 }
 
 /// Makes `cmd`'s child apply `c` before exec (after [`fence`], when both are used). A step
@@ -113,6 +126,9 @@ pub(crate) fn confine_command(cmd: &mut Command, c: ForkConfinement) {
     // closure and unchanged.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(v) = &c.view {
+                enter_view(v)?;
+            }
             let prog = program.as_deref().map(seccomp::prog_of);
             let own = child::SelfConfinement {
                 rlimits: &c.rlimits,
@@ -126,6 +142,31 @@ pub(crate) fn confine_command(cmd: &mut Command, c: ForkConfinement) {
             child::confine_self(&own).map_err(|(_, errno)| io::Error::from_raw_os_error(errno))
         });
     }
+}
+
+/// In a forked child: a mount namespace of its own (in a user namespace of its own where `v`
+/// maps ids), `v`'s view built and entered, then its working directory again if the view
+/// holds it. Raw syscalls only.
+fn enter_view(v: &ForkView) -> io::Result<()> {
+    let flags = if v.maps.is_some() {
+        libc::CLONE_NEWUSER | libc::CLONE_NEWNS
+    } else {
+        libc::CLONE_NEWNS
+    };
+    let r = raw::call!(SYS_unshare, flags);
+    if r < 0 {
+        return Err(io::Error::from_raw_os_error((-r) as i32));
+    }
+    if let Some(maps) = &v.maps {
+        child::map_ids(maps).map_err(io::Error::from_raw_os_error)?;
+    }
+    view::build(&v.plan, &[], None).map_err(|f| io::Error::from_raw_os_error(f.errno))?;
+    if let Some(cwd) = &v.cwd {
+        // Relative arguments name files from the host's working directory; where the view
+        // does not hold it, the server starts in its root.
+        let _ = raw::call!(SYS_chdir, cwd.as_ptr());
+    }
+    Ok(())
 }
 
 /// SIGKILL to every process in group `pgid`; ESRCH (nobody left) counts as done.

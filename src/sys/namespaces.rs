@@ -72,6 +72,32 @@ impl HeldNamespaces {
     /// What failed, naming the path: idmapped mounts need Linux 5.12 and a filesystem that
     /// supports them (ext4, xfs, btrfs; tmpfs since 6.3).
     pub fn create(idmapped: &[PathBuf], run: Ids) -> io::Result<HeldNamespaces> {
+        Self::create_with(idmapped, run, None)
+    }
+
+    /// As [`HeldNamespaces::create`], building `view` (with its owners' mappings to `run`) in
+    /// the mount namespace and pivoting it there instead of mapping the paths in place; each
+    /// of `idmapped` (the view's writable paths) then gets a descriptor as the run sees it.
+    ///
+    /// # Errors
+    /// As [`HeldNamespaces::create`], or the view's step that failed, naming its path.
+    pub fn create_in_view(
+        writable: &[PathBuf],
+        run: Ids,
+        view: &super::view::ViewPlan,
+        owners: &[Ids],
+    ) -> io::Result<HeldNamespaces> {
+        Self::create_with(writable, run, Some((view, owners)))
+    }
+
+    fn create_with(
+        idmapped: &[PathBuf],
+        run: Ids,
+        view: Option<(&super::view::ViewPlan, &[Ids])>,
+    ) -> io::Result<HeldNamespaces> {
+        if let Some((plan, owners)) = view {
+            return in_view(idmapped, run, plan, owners);
+        }
         use std::os::unix::fs::MetadataExt;
         // Parents first, and nothing beneath a path already mapped (it is mapped with it).
         let mut paths: Vec<PathBuf> = idmapped.to_vec();
@@ -181,6 +207,67 @@ impl HeldNamespaces {
     }
 }
 
+/// The namespaces of [`HeldNamespaces::create_in_view`]: the view built on a thread of its
+/// own, which then opens each of `writable` through it.
+fn in_view(
+    writable: &[PathBuf],
+    run: Ids,
+    plan: &super::view::ViewPlan,
+    owners: &[Ids],
+) -> io::Result<HeldNamespaces> {
+    let mut maps = Vec::with_capacity(owners.len());
+    for owner in owners {
+        maps.push(idmap_userns(*owner, run).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("making the user namespace of the id mapping: {e}"),
+            )
+        })?);
+    }
+    let fds: Vec<RawFd> = maps.iter().map(|m| m.as_raw_fd()).collect();
+    let made = std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("correx-view".into())
+            .spawn_scoped(scope, || -> io::Result<Made> {
+                let ns = |name: &str| open_ns(&format!("/proc/thread-self/ns/{name}"));
+                syscall!(
+                    SYS_unshare,
+                    libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC
+                )
+                .map_err(|e| io::Error::new(e.kind(), format!("unshare: {e}")))?;
+                // Named through /proc, which the view does not hold.
+                let held = (ns("mnt")?, ns("uts")?, ns("ipc")?);
+                super::view::build(plan, &fds, None).map_err(|f| {
+                    io::Error::new(
+                        io::Error::from_raw_os_error(f.errno).kind(),
+                        plan.explain(f.step as u8, f.entry, f.errno),
+                    )
+                })?;
+                let mut views = Vec::with_capacity(writable.len());
+                for p in writable {
+                    let view = open_path(libc::AT_FDCWD, p).map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("opening {} in the view: {e}", p.display()),
+                        )
+                    })?;
+                    views.push((p.clone(), view));
+                }
+                Ok((Some(held.0), held.1, held.2, views))
+            })?
+            .join()
+            .map_err(|_| io::Error::other("the view's thread panicked"))?
+    })?;
+    drop(maps);
+    let (mnt, uts, ipc, views) = made;
+    Ok(HeldNamespaces {
+        mnt,
+        uts,
+        ipc,
+        views,
+    })
+}
+
 type Made = (Option<OwnedFd>, OwnedFd, OwnedFd, Vec<(PathBuf, OwnedFd)>);
 
 fn make_in_this_thread(paths: &[(PathBuf, RawFd)]) -> io::Result<Made> {
@@ -287,11 +374,14 @@ fn idmap_userns(host: Ids, run: Ids) -> io::Result<OwnedFd> {
     };
     if pid == 0 {
         let mut b = [0u8; 1];
-        // SAFETY: in the forked child: closing its copy of the write end (so our close is an
-        // end of file), a read into a local buffer, then _exit.
+        let r = r.as_raw_fd() as libc::c_uint;
+        // SAFETY: in the forked child: closing every descriptor but the read end (its copy of
+        // our write end, and those of other threads' children, so our close is an end of
+        // file), a read into a local buffer, then _exit.
         unsafe {
-            libc::close(w.as_raw_fd());
-            libc::read(r.as_raw_fd(), b.as_mut_ptr().cast(), 1);
+            libc::syscall(libc::SYS_close_range, 3u32, r - 1, 0u32);
+            libc::syscall(libc::SYS_close_range, r + 1, u32::MAX, 0u32);
+            libc::read(r as libc::c_int, b.as_mut_ptr().cast(), 1);
             libc::_exit(0)
         }
     }

@@ -665,6 +665,10 @@ const INET_ONLY: &[Rule] = &[
 pub(crate) struct Options {
     /// The floor (and no nested user namespace); false where the spawner thread holds it.
     pub floor: bool,
+    /// `mount` and `setns` apart from the rest of the floor: a floor without them (a spawner
+    /// thread whose runs' supervisors enter a mount namespace and mount their own /proc), or
+    /// with `floor` false, those two alone (the run's own filter over such a thread's).
+    pub split_mount: bool,
     /// Refuse SysV IPC and message queues (the run has no IPC namespace).
     pub deny_ipc: bool,
     /// Which sockets the run may make and what they may reach.
@@ -697,14 +701,25 @@ pub(crate) struct Filter {
 /// The rules a filter with `options` applies, in order.
 fn rules(options: Options) -> Vec<Rule> {
     let mut all: Vec<Rule> = Vec::new();
-    if options.floor {
-        all.extend(
+    let mount = |r: &&Rule| r.nr == libc::SYS_mount || r.nr == libc::SYS_setns;
+    match (options.floor, options.split_mount) {
+        (true, false) => all.extend(
             FLOOR
                 .iter()
                 .chain(ARCH_FLOOR)
                 .chain(NAMESPACES)
                 .chain(NO_SET_ID),
-        );
+        ),
+        (true, true) => all.extend(
+            FLOOR
+                .iter()
+                .filter(|r| !mount(r))
+                .chain(ARCH_FLOOR)
+                .chain(NAMESPACES)
+                .chain(NO_SET_ID),
+        ),
+        (false, true) => all.extend(FLOOR.iter().filter(mount)),
+        (false, false) => {}
     }
     if options.deny_ipc {
         all.extend_from_slice(IPC);
@@ -874,7 +889,12 @@ impl Filter {
     /// The tables do not assemble (a bug: a unit test assembles every variant); callers fail
     /// closed rather than run unfiltered.
     pub fn new(options: Options) -> Result<Option<Filter>, String> {
-        if !SUPPORTED || (!options.floor && !options.deny_ipc && options.sockets == Sockets::Any) {
+        if !SUPPORTED
+            || (!options.floor
+                && !options.split_mount
+                && !options.deny_ipc
+                && options.sockets == Sockets::Any)
+        {
             return Ok(None);
         }
         compile(&rules(options))
@@ -948,21 +968,25 @@ mod tests {
     const ALL: [Options; 4] = [
         Options {
             floor: true,
+            split_mount: false,
             sockets: Sockets::UnixOnly,
             deny_ipc: false,
         },
         Options {
             floor: true,
+            split_mount: false,
             sockets: Sockets::Any,
             deny_ipc: false,
         },
         Options {
             floor: true,
+            split_mount: false,
             sockets: Sockets::UnixOnly,
             deny_ipc: true,
         },
         Options {
             floor: true,
+            split_mount: false,
             sockets: Sockets::Any,
             deny_ipc: true,
         },
@@ -1075,6 +1099,31 @@ mod tests {
     }
 
     #[test]
+    fn a_split_floor_leaves_mount_and_setns_to_the_runs_own_filter() {
+        let thread = Options {
+            floor: true,
+            split_mount: true,
+            sockets: Sockets::Any,
+            deny_ipc: false,
+        };
+        let run_own = Options {
+            floor: false,
+            ..thread
+        };
+        for nr in [libc::SYS_mount, libc::SYS_setns] {
+            // The spawner thread's floor lets its supervisors mount their /proc ...
+            assert_eq!(run(thread, nr, [0; 6]), ALLOW);
+            // ... and the run's own filter, stacked over it, refuses both.
+            assert_eq!(run(run_own, nr, [0; 6]), errno(libc::EPERM));
+        }
+        // The rest of the floor stays on the thread, and off the run's own filter.
+        for nr in [libc::SYS_umount2, libc::SYS_pivot_root, libc::SYS_bpf] {
+            assert_eq!(run(thread, nr, [0; 6]), errno(libc::EPERM));
+            assert_eq!(run(run_own, nr, [0; 6]), ALLOW);
+        }
+    }
+
+    #[test]
     fn ipc_is_refused_only_without_an_ipc_namespace() {
         for o in ALL {
             for rule in IPC {
@@ -1138,6 +1187,7 @@ mod tests {
         for deny_ipc in [false, true] {
             let o = Options {
                 floor: true,
+                split_mount: false,
                 sockets: Sockets::Proxied,
                 deny_ipc,
             };
@@ -1188,6 +1238,7 @@ mod tests {
         let eacces = errno(libc::EACCES);
         let o = Options {
             floor: true,
+            split_mount: false,
             sockets: Sockets::Mediated,
             deny_ipc: false,
         };
@@ -1260,6 +1311,7 @@ mod tests {
     fn without_the_floor_only_the_rest_is_checked() {
         let o = Options {
             floor: false,
+            split_mount: false,
             sockets: Sockets::UnixOnly,
             deny_ipc: false,
         };
@@ -1267,6 +1319,7 @@ mod tests {
         assert_eq!(run(o, libc::SYS_connect, [0; 6]), errno(libc::EACCES));
         let none = Options {
             floor: false,
+            split_mount: false,
             sockets: Sockets::Any,
             deny_ipc: false,
         };
@@ -1280,6 +1333,7 @@ mod tests {
     fn a_server_gets_tcp_ip_and_netlink_sockets_only() {
         let o = Options {
             floor: true,
+            split_mount: false,
             sockets: Sockets::InetOnly,
             deny_ipc: true,
         };

@@ -47,6 +47,11 @@ struct Supervised {
     pidfd: OwnedFd,
     plan: Option<Box<ChildPlan>>,
     killed: bool,
+    /// The run's own mount namespace, held so that its end (which waits for an RCU grace
+    /// period) comes after the run's, on another thread ([`close_later`]), or never: it goes
+    /// back to its pool (with the runs it served) for the next run.
+    mount_ns: Option<OwnedFd>,
+    pool: Option<(std::sync::Arc<super::view::ProcPool>, u32)>,
 }
 
 // SAFETY: the plan's raw pointers point into allocations the plan itself owns (its strings,
@@ -63,6 +68,15 @@ impl Supervised {
     }
 
     fn release(&mut self) {
+        if let Some(ns) = self.mount_ns.take() {
+            let done = match self.pool.take() {
+                Some((pool, uses)) => pool.give(ns, uses + 1),
+                None => Some(ns),
+            };
+            if let Some(ns) = done {
+                close_later(ns);
+            }
+        }
         if let Some(plan) = self.plan.take() {
             if self.killed && plan.containment == Containment::Subreaper {
                 Box::leak(plan);
@@ -87,6 +101,43 @@ impl Drop for Supervised {
         let _ = reap(&self.pidfd);
         self.release();
     }
+}
+
+/// Drops `fd` (a run's mount namespace) on a thread of its own: when it is the last hold,
+/// destroying the namespace waits for an RCU grace period, which no run should wait for.
+fn close_later(fd: OwnedFd) {
+    static CLOSER: std::sync::OnceLock<
+        Option<parking_lot::Mutex<std::sync::mpsc::Sender<OwnedFd>>>,
+    > = std::sync::OnceLock::new();
+    let closer = CLOSER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
+        std::thread::Builder::new()
+            .name("correx-ns-closer".into())
+            .spawn(move || rx.into_iter().for_each(drop))
+            .ok()
+            .map(|_| parking_lot::Mutex::new(tx))
+    });
+    if let Some(tx) = closer {
+        // Sent, or (the thread gone) dropped here.
+        let _ = tx.lock().send(fd);
+    }
+}
+
+/// The host's `/proc`, opened once (`O_PATH`): a subreaper inside a view reads its children
+/// through it. -1 where it cannot be opened.
+fn host_proc() -> RawFd {
+    static PROC: std::sync::OnceLock<Option<OwnedFd>> = std::sync::OnceLock::new();
+    PROC.get_or_init(|| {
+        super::fs::openat(
+            libc::AT_FDCWD,
+            OsStr::new("/proc"),
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )
+        .ok()
+    })
+    .as_ref()
+    .map_or(-1, |fd| fd.as_raw_fd())
 }
 
 /// The descriptor limit (soft), bounded: what a close-by-close fallback has to cover.
@@ -211,7 +262,7 @@ pub(crate) fn network_namespace_works(c: Containment) -> bool {
 
 /// The uid and gid map lines that map our effective ids to themselves in a new user namespace
 /// (the kernel requires the writer's effective ids).
-fn id_maps() -> io::Result<[CString; 2]> {
+pub(crate) fn id_maps() -> io::Result<[CString; 2]> {
     // SAFETY: geteuid and getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     Ok([
@@ -241,6 +292,13 @@ pub(crate) struct Confinement {
     pub drop_bounding: bool,
     /// The uid and gid the program runs as; `None` keeps the host's.
     pub run_as: Option<(u32, u32)>,
+    /// The run's own view, built by its supervisor (an unprivileged host's run).
+    pub view: Option<std::sync::Arc<super::view::ViewPlan>>,
+    /// The supervisor mounts a /proc of the run's own over the tool's view (a root host), in
+    /// a mount namespace of this pool's (or a new one, which goes to the pool after the run).
+    pub proc_pool: Option<std::sync::Arc<super::view::ProcPool>>,
+    /// The Landlock rights the run's own /proc gets in its ruleset (0: none to add).
+    pub proc_rights: u64,
 }
 
 impl Default for Confinement {
@@ -252,6 +310,9 @@ impl Default for Confinement {
             join: [-1; 3],
             drop_bounding: false,
             run_as: None,
+            view: None,
+            proc_pool: None,
+            proc_rights: 0,
         }
     }
 }
@@ -265,6 +326,9 @@ pub(crate) struct SpawnSpec<'a> {
     pub env: &'a [(String, String)],
     /// A directory descriptor to start in; default the host's working directory.
     pub cwd: Option<RawFd>,
+    /// The directory to start in by path, for a run that builds its own view (a descriptor
+    /// of the host's tree would be outside it); takes the place of `cwd`.
+    pub cwd_path: Option<&'a Path>,
     pub confinement: Option<&'a Confinement>,
     pub containment: Containment,
     /// A cgroup's `cgroup.procs` the program's process joins before exec (its process bound).
@@ -557,6 +621,9 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
         .and_then(|c| c.ruleset.as_ref())
         .map_or(-1, |r| r.raw());
     let join = spec.confinement.map_or([-1; 3], |c| c.join);
+    // A mount namespace an earlier run left for this one's /proc, if the pool has one.
+    let pool = spec.confinement.and_then(|c| c.proc_pool.clone());
+    let pooled = pool.as_ref().and_then(|p| p.take());
     let mut plan = Box::new(ChildPlan {
         argv: with_null(&argv_c),
         envp: with_null(&env_c),
@@ -569,6 +636,14 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
         stop_r: stop_r.as_raw_fd(),
         status_w: status_w.as_raw_fd(),
         cwd: spec.cwd.unwrap_or(-1),
+        cwd_path: match spec.cwd_path {
+            Some(p) => Some(cstring(p.as_os_str().as_bytes(), "the start directory")?),
+            None => None,
+        },
+        view: spec.confinement.and_then(|c| c.view.clone()),
+        own_proc: pool.is_some(),
+        proc_ns: pooled.as_ref().map_or(-1, |(ns, _)| ns.as_raw_fd()),
+        proc_rights: spec.confinement.map_or(0, |c| c.proc_rights),
         user_maps,
         containment: spec.containment,
         confined: spec.confinement.is_some(),
@@ -595,6 +670,10 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
         net_loopback: matches!(spec.net, Some(RunNet::Loopback)),
         host_dumpable: host_dumpable(),
         keep: [spec.cwd.unwrap_or(-1), ruleset, join[0], join[1], join[2]],
+        proc_dir: match spec.containment {
+            Containment::Subreaper => host_proc(),
+            Containment::PidNamespace { .. } => -1,
+        },
         supervisor_pid: std::sync::atomic::AtomicI32::new(0),
         max_fd: max_fd(),
         supervisor_stack: Stack::new(CHILD_STACK)?,
@@ -610,6 +689,11 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
         libc::CLONE_VM | libc::CLONE_PIDFD | spec.containment.clone_flags() as libc::c_int;
     if matches!(spec.net, Some(RunNet::Namespace { .. } | RunNet::Loopback)) {
         flags |= libc::CLONE_NEWNET;
+    }
+    // A run that builds its own view does so in a mount namespace of its own (owned by its
+    // user namespace).
+    if plan.view.is_some() {
+        flags |= libc::CLONE_NEWNS;
     }
     let (pid, pidfd, clone_error) = match spec.spawner {
         // From a thread already inside the tool's cgroup: the supervisor, and all it starts,
@@ -632,10 +716,17 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     // Owns the plan from here: it is freed only once the supervisor is reaped (and leaked if
     // the supervisor had to be killed while its program could still be reading it).
+    let own_mount_ns = plan.own_proc || plan.view.is_some();
+    let (mount_ns, uses) = match pooled {
+        Some((ns, uses)) => (Some(ns), uses),
+        None => (None, 0),
+    };
     let mut guard = Supervised {
         pidfd,
         plan: Some(plan),
         killed: false,
+        pool: pool.map(|p| (p, uses)),
+        mount_ns,
     };
     // The children hold their own copies; ours would keep the pipes from ever closing.
     drop((devnull, stdin_r, out_w, err_w, fail_w, stop_r, status_w));
@@ -659,12 +750,32 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
         let stage = u32::from_ne_bytes([report[0], report[1], report[2], report[3]]);
         let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
         let e = io::Error::from_raw_os_error(errno);
+        let view = guard.plan.as_ref().and_then(|p| p.view.as_deref());
         return Err(io::Error::new(
             e.kind(),
-            format!("{} failed: {e}", Stage::describe(stage)),
+            match Stage::view_failure(stage) {
+                Some((step, entry)) => match view {
+                    Some(v) => format!(
+                        "building the run's view failed: {}",
+                        v.explain(step, entry, errno)
+                    ),
+                    None => format!(
+                        "mounting the run's /proc failed ({}): {e}",
+                        super::view::Step::describe(step)
+                    ),
+                },
+                None => format!("{} failed: {e}", Stage::describe(stage)),
+            },
         ));
     }
     drop(fail_r);
+    if own_mount_ns && guard.mount_ns.is_none() {
+        // Made before the program's process was: held from here. (Gone already if the run
+        // ended meanwhile; its end was then paid by the supervisor.)
+        guard.mount_ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
+            .ok()
+            .map(OwnedFd::from);
+    }
     Ok(Some(Started {
         parts: Some(Parts {
             guard,

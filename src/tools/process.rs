@@ -40,6 +40,7 @@ pub(crate) fn run(spec: &RunSpec<'_>) -> io::Result<RunOutput> {
     let mut env = vec![("PATH".to_owned(), FIXED_PATH.to_owned())];
     env.extend(spec.env.iter().cloned());
     spawn::run(&SpawnSpec {
+        cwd_path: None,
         program: spec.program,
         argv: &argv,
         env: &env,

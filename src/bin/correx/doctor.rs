@@ -56,6 +56,7 @@ pub fn doctor(args: Args) -> Result<(), Failure> {
     };
     let mut r = Report::default();
     kernel(&mut r, config.as_ref());
+    view(&mut r);
     llama(&mut r, config.as_ref(), !args.switch(&["--no-serve"]));
     sandbox_root(&mut r, config.as_ref());
     r.say(
@@ -152,6 +153,55 @@ fn kernel(r: &mut Report, config: Option<&RuntimeConfig>) {
             "unavailable (no network namespace without root or user namespaces, and no seccomp user notification with NOTIF_ADDFD, Linux 5.9, with Landlock): a run with an allowlist is refused (\"required\") or gets no network"
         },
     );
+}
+
+/// Which filesystem a confined run sees here: a view built for it (once per tool on a root
+/// host, per run in a user namespace of its own elsewhere), with a /proc of its own or none,
+/// or the host's tree filtered by Landlock; as a shell built now records it.
+fn view(r: &mut Report) {
+    let probe = ShellTool::new(correx::ShellOptions {
+        allowed_executables: vec!["true".into()],
+        isolation: correx::IsolationOptions {
+            mode: IsolationMode::BestEffort,
+            ..correx::IsolationOptions::default()
+        },
+        ..correx::ShellOptions::default()
+    });
+    let policy = match probe {
+        Ok(t) => t.applied_policy().to_json(),
+        Err(e) => {
+            r.say(
+                Level::Warn,
+                "filesystem view",
+                &format!("could not build a shell to look: {e}"),
+            );
+            return;
+        }
+    };
+    let v = &policy["view"];
+    let proc = if v["proc"] == "own" {
+        "a /proc of its own (its processes only)"
+    } else {
+        "no /proc"
+    };
+    let why = v["fallback"].as_str().unwrap_or("");
+    match v["built"].as_str() {
+        Some("tool") => r.say(
+            Level::Ok,
+            "filesystem view",
+            &format!("built once per tool: a run sees only what it is granted, each at its own path, with {proc}{}; spawned model servers get one too", if why.is_empty() { String::new() } else { format!(" ({why})") }),
+        ),
+        Some("run") => r.say(
+            Level::Ok,
+            "filesystem view",
+            &format!("built for each run in its user namespace: a run sees only what it is granted, each at its own path, with {proc}{}; spawned model servers get one too", if why.is_empty() { String::new() } else { format!(" ({why})") }),
+        ),
+        _ => r.say(
+            Level::Warn,
+            "filesystem view",
+            &format!("none: runs walk the host's tree, filtered by Landlock ({why})"),
+        ),
+    }
 }
 
 /// Checks llama-server and the model; with `serve`, loads the model and asks it one token.

@@ -19,7 +19,7 @@ use crate::sys::landlock::{self, Access, FsRule, TcpPorts};
 use crate::sys::limits::Rlimit;
 use crate::sys::seccomp::Sockets;
 use crate::sys::seccomp::{self, Filter};
-use crate::sys::ForkConfinement;
+use crate::sys::{ForkConfinement, ForkView};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -102,6 +102,7 @@ pub(super) fn plan(
     let filter = if seccomp::available() {
         Filter::new(seccomp::Options {
             floor: true,
+            split_mount: false,
             sockets: Sockets::InetOnly,
             deny_ipc: true,
         })?
@@ -116,6 +117,19 @@ pub(super) fn plan(
     if !grants.gpu {
         rlimits.push(Rlimit::at_most(libc::RLIMIT_AS, address_space));
     }
+    let (view, view_record) = match server_view(&grants) {
+        Ok((v, record)) => (
+            Some(v),
+            json!({"built": "server", "mounts": record, "proc": "none"}),
+        ),
+        Err(why) => {
+            log::warn!("llama-server sees the host's tree, filtered by Landlock: {why}");
+            (
+                None,
+                json!({"built": "none", "mounts": [], "proc": "none", "fallback": why}),
+            )
+        }
+    };
     let applied = Applied {
         mode,
         abi,
@@ -124,17 +138,87 @@ pub(super) fn plan(
         port,
         address_space,
     };
-    let recorded = applied.recorded(&grants);
+    let mut recorded = applied.recorded(&grants);
+    recorded["view"] = view_record;
     Ok((
         Some(ForkConfinement {
             ruleset,
             filter,
             rlimits,
             drop_bounding: crate::sys::euid() == 0,
+            view,
         }),
         recorded,
     ))
 }
+
+/// The server's view: its binary's directory, the system libraries, and the files it reads
+/// (the model, the CPU topology), each at its own path; nothing writable. Built in a mount
+/// namespace of the server's own (inside a user namespace of its own on a host that is not
+/// root).
+///
+/// # Errors
+/// Why no view can be made here (no mount namespace, a grant it cannot hold).
+fn server_view(g: &Grants) -> Result<(ForkView, Vec<crate::confine::applied::ViewMount>), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let root = crate::sys::euid() == 0;
+    if !root
+        && crate::sys::spawn::best_containment()
+            != (crate::sys::spawn::Containment::PidNamespace { user_ns: true })
+    {
+        return Err("no mount namespace can be made here (no unprivileged user namespaces)".into());
+    }
+    let (devices, read): (Vec<PathBuf>, Vec<PathBuf>) =
+        g.read.iter().cloned().partition(|p| p.starts_with("/dev"));
+    let devices: Vec<PathBuf> = devices
+        .into_iter()
+        .chain(g.devices.iter().cloned())
+        .collect();
+    let stage =
+        std::fs::canonicalize(std::env::temp_dir()).map_err(|e| format!("the temp dir: {e}"))?;
+    let system: Vec<&str> = g
+        .read_exec
+        .iter()
+        .filter_map(|p| p.to_str())
+        .filter(|p| SYSTEM.contains(p))
+        .collect();
+    let extra: Vec<PathBuf> = g
+        .read_exec
+        .iter()
+        .filter(|p| !p.to_str().is_some_and(|p| SYSTEM.contains(&p)))
+        .cloned()
+        .chain(read)
+        .collect();
+    let planned = crate::confine::view::plan(&crate::confine::view::Spec {
+        system: &system,
+        read: &extra,
+        write: &[],
+        devices: &devices,
+        idmap: false,
+        proc: crate::confine::view::Proc::None,
+        stage: &stage,
+    })?;
+    let maps = if root {
+        None
+    } else {
+        Some(crate::sys::spawn::id_maps().map_err(|e| e.to_string())?)
+    };
+    let cwd = std::env::current_dir()
+        .ok()
+        .and_then(|d| std::ffi::CString::new(d.as_os_str().as_bytes()).ok());
+    Ok((
+        ForkView {
+            plan: planned.plan,
+            maps,
+            cwd,
+        },
+        planned.record,
+    ))
+}
+
+/// The system directories a server reads its libraries from (kept as symlinks where they are
+/// on the host).
+const SYSTEM: &[&str] = &["/usr", "/lib", "/lib64"];
 
 /// What `mode` means on this kernel: `default` is `required` where every layer is offered,
 /// else `best_effort` with a warning.

@@ -75,6 +75,8 @@ struct Prepared<'a> {
     arg0: String,
     tmp: PrivateDir,
     cwd: OwnedFd,
+    /// The start directory by path, for a run that builds its own view.
+    cwd_path: Option<PathBuf>,
     confinement: Option<crate::sys::spawn::Confinement>,
     cgroup: Option<crate::sys::cgroup::RunCgroup>,
     env: Vec<(String, String)>,
@@ -109,6 +111,7 @@ impl Prepared<'_> {
             argv,
             env: &self.env,
             cwd: Some(self.cwd.as_raw_fd()),
+            cwd_path: self.cwd_path.as_deref(),
             confinement: self.confinement.as_ref(),
             containment: self.policy.containment,
             cgroup: self.cgroup.as_ref().map(|c| c.procs()),
@@ -374,11 +377,10 @@ impl ShellTool {
             .map(|r| std::fs::canonicalize(r).unwrap_or_else(|_| r.clone()))
             .collect();
         let tmp_base = tmp_base();
-        let root_confined =
-            crate::sys::euid() == 0 && options.isolation.mode != confine::IsolationMode::None;
-        // A root host's runs see the temp base through an idmapped mount made now: it must
-        // exist, under its real path.
-        let tmp_base = if root_confined {
+        let confined = options.isolation.mode != confine::IsolationMode::None;
+        // A confined run's view holds the temp base (on a root host through an idmapped mount
+        // made now): it must exist, under its real path.
+        let tmp_base = if confined {
             make_tmp_base(&tmp_base)
                 .and_then(|()| std::fs::canonicalize(&tmp_base))
                 .map_err(|e| ToolError::InvalidSetting {
@@ -645,6 +647,21 @@ impl ShellTool {
             )
         })?;
         let cwd = self.start_dir(request, tmp.path())?;
+        // Each granted path is at its own path in the run's view: the directory's path here is
+        // its path there.
+        let cwd_path = if policy.start_by_path() {
+            Some(
+                std::fs::read_link(format!("/proc/self/fd/{}", cwd.as_raw_fd())).map_err(|e| {
+                    ToolResult::failure(
+                        id,
+                        format!("naming the run's start directory: {e}"),
+                        Recoverable::Yes,
+                    )
+                })?,
+            )
+        } else {
+            None
+        };
         let confinement = policy
             .confinement(tmp.path())
             .map_err(|e| ToolResult::failure(id, e, Recoverable::Yes))?;
@@ -663,6 +680,7 @@ impl ShellTool {
             arg0,
             tmp,
             cwd,
+            cwd_path,
             confinement,
             cgroup,
             env,
