@@ -67,6 +67,13 @@ enum Item {
 /// A grant that leaves nothing to hide (`/` itself), more bind mounts than a view holds, or
 /// a path that cannot be named to the kernel (a NUL byte).
 pub(crate) fn plan(spec: &Spec<'_>) -> Result<Planned, String> {
+    if !crate::sys::view::available() {
+        return Err(
+            "the kernel does not answer the mount API a view is built with (open_tree, \
+             move_mount, mount_setattr: Linux 5.12), or something between (valgrind) hides it"
+                .into(),
+        );
+    }
     let mut items: Vec<(PathBuf, Item)> = Vec::new();
     for s in spec.system {
         let p = Path::new(s);

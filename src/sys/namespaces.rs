@@ -286,9 +286,9 @@ fn make_in_this_thread(paths: &[(PathBuf, RawFd)]) -> io::Result<Made> {
     // propagate in.
     syscall!(
         SYS_mount,
-        std::ptr::null::<libc::c_char>(),
+        c"none".as_ptr(),
         c"/".as_ptr(),
-        std::ptr::null::<libc::c_char>(),
+        c"none".as_ptr(),
         (libc::MS_REC | libc::MS_SLAVE) as libc::c_ulong,
         std::ptr::null::<libc::c_void>()
     )
