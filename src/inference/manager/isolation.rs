@@ -15,12 +15,14 @@
 //!
 //! The server keeps the host's uid (root's files are kept from it by Landlock, not by a uid).
 
+use super::applied::{Confined, Families, Files, Limits, Network, ServerPolicy};
+use crate::confine::applied::{Scopes, View};
 use crate::sys::landlock::{self, Access, FsRule, TcpPorts};
 use crate::sys::limits::Rlimit;
 use crate::sys::seccomp::Sockets;
 use crate::sys::seccomp::{self, Filter};
 use crate::sys::{ForkConfinement, ForkView};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// How strictly spawned servers are confined (config `models.isolation`: `required`,
@@ -67,7 +69,7 @@ pub(super) fn plan(
     estimate: Option<u64>,
 ) -> Result<(Option<ForkConfinement>, Value), String> {
     if mode == ServerIsolation::None {
-        return Ok((None, json!({"mode": "none"})));
+        return Ok((None, ServerPolicy::Fenced { mode: "none" }.to_json()));
     }
     let abi = landlock::abi();
     let mode = mode_here(mode, abi)?;
@@ -118,15 +120,25 @@ pub(super) fn plan(
         rlimits.push(Rlimit::at_most(libc::RLIMIT_AS, address_space));
     }
     let (view, view_record) = match server_view(&grants) {
-        Ok((v, record)) => (
+        Ok((v, mounts)) => (
             Some(v),
-            json!({"built": "server", "mounts": record, "proc": "none"}),
+            View {
+                built: "server",
+                mounts,
+                proc: "none",
+                fallback: None,
+            },
         ),
         Err(why) => {
             log::warn!("llama-server sees the host's tree, filtered by Landlock: {why}");
             (
                 None,
-                json!({"built": "none", "mounts": [], "proc": "none", "fallback": why}),
+                View {
+                    built: "none",
+                    mounts: Vec::new(),
+                    proc: "none",
+                    fallback: Some(why),
+                },
             )
         }
     };
@@ -138,8 +150,7 @@ pub(super) fn plan(
         port,
         address_space,
     };
-    let mut recorded = applied.recorded(&grants);
-    recorded["view"] = view_record;
+    let recorded = applied.recorded(&grants, view_record).to_json();
     Ok((
         Some(ForkConfinement {
             ruleset,
@@ -329,46 +340,54 @@ struct Applied {
 }
 
 impl Applied {
-    /// The policy recorded in `model.loaded`.
-    fn recorded(&self, g: &Grants) -> Value {
+    /// The policy recorded in `model.loaded`, with the server's `view`.
+    fn recorded(&self, g: &Grants, view: View) -> ServerPolicy {
         let abi = self.abi;
-        let shown = |paths: &[PathBuf]| {
-            paths
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-        };
-        json!({
-            "mode": self.mode.as_str(),
-            "landlock_abi": abi,
-            "filesystem": if self.landlock { json!({
-                "read_exec": shown(&g.read_exec),
-                "read": shown(&g.read),
-                "read_write": [],
-            }) } else { Value::Null },
-            "network": {
-                "tcp_bind": [self.port],
-                // Landlock rules name ports, not hosts: these ports, on any host.
-                "tcp_connect_ports": g.connect,
-                "landlock_tcp": self.landlock && abi >= landlock::NET_ABI,
-                "socket_families": if self.filtered { json!(["inet", "inet6", "netlink"]) } else { json!("any") },
+        let shown = |paths: &[PathBuf]| paths.iter().map(|p| p.display().to_string()).collect();
+        let scoped = self.landlock && abi >= landlock::SCOPE_ABI;
+        ServerPolicy::Confined(Box::new(Confined {
+            mode: self.mode.as_str(),
+            landlock_abi: abi,
+            filesystem: self.landlock.then(|| Files {
+                read_exec: shown(&g.read_exec),
+                read: shown(&g.read),
+                read_write: Vec::new(),
+            }),
+            network: Network {
+                tcp_bind: vec![self.port],
+                tcp_connect_ports: g.connect.clone(),
+                landlock_tcp: self.landlock && abi >= landlock::NET_ABI,
+                socket_families: if self.filtered {
+                    Families::Only(&["inet", "inet6", "netlink"])
+                } else {
+                    Families::Any("any")
+                },
             },
-            "scopes": {
-                "signal": self.landlock && abi >= landlock::SCOPE_ABI,
-                "abstract_unix_socket": self.landlock && abi >= landlock::SCOPE_ABI,
+            scopes: Scopes {
+                signal: scoped,
+                abstract_unix_socket: scoped,
             },
-            "syscall_floor": self.filtered,
-            "ipc": if self.filtered { "seccomp_denied" } else { "host" },
-            "uid": crate::sys::euid(),
+            syscall_floor: self.filtered,
+            ipc: if self.filtered {
+                "seccomp_denied"
+            } else {
+                "host"
+            },
+            uid: crate::sys::euid(),
             // Root can empty its bounding set; another uid holds no capability to begin with.
-            "capabilities": if crate::sys::euid() == 0 { "none" } else { "none_but_bounding_set" },
-            "no_new_privs": true,
-            "limits": {
-                "address_space_bytes": if g.gpu { Value::Null } else { json!(self.address_space) },
-                "core_dumps": false,
+            capabilities: if crate::sys::euid() == 0 {
+                "none"
+            } else {
+                "none_but_bounding_set"
             },
-            "gpu_devices": g.gpu,
-        })
+            no_new_privs: true,
+            limits: Limits {
+                address_space_bytes: (!g.gpu).then_some(self.address_space),
+                core_dumps: false,
+            },
+            gpu_devices: g.gpu,
+            view,
+        }))
     }
 }
 

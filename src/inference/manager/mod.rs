@@ -18,6 +18,7 @@
 //! `residency` the housekeeping thread (idle unloads, liveness); `remote` endpoints elsewhere;
 //! `estimate` memory before a load; `provider` the inference path.
 
+mod applied;
 mod descriptor;
 mod estimate;
 mod isolation;
