@@ -333,6 +333,25 @@ fn own_proc() -> TestResult {
     // does not even see its supervisor, which shares the host's memory and so shows the
     // host's command line; a host that is not root shows it to its own runs as their pid 1
     // (the docs' known gaps say so).
+    // Past the runs one mount namespace serves (64, on a root host), each run still has its
+    // own /proc: it reads its own status, and sees only its own processes.
+    for i in 0..70 {
+        let r = run(
+            &t,
+            &[
+                "sh",
+                "-c",
+                "cat /proc/self/status | head -1; ls /proc | grep -c '^[0-9]'",
+            ],
+        );
+        let out = text(&r);
+        assert!(
+            r.is_success() && out.contains("Name:\tcat"),
+            "run {i}: {out}"
+        );
+        let n: usize = out.lines().last().unwrap_or("").trim().parse()?;
+        assert!(n <= 6, "run {i} sees {n} processes: {out}");
+    }
     let me = std::env::current_exe()?;
     let name = me
         .file_name()

@@ -629,3 +629,30 @@ impl ProcPool {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fd() -> std::os::fd::OwnedFd {
+        std::fs::File::open("/dev/null").expect("/dev/null").into()
+    }
+
+    #[test]
+    fn the_pool_keeps_a_namespace_for_its_runs_and_lets_it_go_after_the_last() {
+        let pool = ProcPool::default();
+        assert!(pool.take().is_none());
+        assert!(pool.give(fd(), 1).is_none(), "kept after one run");
+        let (ns, uses) = pool.take().expect("the kept one");
+        assert_eq!(uses, 1);
+        assert!(
+            pool.give(ns, ProcPool::USES).is_some(),
+            "let go after its last run"
+        );
+        // At most KEPT at once; the rest are let go at once.
+        for _ in 0..ProcPool::KEPT {
+            assert!(pool.give(fd(), 1).is_none());
+        }
+        assert!(pool.give(fd(), 1).is_some());
+    }
+}
