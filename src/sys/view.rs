@@ -599,7 +599,7 @@ pub(crate) fn proc_in_user_namespace() -> bool {
 }
 
 /// The mount namespaces a tool's runs mount their own /proc in, kept for the next runs:
-/// destroying one waits for an RCU grace period (a fifth of a confined spawn here), so each is
+/// destroying one waits for an RCU grace period (about a sixth of a confined spawn here), so each is
 /// used by up to [`ProcPool::USES`] runs one after the other, each mounting its procfs over
 /// the last one's, and only then let go.
 #[derive(Debug, Default)]
