@@ -599,9 +599,9 @@ pub(crate) fn proc_in_user_namespace() -> bool {
 }
 
 /// The mount namespaces a tool's runs mount their own /proc in, kept for the next runs:
-/// destroying one waits for an RCU grace period (about a sixth of a confined spawn here), so each is
-/// used by up to [`ProcPool::USES`] runs one after the other, each mounting its procfs over
-/// the last one's, and only then let go.
+/// destroying one waits for an RCU grace period (about a sixth of a confined spawn here), so
+/// each is used by up to [`ProcPool::USES`] runs one after the other, each mounting its procfs
+/// over the last one's, and only then let go.
 #[derive(Debug, Default)]
 pub(crate) struct ProcPool {
     free: parking_lot::Mutex<Vec<(std::os::fd::OwnedFd, u32)>>,
