@@ -15,19 +15,9 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
-// From <linux/mount.h>.
-const OPEN_TREE_CLONE: u32 = 1;
-const AT_RECURSIVE: u32 = 0x8000;
-const MOVE_MOUNT_F_EMPTY_PATH: u32 = 4;
-const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
+use super::view::{
+    MountAttr, AT_RECURSIVE, MOUNT_ATTR_IDMAP, MOVE_MOUNT_F_EMPTY_PATH, OPEN_TREE_CLONE,
+};
 
 /// A user and group id pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -303,7 +293,7 @@ fn make_in_this_thread(paths: &[(PathBuf, RawFd)]) -> io::Result<Made> {
             SYS_open_tree,
             libc::AT_FDCWD,
             c.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | AT_RECURSIVE
+            (OPEN_TREE_CLONE | AT_RECURSIVE) as u32 | libc::O_CLOEXEC as u32
         )
         .map_err(|e| what("cloning the mount", e))?;
         // SAFETY: a new descriptor nothing else owns.
@@ -318,7 +308,7 @@ fn make_in_this_thread(paths: &[(PathBuf, RawFd)]) -> io::Result<Made> {
             SYS_mount_setattr,
             tree.as_raw_fd(),
             c"".as_ptr(),
-            (libc::AT_EMPTY_PATH as u32) | AT_RECURSIVE,
+            (libc::AT_EMPTY_PATH as u32) | AT_RECURSIVE as u32,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>()
         )
@@ -329,7 +319,7 @@ fn make_in_this_thread(paths: &[(PathBuf, RawFd)]) -> io::Result<Made> {
             c"".as_ptr(),
             libc::AT_FDCWD,
             c.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH
+            MOVE_MOUNT_F_EMPTY_PATH as u32
         )
         .map_err(|e| what("mounting", e))?;
         let view = open_path(libc::AT_FDCWD, p).map_err(|e| what("opening", e))?;

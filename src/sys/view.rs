@@ -12,25 +12,26 @@ use super::raw::call;
 use std::ffi::CString;
 use std::os::fd::RawFd;
 
-// From <linux/mount.h>.
-const OPEN_TREE_CLONE: usize = 1;
-const AT_RECURSIVE: usize = 0x8000;
-const MOVE_MOUNT_F_EMPTY_PATH: usize = 4;
+// From <linux/mount.h> (the namespaces' in-place idmapping uses them too).
+pub(super) const OPEN_TREE_CLONE: usize = 1;
+pub(super) const AT_RECURSIVE: usize = 0x8000;
+pub(super) const MOVE_MOUNT_F_EMPTY_PATH: usize = 4;
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
 const MOUNT_ATTR_NOEXEC: u64 = 0x8;
-const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+pub(super) const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 /// Most bind mounts one view holds (the builder keeps their descriptors on its stack).
 pub(crate) const MAX_BINDS: usize = 48;
 
+/// `struct mount_attr`, for `mount_setattr`.
 #[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
+pub(super) struct MountAttr {
+    pub attr_set: u64,
+    pub attr_clr: u64,
+    pub propagation: u64,
+    pub userns_fd: u64,
 }
 
 /// How a bound path may be used in the view.
@@ -361,18 +362,7 @@ fn fill(
     }
     if plan.proc_at_build {
         mkdir(root, c"proc", None)?;
-        check(
-            call!(
-                SYS_mount,
-                c"proc".as_ptr(),
-                plan.stage_proc.as_ptr(),
-                c"proc".as_ptr(),
-                PROC_FLAGS,
-                PROC_OPTIONS.as_ptr()
-            ),
-            Step::Proc,
-            None,
-        )?;
+        check(mount_proc(&plan.stage_proc), Step::Proc, None)?;
     }
     // pivot_root(".", "."): the old root ends up on top of the new one, and is detached.
     check(call!(SYS_fchdir, root), Step::Pivot, None)?;
@@ -429,6 +419,18 @@ const PROC_FLAGS: libc::c_ulong =
 /// line is the host's).
 const PROC_OPTIONS: &std::ffi::CStr = c"hidepid=2";
 
+/// A procfs of the caller's PID namespace at `target`, as every run's is mounted.
+fn mount_proc(target: &std::ffi::CStr) -> isize {
+    call!(
+        SYS_mount,
+        c"proc".as_ptr(),
+        target.as_ptr(),
+        c"proc".as_ptr(),
+        PROC_FLAGS,
+        PROC_OPTIONS.as_ptr()
+    )
+}
+
 fn mkdir(root: RawFd, rel: &std::ffi::CStr, at: Option<usize>) -> Result<(), Failed> {
     let r = call!(SYS_mkdirat, root, rel.as_ptr(), 0o755);
     // Beneath another bind a directory exists already (and that mount may be read-only).
@@ -455,18 +457,7 @@ pub(crate) fn own_proc(
     }
     // By path: a descriptor of the tool's namespace would lead outside this one's root.
     check(call!(SYS_chdir, cwd.as_ptr()), Step::Proc, None)?;
-    check(
-        call!(
-            SYS_mount,
-            c"proc".as_ptr(),
-            c"/proc".as_ptr(),
-            c"proc".as_ptr(),
-            PROC_FLAGS,
-            PROC_OPTIONS.as_ptr()
-        ),
-        Step::Proc,
-        None,
-    )?;
+    check(mount_proc(c"/proc"), Step::Proc, None)?;
     if let Some((ruleset, rights)) = landlock {
         allow_proc(ruleset, rights)?;
     }
@@ -577,14 +568,7 @@ pub(crate) fn proc_in_user_namespace() -> bool {
                     libc::MS_REC | libc::MS_SLAVE,
                     0usize
                 ) >= 0
-                && call!(
-                    SYS_mount,
-                    c"proc".as_ptr(),
-                    c"/proc".as_ptr(),
-                    c"proc".as_ptr(),
-                    PROC_FLAGS,
-                    PROC_OPTIONS.as_ptr()
-                ) >= 0;
+                && mount_proc(c"/proc") >= 0;
             loop {
                 call!(SYS_exit_group, if ok { 0 } else { 1 });
             }
