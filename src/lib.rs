@@ -70,6 +70,7 @@ mod strict_json;
 mod sys;
 mod text;
 mod tools;
+mod workspace;
 
 pub use approvals::{
     ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalMode, ApprovalPolicy,
@@ -133,6 +134,10 @@ pub use tools::{
     Tool, ToolCapability, ToolConfig, ToolError, ToolErrorKind, ToolExecutor, ToolRegistry,
     ToolRequest, ToolResult, ToolRow, ToolSource, ValidationResult, BUILTIN_TOOLS,
     DEFAULT_MAX_READ_BYTES, DEFAULT_OUTPUT_CAP, MAX_TIMEOUT,
+};
+pub use workspace::{
+    Change, ChangeKind, ChangeSet, Conflict, EntryType, PromoteError, PromotePolicy,
+    StagingOptions, Workspace, WorkspaceError, WorkspaceMode,
 };
 
 #[cfg(test)]

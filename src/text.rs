@@ -49,6 +49,21 @@ pub(crate) fn base64(bytes: &[u8]) -> String {
     out
 }
 
+/// A file-name component safe to use whatever the id holds.
+pub(crate) fn safe_component(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' => out.push(b as char),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    if out.is_empty() {
+        out.push_str("%00");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -43,11 +43,18 @@ pub(super) fn grants(
 
 impl Grants {
     /// The view of these grants (and of `tmp_base`, writable), built on `tmp_base`; with
-    /// `idmap` the writable paths show their owners' files as the run's.
+    /// `idmap` the writable paths show their owners' files as the run's, except `staging`
+    /// (the staged layers' directory, which an overlay mounted by the host writes as it is).
     ///
     /// # Errors
     /// Why no view can hold these grants.
-    pub fn view(&self, idmap: bool, proc: Proc, tmp_base: &Path) -> Result<Planned, String> {
+    pub fn view(
+        &self,
+        idmap: bool,
+        proc: Proc,
+        tmp_base: &Path,
+        staging: Option<&Path>,
+    ) -> Result<Planned, String> {
         let devices: Vec<PathBuf> = DEVICES.iter().map(PathBuf::from).collect();
         let mut write = self.write.clone();
         write.push(tmp_base.to_path_buf());
@@ -57,6 +64,7 @@ impl Grants {
             write: &write,
             devices: &devices,
             idmap,
+            unmapped: staging.filter(|_| idmap),
             proc,
             stage: tmp_base,
         })

@@ -57,6 +57,8 @@ pub(crate) struct Policy {
     proc_pool: Option<Arc<crate::sys::view::ProcPool>>,
     /// The Landlock rights a run's own /proc gets (0 without Landlock).
     proc_rights: u64,
+    /// The Landlock rights a staged working dir's overlay gets (0 without Landlock).
+    pub stage_rights: u64,
     /// The applied policy, as recorded in `tool.execution_started`.
     pub applied: AppliedPolicy,
 }
@@ -68,6 +70,7 @@ pub(crate) fn plan(
     working_dirs: &[PathBuf],
     executable_dirs: &[PathBuf],
     tmp_base: &Path,
+    staging: Option<&Path>,
 ) -> Result<Policy, String> {
     let mode = options.mode;
     let kernel = Kernel::probe(options);
@@ -87,7 +90,7 @@ pub(crate) fn plan(
         if options.view_refused() {
             return Err(refused());
         }
-        grants.view(idmap, root_proc, tmp_base)
+        grants.view(idmap, root_proc, tmp_base, staging)
     })?;
     let run_view = if options.view_refused() {
         Err(refused())
@@ -167,6 +170,11 @@ pub(crate) fn plan(
         } else {
             0
         },
+        stage_rights: if kernel.landlock_on() {
+            landlock::write_rights(kernel.abi)
+        } else {
+            0
+        },
         applied,
     })
 }
@@ -196,7 +204,7 @@ fn run_view(
     } else {
         Proc::None
     };
-    grants.view(false, proc, tmp_base)
+    grants.view(false, proc, tmp_base, None)
 }
 
 /// The view as recorded: the tool's (root host), each run's, or none and why.
@@ -322,6 +330,35 @@ impl Policy {
         self.run_view.is_some() || self.proc_pool.is_some()
     }
 
+    /// The ids a run executes as, where not the host's (a root host).
+    pub fn run_ids(&self) -> Option<(u32, u32)> {
+        self.run_as.map(|i| (i.uid, i.gid))
+    }
+
+    /// Whether a run's working dirs can be staged (overlays mounted in the run's own mount
+    /// namespace, by its supervisor): `Ok(true)` where that namespace is owned by the run's
+    /// user namespace (an unprivileged host: the overlay keeps its marks in `user.*`
+    /// attributes), `Ok(false)` on a root host; else why not.
+    pub fn staging(&self) -> Result<bool, String> {
+        if self.run_view.is_some() {
+            Ok(true)
+        } else if self.proc_pool.is_some() {
+            Ok(false)
+        } else {
+            Err(format!(
+                "staging needs a view built for each run or a mount namespace of each run's                  own, and there is none here: {}",
+                match &self.applied {
+                    AppliedPolicy::Applied(a) => a
+                        .view
+                        .fallback
+                        .clone()
+                        .unwrap_or_else(|| "the run has no PID namespace".into()),
+                    AppliedPolicy::Refused { refused, .. } => refused.clone(),
+                }
+            ))
+        }
+    }
+
     /// A fresh `pids` cgroup for one run, where that is how its processes are bounded.
     pub fn run_cgroup(&self) -> Result<Option<RunCgroup>, String> {
         let Some((parent, limit)) = self.pids_cgroup else {
@@ -402,6 +439,7 @@ impl Policy {
             view: self.run_view.clone(),
             proc_pool: self.proc_pool.clone(),
             proc_rights: self.proc_rights,
+            overlays: Vec::new(),
         }))
     }
 }

@@ -36,6 +36,8 @@ pub(crate) struct Spec<'a> {
     /// On a root host whose runs execute as another uid: the writable paths show their
     /// owner's files as the run's.
     pub idmap: bool,
+    /// A writable path bound as it is on disk even with `idmap` (beneath an idmapped one).
+    pub unmapped: Option<&'a Path>,
     pub proc: Proc,
     /// An existing directory the view's root is mounted on while it is built.
     pub stage: &'a Path,
@@ -120,6 +122,17 @@ pub(crate) fn plan(spec: &Spec<'_>) -> Result<Planned, String> {
                 source: c,
                 access: Access::ReadWrite,
                 owner,
+            },
+        ));
+    }
+    if let Some(p) = spec.unmapped {
+        items.push((
+            p.to_path_buf(),
+            Item::Bind {
+                file: false,
+                source: p.to_path_buf(),
+                access: Access::ReadWrite,
+                owner: None,
             },
         ));
     }
@@ -377,6 +390,7 @@ mod tests {
             write: std::slice::from_ref(&work),
             devices: &[PathBuf::from("/dev/null")],
             idmap: false,
+            unmapped: None,
             proc: Proc::PerRun,
             stage: &base,
         })
@@ -414,6 +428,7 @@ mod tests {
             write: &[],
             devices: &[],
             idmap: false,
+            unmapped: None,
             proc: Proc::None,
             stage: Path::new("/tmp"),
         })
@@ -433,6 +448,7 @@ mod tests {
             write: &[],
             devices: &[],
             idmap: false,
+            unmapped: None,
             proc: Proc::None,
             stage: Path::new("/tmp"),
         })

@@ -246,6 +246,51 @@ pub enum DomainEvent {
         /// `too_many_connections`, `byte_limit`, `bad_request`, `unreachable`.
         reason: String,
     },
+    /// A staged run's change set, as it ended: every path it changed, its text files' diff,
+    /// and what became of it (`promoted`, `kept` for the host, `discarded`, or `conflict`).
+    /// Appended with the run's outcome, before it.
+    #[serde(rename = "workspace.staged")]
+    WorkspaceStaged {
+        /// The session.
+        session_id: String,
+        /// The invocation.
+        invocation_id: String,
+        /// The tool.
+        tool_name: String,
+        /// The promotion policy: `on_success` or `manual`.
+        promote: String,
+        /// `promoted`, `kept`, `discarded`, `conflict` or `refused`.
+        state: String,
+        /// Counts by kind (`added`, `modified`, `deleted`, `mode_changed`, `touched`,
+        /// `special`), `paths` and `bytes`.
+        summary: serde_json::Value,
+        /// Every changed path: `{"path", "kind", "type", "size"?, "before_size"?, "mode"?,
+        /// "before_mode"?, "target"?}`.
+        changes: serde_json::Value,
+        /// A unified diff of the text files (binary and large ones named only), at most
+        /// 256 KiB.
+        diff: String,
+        /// Files were left out of `diff` to bound it.
+        diff_truncated: bool,
+        /// Why it was discarded or refused.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// A change set held for the host was promoted or discarded (by the host, or by recovery
+    /// after a crash).
+    #[serde(rename = "workspace.settled")]
+    WorkspaceSettled {
+        /// The session.
+        session_id: String,
+        /// The invocation that staged it.
+        invocation_id: String,
+        /// `promoted` or `discarded`.
+        state: String,
+        /// Who decided: `host` or `recovery`.
+        by: String,
+        /// Counts by kind, as in `workspace.staged`.
+        summary: serde_json::Value,
+    },
     /// A tool invocation was denied by the approval engine and never ran.
     #[serde(rename = "tool.execution_rejected")]
     ToolExecutionRejected {
@@ -475,6 +520,8 @@ type_ids! {
     ToolExecutionInterrupted => "tool.execution_interrupted",
     ToolProgress => "tool.progress",
     ToolNetworkDenied => "tool.network_denied",
+    WorkspaceStaged => "workspace.staged",
+    WorkspaceSettled => "workspace.settled",
     InferenceCompleted => "inference.completed",
     JobStarted => "job.started",
     JobExited => "job.exited",
@@ -506,7 +553,9 @@ impl DomainEvent {
             | DomainEvent::ToolExecutionInterrupted { .. }
             | DomainEvent::ToolProgress { .. }
             | DomainEvent::ToolExecutionCancelled { .. }
-            | DomainEvent::ToolNetworkDenied { .. } => self.tool_run_summary(),
+            | DomainEvent::ToolNetworkDenied { .. }
+            | DomainEvent::WorkspaceStaged { .. }
+            | DomainEvent::WorkspaceSettled { .. } => self.tool_run_summary(),
             DomainEvent::JobStarted { .. }
             | DomainEvent::JobExited { .. }
             | DomainEvent::McpServerStarted { .. }
@@ -641,6 +690,26 @@ impl DomainEvent {
                 ..
             } => {
                 format!("{tool_name} refused a connection to {host}:{port} ({reason}), invocation {invocation_id}")
+            }
+            DomainEvent::WorkspaceStaged {
+                tool_name,
+                state,
+                summary,
+                invocation_id,
+                ..
+            } => {
+                let paths = summary["paths"].as_u64().unwrap_or(0);
+                format!("{tool_name} staged {paths} changed paths ({state}), invocation {invocation_id}")
+            }
+            DomainEvent::WorkspaceSettled {
+                state,
+                by,
+                summary,
+                invocation_id,
+                ..
+            } => {
+                let paths = summary["paths"].as_u64().unwrap_or(0);
+                format!("staged change set of invocation {invocation_id} ({paths} paths) {state} by the {by}")
             }
             // `summary` routes no other type here; were one, its type id is what it shows.
             _ => self.type_id().to_owned(),

@@ -59,7 +59,7 @@ struct ToolRequestIn {
 ///   "data"}` or `{"v": 1, "status": "failure", "invocation_id", "reason", "recoverable",
 ///   "kind", "data"}`. `kind` is stable for programs: `invalid_request`, `not_allowed`,
 ///   `escape`, `not_found`, `too_large`, `symlink_loop`, `wrong_kind`, `timed_out`,
-///   `cancelled`, `non_zero_exit`, `signalled`, `io`, `interrupted`, `other`. `data` (absent when the tool
+///   `cancelled`, `non_zero_exit`, `signalled`, `io`, `interrupted`, `conflict`, `other`. `data` (absent when the tool
 ///   gave none): the shell's `{"exit_code", "signal", "stdout", "stderr", "stdout_truncated",
 ///   "stderr_truncated", "stdout_dropped_bytes", "stderr_dropped_bytes", "timed_out",
 ///   "cancelled", "duration_ms"}` for every run, with `stdout_base64`/`stderr_base64` holding

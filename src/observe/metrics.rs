@@ -95,6 +95,8 @@ impl LogMetrics {
             | DomainEvent::ToolExecutionInterrupted { .. }
             | DomainEvent::ToolApprovalDecided { .. }
             | DomainEvent::ToolNetworkDenied { .. }) => self.fold_tool_event(d),
+            // A staged run's change set is in its outcome already.
+            DomainEvent::WorkspaceStaged { .. } | DomainEvent::WorkspaceSettled { .. } => {}
             d @ (DomainEvent::InferenceCompleted { .. }
             | DomainEvent::ModelLoaded { .. }
             | DomainEvent::ModelUnloaded { .. }) => self.fold_model_event(d),

@@ -6,6 +6,8 @@ mod config;
 pub use config::{RuntimeConfig, CONFIG_VERSION};
 
 use crate::approvals::{ApprovalEngine, ApprovalPolicy, AutoApprove, DenyAll, EngineChoice};
+use crate::domain::DomainEvent;
+use crate::events::ExpectedVersion;
 use crate::events::{EventLog, EventStore, EventStoreError, SealError, SealWriter, StoreOptions};
 use crate::inference::DefaultModelManager;
 use crate::observe::otlp::{OtlpError, OtlpExporter};
@@ -16,6 +18,7 @@ use crate::services::mcp::McpHub;
 use crate::sessions::{Session, SessionError};
 use crate::settings::ConfigError;
 use crate::tools::{BuildContext, DispatchingToolExecutor, ToolConfig, ToolError, ToolRegistry};
+use crate::workspace::{ChangeSet, WorkspaceError};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
@@ -307,5 +310,85 @@ impl Runtime {
     /// reason `interrupted` when this runtime opened.
     pub fn interrupted_jobs(&self) -> &[InterruptedJob] {
         &self.interrupted_jobs
+    }
+
+    /// The change sets staged runs left for the host (`staging.promote: "manual"`), oldest
+    /// first within each tool: (tool, session, invocation).
+    pub fn staged(&self) -> Vec<(String, String, String)> {
+        let registry = self.executor.registry();
+        let mut out = Vec::new();
+        for name in registry.names() {
+            if let Some(w) = registry
+                .resolve(&name)
+                .as_deref()
+                .and_then(|t| t.workspace())
+            {
+                out.extend(w.held().into_iter().map(|(s, i)| (name.clone(), s, i)));
+            }
+        }
+        out
+    }
+
+    /// Promotes the change set invocation `invocation_id` staged and left for the host:
+    /// applied to the real tree through the tool's journal, then recorded
+    /// (`workspace.settled`, state `promoted`, by `host`). Refused (a conflict), it stays held
+    /// and nothing was applied.
+    ///
+    /// # Errors
+    /// [`WorkspaceError`]; [`WorkspaceError::Unrecorded`] when it was applied but the log
+    /// could not take its record.
+    pub fn promote_staged(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError> {
+        self.settle_staged(invocation_id, true)
+    }
+
+    /// Discards the change set invocation `invocation_id` staged and left for the host, and
+    /// records it (`workspace.settled`, state `discarded`, by `host`).
+    ///
+    /// # Errors
+    /// As [`Runtime::promote_staged`].
+    pub fn discard_staged(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError> {
+        self.settle_staged(invocation_id, false)
+    }
+
+    fn settle_staged(
+        &self,
+        invocation_id: &str,
+        promote: bool,
+    ) -> Result<ChangeSet, WorkspaceError> {
+        let registry = self.executor.registry();
+        for name in registry.names() {
+            let Some(tool) = registry.resolve(&name) else {
+                continue;
+            };
+            let Some(w) = tool.workspace() else {
+                continue;
+            };
+            let Some((session, _)) = w.held().into_iter().find(|(_, i)| i == invocation_id) else {
+                continue;
+            };
+            let set = if promote {
+                w.promote(invocation_id)?
+            } else {
+                w.discard(invocation_id)?
+            };
+            let event = DomainEvent::WorkspaceSettled {
+                session_id: session.clone(),
+                invocation_id: invocation_id.to_owned(),
+                state: if promote { "promoted" } else { "discarded" }.into(),
+                by: "host".into(),
+                summary: set.summary(),
+            };
+            self.events
+                .append(
+                    &crate::domain::session_stream(&session),
+                    ExpectedVersion::Any,
+                    &[event.to_new_event()],
+                )
+                .map_err(WorkspaceError::Unrecorded)?;
+            return Ok(set);
+        }
+        Err(WorkspaceError::NotHeld {
+            invocation_id: invocation_id.to_owned(),
+        })
     }
 }

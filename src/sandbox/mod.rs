@@ -178,6 +178,9 @@ fn run_state(
                 Some(
                     EventType::ToolApprovalDecided
                     | EventType::ToolNetworkDenied
+                    // A change set, appended before the run's outcome (which closes it).
+                    | EventType::WorkspaceStaged
+                    | EventType::WorkspaceSettled
                     | EventType::ToolProgress
                     | EventType::ToolExecutionRejected
                     | EventType::ModelLoaded
@@ -200,21 +203,6 @@ fn run_state(
         from = last + 1;
     }
     Ok((tool, version, closed))
-}
-
-/// A file-name component safe to use whatever the id holds.
-fn safe_component(id: &str) -> String {
-    let mut out = String::with_capacity(id.len());
-    for b in id.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' => out.push(b as char),
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    if out.is_empty() {
-        out.push_str("%00");
-    }
-    out
 }
 
 /// Drops a recovered run's backups without restoring them.
@@ -619,7 +607,7 @@ impl SandboxedToolExecutor {
             tool_name: log.tool_name.clone(),
             entries: Vec::new(),
         });
-        let id_part = safe_component(log.id.as_str());
+        let id_part = crate::text::safe_component(log.id.as_str());
         let tag = crate::text::prefix(&id_part, 40);
         BackupSet::take(run, paths, &roots, &self.root_fds, tag)
     }
@@ -844,10 +832,13 @@ impl<'a> RunLog<'a> {
         mut backups: BackupSet<'_>,
     ) {
         let (denials, summary) = self.network_report(result);
+        let staged = self.workspace_report(result);
         let event = self.outcome_event(result, cancel, started, summary);
-        // The refusals and the outcome in one transaction: a crash leaves all or none.
+        // The refusals, the change set and the outcome in one transaction: a crash leaves
+        // all or none.
         let all: Vec<_> = denials
             .iter()
+            .chain(staged.iter())
             .chain(std::iter::once(&event))
             .map(DomainEvent::to_new_event)
             .collect();
@@ -861,6 +852,27 @@ impl<'a> RunLog<'a> {
         }
         seam("outcome");
         drop(backups);
+    }
+
+    /// A staged run's change set, as its data says.
+    fn workspace_report(&self, result: &ToolResult) -> Option<DomainEvent> {
+        let w = result
+            .data()
+            .map(|d| &d["workspace"])
+            .filter(|w| w.is_object())?;
+        let s = |k: &str| w[k].as_str().unwrap_or_default().to_owned();
+        Some(DomainEvent::WorkspaceStaged {
+            session_id: self.session_id.clone(),
+            invocation_id: self.invocation_id.clone(),
+            tool_name: self.tool_name.clone(),
+            promote: s("promote"),
+            state: s("state"),
+            summary: w["summary"].clone(),
+            changes: w["changes"].clone(),
+            diff: s("diff"),
+            diff_truncated: w["diff_truncated"].as_bool().unwrap_or(false),
+            reason: w["reason"].as_str().map(str::to_owned),
+        })
     }
 
     /// What a run did through its proxy: each refusal an event, the totals in the outcome.

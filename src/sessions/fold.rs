@@ -142,6 +142,8 @@ impl Index {
             | DomainEvent::ModelEndpointFailover { .. }
             | DomainEvent::ToolProgress { .. }
             | DomainEvent::ToolNetworkDenied { .. }
+            | DomainEvent::WorkspaceStaged { .. }
+            | DomainEvent::WorkspaceSettled { .. }
             | DomainEvent::InferenceCompleted { .. }
             | DomainEvent::JobStarted { .. }
             | DomainEvent::JobExited { .. }

@@ -99,6 +99,8 @@ pub(crate) struct ChildPlan {
     pub(crate) proc_ns: RawFd,
     /// Landlock rights for the run's /proc, added to `ruleset` once it is mounted.
     pub(crate) proc_rights: u64,
+    /// A staged run's overlays, mounted by the supervisor once the view is in place.
+    pub(crate) overlays: Vec<super::view::Overlay>,
     pub(crate) user_maps: Option<[CString; 2]>,
     pub(crate) containment: Containment,
     /// Whether to confine (no_new_privs, then the rest).
@@ -359,11 +361,13 @@ fn supervisor(plan: &ChildPlan) -> ! {
     let landlock =
         (plan.ruleset >= 0 && plan.proc_rights != 0).then_some((plan.ruleset, plan.proc_rights));
     if let Some(view) = &plan.view {
-        if let Err(f) = super::view::build(view, &[], landlock) {
+        if let Err(f) = super::view::build(view, &[], landlock)
+            .and_then(|()| super::view::mount_overlays(&plan.overlays, plan.ruleset))
+        {
             fail_view(plan, f);
         }
     } else if let (true, Some(cwd)) = (plan.own_proc, &plan.cwd_path) {
-        if let Err(f) = super::view::own_proc(plan.proc_ns, cwd, landlock) {
+        if let Err(f) = super::view::own_proc(plan.proc_ns, cwd, landlock, &plan.overlays) {
             fail_view(plan, f);
         }
     }

@@ -174,3 +174,76 @@ pub(crate) fn try_lock_exclusive(fd: RawFd) -> io::Result<bool> {
     }
     Ok(true)
 }
+
+/// How [`rename2`] moves a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rename {
+    /// Fails with `EEXIST` when the destination exists.
+    NoReplace,
+    /// Swaps the two paths, both of which must exist, in one step.
+    Exchange,
+}
+
+/// `renameat2(AT_FDCWD, from, AT_FDCWD, to, flags)` by path.
+pub(crate) fn rename2(from: &Path, to: &Path, how: Rename) -> io::Result<()> {
+    let (f, t) = (cstr(from.as_os_str())?, cstr(to.as_os_str())?);
+    let flags = match how {
+        Rename::NoReplace => libc::RENAME_NOREPLACE,
+        Rename::Exchange => libc::RENAME_EXCHANGE,
+    };
+    // SAFETY: both names are NUL-terminated; AT_FDCWD resolves them as paths.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            flags,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether extended attribute `name` of `path` (not followed) holds exactly `value`.
+pub(crate) fn xattr_is(path: &Path, name: &std::ffi::CStr, value: &[u8]) -> bool {
+    let Ok(p) = cstr(path.as_os_str()) else {
+        return false;
+    };
+    let mut buf = [0u8; 8];
+    // SAFETY: NUL-terminated strings; the buffer's length is passed with it.
+    let n = unsafe {
+        libc::lgetxattr(
+            p.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    n >= 0 && &buf[..n as usize] == value
+}
+
+/// Removes extended attribute `name` of `path` (not followed); absent is fine.
+pub(crate) fn remove_xattr(path: &Path, name: &std::ffi::CStr) -> io::Result<()> {
+    let p = cstr(path.as_os_str())?;
+    // SAFETY: NUL-terminated strings.
+    if unsafe { libc::lremovexattr(p.as_ptr(), name.as_ptr()) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ENODATA) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// `lchown(path, uid, gid)`: the link itself, not what it points to.
+pub(crate) fn lchown(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    let p = cstr(path.as_os_str())?;
+    // SAFETY: a NUL-terminated path; no other memory is involved.
+    if unsafe { libc::lchown(p.as_ptr(), uid, gid) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

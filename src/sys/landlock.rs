@@ -138,6 +138,11 @@ pub(crate) struct OpenedRules {
     pub skipped: Vec<PathBuf>,
 }
 
+/// The rights a writable directory's rule grants under ABI `abi`.
+pub(crate) fn write_rights(abi: u32) -> u64 {
+    read_write(fs_all(abi))
+}
+
 /// Opens `rules` for ABI `abi` (at most the kernel's).
 pub(crate) fn open_rules(abi: u32, rules: &[FsRule]) -> io::Result<OpenedRules> {
     let handled_fs = fs_all(abi);

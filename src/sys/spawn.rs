@@ -299,6 +299,9 @@ pub(crate) struct Confinement {
     pub proc_pool: Option<std::sync::Arc<super::view::ProcPool>>,
     /// The Landlock rights the run's own /proc gets in its ruleset (0: none to add).
     pub proc_rights: u64,
+    /// A staged run's overlays (its working dirs' layers), mounted by its supervisor in the
+    /// run's own mount namespace: a new one, never a pooled one.
+    pub overlays: Vec<super::view::Overlay>,
 }
 
 impl Default for Confinement {
@@ -313,6 +316,7 @@ impl Default for Confinement {
             view: None,
             proc_pool: None,
             proc_rights: 0,
+            overlays: Vec::new(),
         }
     }
 }
@@ -623,6 +627,13 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
     let join = spec.confinement.map_or([-1; 3], |c| c.join);
     // A mount namespace an earlier run left for this one's /proc, if the pool has one.
     let pool = spec.confinement.and_then(|c| c.proc_pool.clone());
+    let overlays = spec
+        .confinement
+        .map(|c| c.overlays.clone())
+        .unwrap_or_default();
+    let own_proc = pool.is_some();
+    // A staged run's layers go with its namespace: never one of the pool's, nor back to it.
+    let pool = pool.filter(|_| overlays.is_empty());
     let pooled = pool.as_ref().and_then(|p| p.take());
     let mut plan = Box::new(ChildPlan {
         argv: with_null(&argv_c),
@@ -641,9 +652,10 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
             None => None,
         },
         view: spec.confinement.and_then(|c| c.view.clone()),
-        own_proc: pool.is_some(),
+        own_proc,
         proc_ns: pooled.as_ref().map_or(-1, |(ns, _)| ns.as_raw_fd()),
         proc_rights: spec.confinement.map_or(0, |c| c.proc_rights),
+        overlays,
         user_maps,
         containment: spec.containment,
         confined: spec.confinement.is_some(),
@@ -746,27 +758,33 @@ pub(crate) fn start(spec: &SpawnSpec<'_>) -> io::Result<Option<Started>> {
     let n = read_full(fail_r.as_raw_fd(), &mut report);
     if n == report.len() {
         drop(stop_w);
-        guard.reap();
         let stage = u32::from_ne_bytes([report[0], report[1], report[2], report[3]]);
         let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
         let e = io::Error::from_raw_os_error(errno);
+        // Read from the plan before the reap releases it.
         let view = guard.plan.as_ref().and_then(|p| p.view.as_deref());
-        return Err(io::Error::new(
-            e.kind(),
-            match Stage::view_failure(stage) {
-                Some((step, entry)) => match view {
-                    Some(v) => format!(
-                        "building the run's view failed: {}",
-                        v.explain(step, entry, errno)
-                    ),
-                    None => format!(
-                        "mounting the run's /proc failed ({}): {e}",
-                        super::view::Step::describe(step)
-                    ),
-                },
-                None => format!("{} failed: {e}", Stage::describe(stage)),
+        let message = match Stage::view_failure(stage) {
+            Some((step, entry)) if step == super::view::Step::Overlay as u8 => {
+                let overlays = guard.plan.as_ref().map_or(&[][..], |p| &p.overlays[..]);
+                format!(
+                    "staging the run's working dirs failed: {}",
+                    super::view::explain_overlay(overlays, entry, errno)
+                )
+            }
+            Some((step, entry)) => match view {
+                Some(v) => format!(
+                    "building the run's view failed: {}",
+                    v.explain(step, entry, errno)
+                ),
+                None => format!(
+                    "mounting the run's /proc failed ({}): {e}",
+                    super::view::Step::describe(step)
+                ),
             },
-        ));
+            None => format!("{} failed: {e}", Stage::describe(stage)),
+        };
+        guard.reap();
+        return Err(io::Error::new(e.kind(), message));
     }
     drop(fail_r);
     if own_mount_ns && guard.mount_ns.is_none() {

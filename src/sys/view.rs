@@ -100,6 +100,7 @@ pub(crate) enum Step {
     Pivot,
     Seal,
     TooMany,
+    Overlay,
 }
 
 impl Step {
@@ -116,6 +117,7 @@ impl Step {
             8 => "pivoting into the view",
             9 => "making the view's root read-only",
             10 => "counting the view's bind mounts",
+            11 => "mounting the staged layer over",
             _ => "building the view",
         }
     }
@@ -380,7 +382,7 @@ fn fill(
     seal()?;
     if plan.proc_at_build {
         if let Some((ruleset, rights)) = landlock {
-            allow_proc(ruleset, rights)?;
+            allow_beneath(ruleset, c"/proc", rights)?;
         }
     }
     Ok(())
@@ -440,14 +442,69 @@ fn mkdir(root: RawFd, rel: &std::ffi::CStr, at: Option<usize>) -> Result<(), Fai
     check(r, Step::Create, at).map(drop)
 }
 
+/// A staged working directory: an overlay mounted at `target` (the directory's own path in
+/// the view) whose lower layer is the directory and whose upper layer collects what the run
+/// changes. `data` is the overlay's whole option string, prepared by the host.
+/// `rights`: what the run's Landlock ruleset grants beneath it once it is mounted (a rule on
+/// the directory itself does not reach into the overlay, another filesystem).
+#[derive(Clone, Debug)]
+pub(crate) struct Overlay {
+    pub target: CString,
+    pub data: CString,
+    pub rights: u64,
+}
+
+/// Mounts each overlay at its target, in the caller's mount namespace (the run's own, with
+/// its view in place): the lower layer is what is at the target now. With a Landlock
+/// `ruleset` (or -1), each gets its rule. Raw syscalls only.
+pub(crate) fn mount_overlays(overlays: &[Overlay], ruleset: RawFd) -> Result<(), Failed> {
+    for (i, o) in overlays.iter().enumerate() {
+        check(
+            call!(
+                SYS_mount,
+                c"overlay".as_ptr(),
+                o.target.as_ptr(),
+                c"overlay".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                o.data.as_ptr()
+            ),
+            Step::Overlay,
+            Some(i),
+        )?;
+        if ruleset >= 0 && o.rights != 0 {
+            allow_beneath(ruleset, &o.target, o.rights).map_err(|f| Failed {
+                entry: Some(i as u16),
+                step: Step::Overlay,
+                ..f
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The error message for a failed overlay mount of `overlays`.
+pub(crate) fn explain_overlay(overlays: &[Overlay], entry: Option<u16>, errno: i32) -> String {
+    let at = entry
+        .and_then(|i| overlays.get(usize::from(i)))
+        .map(|o| format!(" {}", o.target.to_string_lossy()))
+        .unwrap_or_default();
+    format!(
+        "{}{at}: {}",
+        Step::describe(Step::Overlay as u8),
+        std::io::Error::from_raw_os_error(errno)
+    )
+}
+
 /// In a run's own mount namespace over its tool's view (`reuse`, one an earlier run of the
 /// tool left, or -1: a new one), entered by a process of the run's PID namespace, then in
 /// its start directory `cwd`: a procfs of that PID namespace at `/proc` (only the run's
-/// processes), and with `landlock`, the rule that lets the run read it. Raw syscalls only.
+/// processes), and with `landlock`, the rule that lets the run read it. A staged run's
+/// `overlays` are mounted before it enters its start directory. Raw syscalls only.
 pub(crate) fn own_proc(
     reuse: RawFd,
     cwd: &std::ffi::CStr,
     landlock: Option<(RawFd, u64)>,
+    overlays: &[Overlay],
 ) -> Result<(), Failed> {
     // A namespace an earlier run of the tool used (its procfs is mounted over), or a new one.
     if reuse >= 0 {
@@ -455,18 +512,20 @@ pub(crate) fn own_proc(
     } else {
         check(call!(SYS_unshare, libc::CLONE_NEWNS), Step::Proc, None)?;
     }
+    // A staged run's layers first: its start directory may lie in one.
+    mount_overlays(overlays, landlock.map_or(-1, |(r, _)| r))?;
     // By path: a descriptor of the tool's namespace would lead outside this one's root.
     check(call!(SYS_chdir, cwd.as_ptr()), Step::Proc, None)?;
     check(mount_proc(c"/proc"), Step::Proc, None)?;
     if let Some((ruleset, rights)) = landlock {
-        allow_proc(ruleset, rights)?;
+        allow_beneath(ruleset, c"/proc", rights)?;
     }
     Ok(())
 }
 
-/// Adds read access beneath `/proc` (the procfs just mounted) to a Landlock ruleset: a rule
-/// on the host's `/proc` would be on another filesystem.
-fn allow_proc(ruleset: RawFd, rights: u64) -> Result<(), Failed> {
+/// Adds `rights` beneath `path` (a filesystem just mounted there: `/proc`, an overlay) to a
+/// Landlock ruleset: a rule on what it covers would be on another filesystem.
+fn allow_beneath(ruleset: RawFd, path: &std::ffi::CStr, rights: u64) -> Result<(), Failed> {
     #[repr(C, packed)]
     struct PathBeneath {
         allowed_access: u64,
@@ -476,7 +535,7 @@ fn allow_proc(ruleset: RawFd, rights: u64) -> Result<(), Failed> {
         call!(
             SYS_openat,
             libc::AT_FDCWD,
-            c"/proc".as_ptr(),
+            path.as_ptr(),
             libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC
         ),
         Step::Proc,

@@ -160,6 +160,9 @@ pub enum ToolErrorKind {
     /// The host died while it ran, and recovery closed the run (a session step answers with
     /// it): its files were restored, unless the reason says it had completed.
     Interrupted,
+    /// A staged run's change set was not promoted: paths it changed were changed in the real
+    /// tree too while it ran (`data.workspace.conflicts` names them); nothing was applied.
+    Conflict,
     /// Anything else.
     #[default]
     Other,
@@ -182,6 +185,7 @@ impl ToolErrorKind {
             ToolErrorKind::Signalled => "signalled",
             ToolErrorKind::Io => "io",
             ToolErrorKind::Interrupted => "interrupted",
+            ToolErrorKind::Conflict => "conflict",
             ToolErrorKind::Other => "other",
         }
     }
@@ -382,6 +386,11 @@ pub trait Tool: Send + Sync {
     }
     /// The tool as a [`FileAffectingTool`], when it touches files the sandbox must back up.
     fn as_file_affecting(&self) -> Option<&dyn FileAffectingTool> {
+        None
+    }
+    /// The change sets the tool's staged runs left for the host (a shell with `workspace:
+    /// "staged"`); `None` for a tool whose runs change files in place.
+    fn workspace(&self) -> Option<&dyn crate::workspace::Workspace> {
         None
     }
 }

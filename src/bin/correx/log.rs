@@ -488,6 +488,8 @@ impl History {
             | EventType::ToolExecutionCancelled
             | EventType::ToolExecutionInterrupted
             | EventType::ToolNetworkDenied
+            | EventType::WorkspaceStaged
+            | EventType::WorkspaceSettled
             | EventType::ToolExecutionRejected => self.add_tool_event(ty, e, session),
         }
     }
@@ -705,6 +707,17 @@ fn record_tool_event(run: &mut Run, ty: EventType, e: &RecordedEvent) -> Option<
                 p["port"],
                 s("reason")
             ));
+        }
+        EventType::WorkspaceStaged => {
+            let paths = p["summary"]["paths"].as_u64().unwrap_or(0);
+            return Some(format!(
+                "{} staged {paths} paths ({})",
+                run.tool,
+                s("state")
+            ));
+        }
+        EventType::WorkspaceSettled => {
+            return Some(format!("change set {} by the {}", s("state"), s("by")));
         }
         EventType::ModelLoaded
         | EventType::ModelUnloaded

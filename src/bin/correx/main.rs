@@ -1,5 +1,5 @@
-//! `correx`: read, follow and verify the event log, show a session, check the machine, try a
-//! tool.
+//! `correx`: read, follow and verify the event log, show a session or a staged run's changes,
+//! check the machine, try a tool.
 //!
 //! Every failure is one line on stderr naming the problem, and a non-zero exit: 2 for a usage
 //! error, 1 for anything else (a missing file, a log that is not sound, a tool that failed).
@@ -7,6 +7,7 @@
 mod args;
 mod doctor;
 mod log;
+mod run;
 mod session;
 mod style;
 mod tool;
@@ -25,6 +26,7 @@ usage:
   correx log audit DB [--session S]
   correx log trace DB [--session S] > trace.json
   correx session show DB S [--json]
+  correx run diff DB INVOCATION [--json]
   correx metrics DB
   correx doctor [--config FILE] [--no-serve]
   correx tool run --config FILE [--session S] TOOL JSON
@@ -108,6 +110,8 @@ fn run(argv: &[String]) -> Result<(), Failure> {
         ["log", "trace", rest @ ..] => trace::trace(Args::parse(rest, &["--session"], &[])?),
         ["metrics", rest @ ..] => log::metrics(Args::parse(rest, &[], &[])?),
         ["session", "show", rest @ ..] => session::show(Args::parse(rest, &[], &["--json"])?),
+        ["run", "diff", rest @ ..] => run::diff(Args::parse(rest, &[], &["--json"])?),
+        ["run", ..] => Err(Failure::Usage("`correx run` has one command: diff".into())),
         ["session", ..] => Err(Failure::Usage(
             "`correx session` has one command: show".into(),
         )),

@@ -206,6 +206,7 @@ fn server_view(g: &Grants) -> Result<(ForkView, Vec<crate::confine::applied::Vie
         write: &[],
         devices: &devices,
         idmap: false,
+        unmapped: None,
         proc: crate::confine::view::Proc::None,
         stage: &stage,
     })?;

@@ -149,7 +149,10 @@ impl SpanFold {
             } => self.note_call(inv, call),
             d @ (DomainEvent::ToolApprovalDecided { .. }
             | DomainEvent::ToolExecutionStarted { .. }
-            | DomainEvent::ToolNetworkDenied { .. }) => self.on_tool_progress(e, d),
+            | DomainEvent::ToolNetworkDenied { .. }
+            | DomainEvent::WorkspaceStaged { .. }) => self.on_tool_progress(e, d),
+            // After the run's span ended.
+            DomainEvent::WorkspaceSettled { .. } => {}
             d @ (DomainEvent::ToolExecutionCompleted { .. }
             | DomainEvent::ToolExecutionCancelled { .. }) => self.on_tool_ended(e, d),
             d @ (DomainEvent::ToolExecutionFailed { .. }

@@ -653,6 +653,8 @@ fn close_interrupted(
                     | EventType::ToolExecutionInterrupted
                     | EventType::ToolProgress
                     | EventType::ToolNetworkDenied
+                    | EventType::WorkspaceStaged
+                    | EventType::WorkspaceSettled
                     | EventType::InferenceCompleted
                     | EventType::McpServerStarted
                     | EventType::McpServerExited

@@ -13,6 +13,7 @@ use crate::settings::Section;
 use crate::sys::spawn::{self, Captured, Cleanup, Exit, RunNet, RunOutput, SpawnSpec, Started};
 use crate::sys::{resolve_both, FIXED_PATH};
 use crate::tools::Recoverable;
+use crate::workspace::{RunLayer, Settled, Staging, WorkspaceMode};
 use background::{Background, Launch};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -64,6 +65,21 @@ pub struct ShellTool {
     /// refused.
     jobs: Option<(Arc<dyn Background>, JobsOptions)>,
     jobs_options: JobsOptions,
+    /// Staged runs' layers (`workspace: "staged"`), or why runs cannot be staged here (each
+    /// is then refused with it); `None`: runs change their working dirs in place.
+    staging: Option<Result<Staging, String>>,
+}
+
+/// A staged run's layer until the run's end settles it; dropped unsettled (the run never
+/// started), it goes.
+struct Layer(Option<RunLayer>);
+
+impl Drop for Layer {
+    fn drop(&mut self) {
+        if let Some(l) = self.0.take() {
+            l.remove();
+        }
+    }
 }
 
 /// A run about to start: what [`ShellTool::prepare`] made for it. Dropped, everything goes.
@@ -82,6 +98,7 @@ struct Prepared<'a> {
     env: Vec<(String, String)>,
     proxy: Option<RunProxy>,
     net_end: NetEnd,
+    layer: Layer,
 }
 
 /// The run's end of its way to the network (the socket its supervisor gets, and how it is
@@ -350,6 +367,32 @@ fn make_tmp_base(base: &Path) -> std::io::Result<()> {
     check_private(base)
 }
 
+/// The staging of a tool with `workspace: "staged"`, or why its runs cannot be staged here.
+fn open_staging(
+    policy: &Result<Policy, Refusal>,
+    tmp_base: &Path,
+    working_roots: &[PathBuf],
+    options: &crate::workspace::StagingOptions,
+) -> Result<Staging, String> {
+    let policy = policy.as_ref().map_err(|r| r.reason.clone())?;
+    let userxattr = policy.staging()?;
+    if let Some(r) = working_roots.iter().find(|r| tmp_base.starts_with(r)) {
+        return Err(format!(
+            "the runs' temp base {} lies in working dir {}, which its layers would stage too",
+            tmp_base.display(),
+            r.display()
+        ));
+    }
+    Staging::open(
+        &tmp_base.join("stage"),
+        working_roots,
+        policy.run_ids(),
+        (userxattr, policy.stage_rights),
+        options.clone(),
+    )
+    .map_err(|e| format!("opening the staging directory: {e}"))
+}
+
 impl ShellTool {
     /// Resolves every allowed executable once, through the fixed PATH, to a canonical path.
     ///
@@ -390,17 +433,37 @@ impl ShellTool {
         } else {
             tmp_base
         };
-        let policy = confine::plan(&options.isolation, &working_roots, &exec_dirs, &tmp_base)
-            .map_err(|reason| {
-                log::warn!("shell tool: every run will be refused: {reason}");
-                Refusal {
-                    applied: AppliedPolicy::Refused {
-                        mode: options.isolation.mode,
-                        refused: reason.clone(),
-                    },
-                    reason,
-                }
-            });
+        // A staged tool's layers are in the view too, as they are on disk.
+        let stage_base = tmp_base.join("stage");
+        let staging_dir = match options.workspace {
+            WorkspaceMode::Staged if confined => {
+                crate::workspace::make_base(&stage_base).map_err(|e| {
+                    ToolError::InvalidSetting {
+                        field: "workspace",
+                        reason: format!("creating {}: {e}", stage_base.display()),
+                    }
+                })?;
+                Some(stage_base.as_path())
+            }
+            _ => None,
+        };
+        let policy = confine::plan(
+            &options.isolation,
+            &working_roots,
+            &exec_dirs,
+            &tmp_base,
+            staging_dir,
+        )
+        .map_err(|reason| {
+            log::warn!("shell tool: every run will be refused: {reason}");
+            Refusal {
+                applied: AppliedPolicy::Refused {
+                    mode: options.isolation.mode,
+                    refused: reason.clone(),
+                },
+                reason,
+            }
+        });
         // The working roots as the run sees them (idmapped, on a root host), in the same order.
         let run_roots = match policy.as_ref().ok().and_then(|p| p.held.as_ref()) {
             // Idmapped (every working root has its view), or not at all.
@@ -416,6 +479,18 @@ impl ShellTool {
             }
             _ => None,
         };
+        let staging = match options.workspace {
+            WorkspaceMode::Direct => None,
+            WorkspaceMode::Staged => Some(open_staging(
+                &policy,
+                &tmp_base,
+                &working_roots,
+                &options.staging,
+            )),
+        };
+        if let Some(Err(why)) = &staging {
+            log::warn!("shell tool: every staged run will be refused: {why}");
+        }
         Ok(ShellTool {
             allowed,
             env: options.env.into_iter().collect(),
@@ -429,6 +504,7 @@ impl ShellTool {
             spare: parking_lot::Mutex::new(None),
             jobs: None,
             jobs_options: options.jobs,
+            staging,
         })
     }
 
@@ -672,6 +748,9 @@ impl ShellTool {
         env.push(("PATH".to_owned(), FIXED_PATH.to_owned()));
         env.push(("TMPDIR".to_owned(), tmp.path().display().to_string()));
         let (proxy, net_end) = self.network_for(id, policy, &mut env)?;
+        let mut confinement = confinement;
+        let session = request.session_id.as_str();
+        let layer = Layer(self.stage((session, id), confinement.as_mut())?);
         Ok(Prepared {
             id: id.clone(),
             argv: argv.iter().map(|a| (*a).to_owned()).collect(),
@@ -686,7 +765,56 @@ impl ShellTool {
             env,
             proxy,
             net_end,
+            layer,
         })
+    }
+
+    /// A staged run's layer, its overlays set in the run's `confinement`; `None` for a run that
+    /// changes its working dirs in place.
+    fn stage(
+        &self,
+        (session, id): (&str, &crate::ids::ToolInvocationId),
+        confinement: Option<&mut crate::sys::spawn::Confinement>,
+    ) -> Result<Option<RunLayer>, ToolResult> {
+        let staging = match &self.staging {
+            None => return Ok(None),
+            Some(Ok(s)) => s,
+            Some(Err(why)) => {
+                return Err(ToolResult::failure_of(
+                    id,
+                    ToolErrorKind::NotAllowed,
+                    format!("the run cannot be staged here: {why}"),
+                    Recoverable::No,
+                ))
+            }
+        };
+        let Some(confinement) = confinement else {
+            return Err(ToolResult::failure(
+                id,
+                "a staged run must be confined",
+                Recoverable::No,
+            ));
+        };
+        let layer = staging.begin(session, id.as_str()).map_err(|e| {
+            ToolResult::failure(
+                id,
+                format!("making the run's staged layer: {e}"),
+                Recoverable::Yes,
+            )
+        })?;
+        match staging.overlays(&layer) {
+            Ok(o) => confinement.overlays = o,
+            Err(why) => {
+                layer.remove();
+                return Err(ToolResult::failure_of(
+                    id,
+                    ToolErrorKind::NotAllowed,
+                    format!("the run cannot be staged: {why}"),
+                    Recoverable::No,
+                ));
+            }
+        }
+        Ok(Some(layer))
     }
 
     /// The checks before a run: confinable here, `argv0` allowed and unchanged since the tool
@@ -832,6 +960,15 @@ impl ShellTool {
         } = self
             .read_request(request)
             .map_err(|(kind, r, again)| ToolResult::failure_of(id, kind, r, again))?;
+        if background.is_some() && self.staging.is_some() {
+            return Err(ToolResult::failure_of(
+                id,
+                ToolErrorKind::NotAllowed,
+                "a staged shell runs no background jobs (a job's change set would outlive its \
+                 call): run it to its end, or use a shell with workspace \"direct\"",
+                Recoverable::No,
+            ));
+        }
         let prepared = self.prepare(request, &argv)?;
         match background {
             Some((table, options)) => start_job(request, prepared, table, options, timeout),
@@ -859,6 +996,7 @@ impl ShellTool {
             cgroup,
             proxy,
             net_end,
+            mut layer,
             ..
         } = prepared;
         drop(net_end);
@@ -876,7 +1014,11 @@ impl ShellTool {
             policy.recycle_cgroup(cg);
         }
         self.recycle(tmp);
-        Ok(outcome(id, &out, network, timeout))
+        let result = outcome(id, &out, network, timeout);
+        match (layer.0.take(), &self.staging) {
+            (Some(l), Some(Ok(staging))) => Ok(settle(id, staging, l, result)),
+            _ => Ok(result),
+        }
     }
 }
 
@@ -925,6 +1067,50 @@ fn start_job(
         metadata: BTreeMap::from([("job_id".to_owned(), job_id)]),
         data: Some(data),
     })
+}
+
+/// A staged run's end: its change set read and settled as the policy says, and the run's
+/// answer with it (`data.workspace`). A run that succeeded but whose change set could not be
+/// promoted (a conflict, a bound) fails: nothing of it was applied.
+fn settle(
+    id: &crate::ids::ToolInvocationId,
+    staging: &Staging,
+    layer: RunLayer,
+    result: ToolResult,
+) -> ToolResult {
+    let staged = match staging.finish(layer, result.is_success()) {
+        Ok(s) => s,
+        Err(e) => {
+            let reason = format!("reading the run's change set failed ({e}); it was discarded");
+            return ToolResult::failure(id, reason, Recoverable::Yes);
+        }
+    };
+    let mut data = result
+        .data()
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!({}));
+    data["workspace"] = staged.to_json();
+    let refused = match &staged.settled {
+        Settled::Refused(e) => Some((
+            match e {
+                crate::workspace::PromoteError::Conflict { .. } => ToolErrorKind::Conflict,
+                _ => ToolErrorKind::Io,
+            },
+            e.to_string(),
+        )),
+        Settled::Discarded(why) if result.is_success() => Some((
+            ToolErrorKind::TooLarge,
+            format!("its change set was discarded: {why}"),
+        )),
+        _ => None,
+    };
+    match (refused, result) {
+        (Some((kind, why)), ToolResult::Success { .. }) => {
+            let reason = format!("the run succeeded, but {why}");
+            ToolResult::failure_of(id, kind, reason, Recoverable::No).with_data(data)
+        }
+        (_, r) => r.with_data(data),
+    }
 }
 
 /// A captured stream as text, with a note of what was dropped past the cap.
@@ -1041,6 +1227,13 @@ impl Tool for ShellTool {
 
     fn isolation(&self) -> Option<&AppliedPolicy> {
         Some(self.applied_policy())
+    }
+
+    fn workspace(&self) -> Option<&dyn crate::workspace::Workspace> {
+        match &self.staging {
+            Some(Ok(s)) => Some(s),
+            _ => None,
+        }
     }
 
     fn validate_request(&self, request: &ToolRequest) -> ValidationResult {

@@ -7,6 +7,7 @@ use crate::confine::{IsolationOptions, RunAs};
 use crate::settings::{self, ConfigError, Section};
 use crate::tools::table::{BuildContext, BuiltinTool, ToolRow};
 use crate::tools::{Tier, ToolError};
+use crate::workspace::{StagingOptions, WorkspaceMode};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -49,6 +50,11 @@ pub struct ShellOptions {
     pub isolation: IsolationOptions,
     /// Bounds on background jobs (`"background": true`): per session, timeout, buffers.
     pub jobs: JobsOptions,
+    /// Whether runs change their working dirs in place (default) or in a staged layer that
+    /// is promoted or discarded after the run.
+    pub workspace: WorkspaceMode,
+    /// A staged run's promotion policy and bounds.
+    pub staging: StagingOptions,
 }
 
 impl Default for ShellOptions {
@@ -62,6 +68,8 @@ impl Default for ShellOptions {
             working_roots: Vec::new(),
             isolation: IsolationOptions::default(),
             jobs: JobsOptions::default(),
+            workspace: WorkspaceMode::Direct,
+            staging: StagingOptions::default(),
         }
     }
 }
@@ -90,6 +98,33 @@ impl Section for ShellOptions {
             }
         }
         self.jobs.validate().map_err(|e| e.under("jobs"))?;
+        self.staging.validate().map_err(|e| e.under("staging"))?;
+        if self.workspace == WorkspaceMode::Staged {
+            settings::check(
+                self.isolation.mode != crate::confine::IsolationMode::None,
+                "workspace",
+                "\"staged\" needs a confined run (isolation.mode \"best_effort\" or \"required\"): \
+                 its working dirs are staged in its own view",
+            )?;
+            settings::check(
+                !self.working_roots.is_empty(),
+                "workspace",
+                "\"staged\" needs working_dirs to stage",
+            )?;
+            for (i, a) in self.working_roots.iter().enumerate() {
+                for b in &self.working_roots[i + 1..] {
+                    settings::check(
+                        !a.starts_with(b) && !b.starts_with(a),
+                        "working_dirs",
+                        format!(
+                            "{} and {} nest, which a staged workspace cannot stage apart",
+                            a.display(),
+                            b.display()
+                        ),
+                    )?;
+                }
+            }
+        }
         self.isolation.validate().map_err(|e| e.under("isolation"))
     }
 }
@@ -144,6 +179,20 @@ impl BuiltinTool for ShellTool {
             (
                 "working_dirs",
                 format!("runs start in and may write beneath {:?}", o.working_roots),
+            ),
+            (
+                "workspace",
+                match o.workspace {
+                    WorkspaceMode::Direct => "runs change the working dirs in place".to_owned(),
+                    WorkspaceMode::Staged => format!(
+                        "runs change a staged copy of the working dirs, promoted {}",
+                        match o.staging.promote {
+                            crate::workspace::PromotePolicy::OnSuccess =>
+                                "when the run succeeds, discarded otherwise",
+                            crate::workspace::PromotePolicy::Manual => "or discarded by the host",
+                        }
+                    ),
+                },
             ),
             (
                 "env",

@@ -6,7 +6,7 @@ import java.util.Map;
  * A tool run's result: success with its output, or failure with a reason and a stable
  * {@code kind} ({@code invalid_request}, {@code not_allowed}, {@code escape}, {@code not_found},
  * {@code too_large}, {@code symlink_loop}, {@code wrong_kind}, {@code timed_out},
- * {@code cancelled}, {@code non_zero_exit}, {@code signalled}, {@code io}, {@code interrupted}, {@code other}); the
+ * {@code cancelled}, {@code non_zero_exit}, {@code signalled}, {@code io}, {@code interrupted}, {@code conflict}, {@code other}); the
  * tool's {@code data} (the shell's exit code and streams, a listing, ...) and the whole result
  * as JSON.
  */

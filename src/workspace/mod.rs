@@ -1,0 +1,509 @@
+//! Staged workspaces: a confined run's working dirs as overlays in its view, so what it
+//! changes lands in a layer correx owns while the real tree stays as it was; afterwards the
+//! layer is read as a change set and promoted (renamed into place through a journal, the
+//! replaced and removed paths kept in the layer) or discarded.
+//!
+//! [`Staging`] is one tool's: its layers live in a directory of its own beneath the tool's
+//! temp base (locked while the tool lives), so a host that dies leaves them for the next
+//! tool on the same base, which finishes or undoes a promotion cut short, keeps the change
+//! sets held for the host, and discards the layers of runs that never finished.
+
+mod changes;
+pub(crate) mod diff;
+mod layer;
+mod options;
+mod promote;
+
+pub use changes::{Change, ChangeKind, ChangeSet, EntryType};
+pub use options::{PromotePolicy, StagingOptions, WorkspaceMode};
+pub use promote::{Conflict, PromoteError};
+
+pub(crate) use layer::RunLayer;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Why a staged change set could not be promoted, discarded or read.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum WorkspaceError {
+    /// No change set of that invocation is held (never staged, promoted or discarded already,
+    /// or promoted or discarded by policy).
+    NotHeld {
+        /// The invocation.
+        invocation_id: String,
+    },
+    /// Promotion refused or failed; nothing was applied.
+    Promote(PromoteError),
+    /// Reading or removing the layer failed.
+    Io {
+        /// The layer's directory.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// Settled (promoted or discarded as asked), but the event log could not record it.
+    Unrecorded(crate::events::EventStoreError),
+}
+
+impl std::fmt::Display for WorkspaceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkspaceError::NotHeld { invocation_id } => write!(
+                f,
+                "no staged change set of invocation {invocation_id:?} is held (it was promoted \
+                 or discarded, or never staged)"
+            ),
+            WorkspaceError::Promote(e) => e.fmt(f),
+            WorkspaceError::Io { path, source } => {
+                write!(f, "staged layer {}: {source}", path.display())
+            }
+            WorkspaceError::Unrecorded(e) => write!(
+                f,
+                "the change set was settled as asked, but the log could not record it: {e}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for WorkspaceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WorkspaceError::Promote(e) => Some(e),
+            WorkspaceError::Io { source, .. } => Some(source),
+            WorkspaceError::Unrecorded(e) => Some(e),
+            WorkspaceError::NotHeld { .. } => None,
+        }
+    }
+}
+
+impl WorkspaceError {
+    /// The stable kind: `not_held`, `conflict`, `cross_device`, `io` or `unrecorded`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WorkspaceError::NotHeld { .. } => "not_held",
+            WorkspaceError::Promote(e) => e.kind(),
+            WorkspaceError::Io { .. } => "io",
+            WorkspaceError::Unrecorded(_) => "unrecorded",
+        }
+    }
+}
+
+/// What became of a staged run's change set when it ended.
+#[derive(Debug)]
+pub(crate) enum Settled {
+    /// Applied to the real tree.
+    Promoted,
+    /// Dropped: the run failed, or its change set was too large (why).
+    Discarded(String),
+    /// Held for the host to promote or discard.
+    Kept,
+    /// Promotion was refused or failed; the change set was dropped.
+    Refused(PromoteError),
+}
+
+/// A finished staged run: its change set and what became of it.
+#[derive(Debug)]
+pub(crate) struct Staged {
+    pub changes: ChangeSet,
+    pub settled: Settled,
+    pub policy: PromotePolicy,
+    pub diff: diff::Rendered,
+}
+
+impl Staged {
+    /// The run's `workspace` data: the mode, the policy, what became of it, the counts and
+    /// every changed path.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (state, reason, conflicts) = match &self.settled {
+            Settled::Promoted => ("promoted", None, None),
+            Settled::Discarded(why) => ("discarded", Some(why.clone()), None),
+            Settled::Kept => ("kept", None, None),
+            Settled::Refused(e) => (
+                match e {
+                    PromoteError::Conflict { .. } => "conflict",
+                    _ => "refused",
+                },
+                Some(e.to_string()),
+                match e {
+                    PromoteError::Conflict { conflicts } => serde_json::to_value(conflicts).ok(),
+                    _ => None,
+                },
+            ),
+        };
+        let mut v = serde_json::json!({
+            "mode": "staged",
+            "promote": self.policy.as_str(),
+            "state": state,
+            "summary": self.changes.summary(),
+            "changes": changes_json(&self.changes),
+            "diff": self.diff.text,
+            "diff_truncated": self.diff.truncated,
+        });
+        if let Some(r) = reason {
+            v["reason"] = r.into();
+        }
+        if let Some(c) = conflicts {
+            v["conflicts"] = c;
+        }
+        v
+    }
+}
+
+/// Every change as JSON (paths as text; a name that is not UTF-8 is shown lossily).
+pub(crate) fn changes_json(set: &ChangeSet) -> serde_json::Value {
+    serde_json::Value::Array(
+        set.changes
+            .iter()
+            .filter_map(|c| serde_json::to_value(Shown(c)).ok())
+            .collect(),
+    )
+}
+
+/// A change as shown: its path as text.
+struct Shown<'a>(&'a Change);
+
+impl serde::Serialize for Shown<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let c = self.0;
+        let mut v = serde_json::json!({
+            "path": c.path.to_string_lossy(),
+            "kind": c.kind,
+            "type": c.entry_type,
+        });
+        for (k, x) in [("size", c.size), ("before_size", c.before_size)] {
+            if let Some(x) = x {
+                v[k] = x.into();
+            }
+        }
+        // Permission bits as `ls` and `chmod` say them.
+        for (k, x) in [("mode", c.mode), ("before_mode", c.before_mode)] {
+            if let Some(x) = x {
+                v[k] = format!("{x:04o}").into();
+            }
+        }
+        if let Some(t) = &c.target {
+            v["target"] = t.to_string_lossy().into();
+        }
+        v.serialize(s)
+    }
+}
+
+/// Makes the directory the tools' staged layers live in (mode 0700) if missing, and checks
+/// it is private.
+pub(crate) fn make_base(base: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(base) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    crate::private_dir::check_private(base)
+}
+
+/// One tool's staged layers. See the module docs.
+#[derive(Debug)]
+pub(crate) struct Staging {
+    dir: PathBuf,
+    _lock: std::fs::File,
+    roots: Vec<PathBuf>,
+    /// A root host's run executes as these ids and its layers hold its files as them:
+    /// promoted paths go to each working dir's owner.
+    run_ids: Option<(u32, u32)>,
+    userxattr: bool,
+    /// What a run's Landlock ruleset grants beneath each overlay.
+    rights: u64,
+    options: StagingOptions,
+    /// Layers held for the host, by invocation: their session and bytes.
+    kept: Mutex<BTreeMap<String, (String, u64)>>,
+}
+
+impl Staging {
+    /// The staging of a tool whose working dirs are `roots`, beneath `base` (made private if
+    /// missing); the layers dead tools left there are settled first.
+    pub fn open(
+        base: &Path,
+        roots: &[PathBuf],
+        run_ids: Option<(u32, u32)>,
+        (userxattr, rights): (bool, u64),
+        options: StagingOptions,
+    ) -> io::Result<Staging> {
+        make_base(base)?;
+        let dir = crate::private_dir::PrivateDir::new_in(base, "tool-")?.keep();
+        let lock = crate::private_dir::lock_dir(&dir, "lock", true)?
+            .ok_or_else(|| io::Error::other("a new staging directory is locked already"))?;
+        let staging = Staging {
+            dir,
+            _lock: lock,
+            roots: roots.to_vec(),
+            run_ids,
+            userxattr,
+            rights,
+            options,
+            kept: Mutex::new(BTreeMap::new()),
+        };
+        staging.recover(base);
+        Ok(staging)
+    }
+
+    /// Settles every layer of the dead tools beneath `base` (their lock is free).
+    fn recover(&self, base: &Path) {
+        let Ok(entries) = std::fs::read_dir(base) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let dir = e.path();
+            if dir == self.dir || !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            // Held: a live tool's. Missing: one made no further than its directory.
+            let lock = match crate::private_dir::lock_dir(&dir, "lock", false) {
+                Ok(Some(lock)) => Some(lock),
+                Ok(None) => continue,
+                Err(_) => None,
+            };
+            if let Ok(layers) = std::fs::read_dir(&dir) {
+                for l in layers.flatten() {
+                    if l.file_type().is_ok_and(|t| t.is_dir()) {
+                        self.settle_dead(l.path());
+                    }
+                }
+            }
+            drop(lock);
+            crate::private_dir::remove_tree(&dir);
+        }
+    }
+
+    /// A dead tool's layer: a promotion finished stays, one cut short is undone; a change set
+    /// held for the host is taken over; the layer of a run that never finished goes.
+    fn settle_dead(&self, dir: PathBuf) {
+        let Some(layer) = RunLayer::open(dir.clone()) else {
+            crate::private_dir::remove_tree(&dir);
+            return;
+        };
+        let promoted = promote::recover(&layer);
+        if !promoted && layer.has(layer::KEPT) {
+            let to = self.dir.join(dir.file_name().unwrap_or_default());
+            if std::fs::rename(&dir, &to).is_ok() {
+                let bytes = layer::du(&to);
+                let session = layer.record.session_id.clone();
+                self.kept
+                    .lock()
+                    .insert(layer.record.invocation_id.clone(), (session, bytes));
+                return;
+            }
+        }
+        layer.remove();
+    }
+
+    /// Makes the layer of one run of `session_id`, before it starts.
+    pub fn begin(&self, session_id: &str, invocation_id: &str) -> io::Result<RunLayer> {
+        let name = crate::text::safe_component(invocation_id);
+        RunLayer::create(
+            self.dir.join(name),
+            (session_id, invocation_id),
+            &self.roots,
+            self.run_ids,
+        )
+    }
+
+    /// The overlays of a run's layer.
+    pub fn overlays(&self, layer: &RunLayer) -> Result<Vec<crate::sys::view::Overlay>, String> {
+        layer.overlays(self.userxattr, self.rights)
+    }
+
+    fn owners(&self, layer: &RunLayer) -> Vec<Option<(u32, u32)>> {
+        use std::os::unix::fs::MetadataExt;
+        layer
+            .record
+            .roots
+            .iter()
+            .map(|r| {
+                self.run_ids
+                    .and_then(|_| std::fs::metadata(r).ok().map(|m| (m.uid(), m.gid())))
+            })
+            .collect()
+    }
+
+    /// After a run (every process of it gone): its change set, settled as the policy says —
+    /// promoted when it `succeeded` (`on_success`), held for the host (`manual`), discarded
+    /// otherwise, or when it passes a bound.
+    pub fn finish(&self, layer: RunLayer, succeeded: bool) -> io::Result<Staged> {
+        let read = layer.changes();
+        let changes = match read {
+            Ok(c) => c,
+            Err(e) => {
+                layer.remove();
+                return Err(e);
+            }
+        };
+        seam("staged");
+        let diff = diff::render(&layer, &changes);
+        let policy = self.options.promote;
+        let too_large = (changes.bytes > self.options.max_run_bytes).then(|| {
+            format!(
+                "its change set holds {} bytes, more than staging.max_run_bytes ({})",
+                changes.bytes, self.options.max_run_bytes
+            )
+        });
+        let settled = match (policy, too_large) {
+            (_, Some(why)) => Settled::Discarded(why),
+            (PromotePolicy::OnSuccess, None) if !succeeded => {
+                Settled::Discarded("the run did not succeed".into())
+            }
+            (PromotePolicy::OnSuccess, None) if changes.changes.is_empty() => Settled::Promoted,
+            (PromotePolicy::OnSuccess, None) => {
+                match promote::promote(&layer, &changes, &self.owners(&layer)) {
+                    Ok(()) => Settled::Promoted,
+                    Err(e) => Settled::Refused(e),
+                }
+            }
+            (PromotePolicy::Manual, None) => self.keep(&layer),
+        };
+        if !matches!(settled, Settled::Kept) {
+            layer.remove();
+        }
+        Ok(Staged {
+            changes,
+            settled,
+            policy,
+            diff,
+        })
+    }
+
+    /// Holds a layer for the host, within the bound on all it holds.
+    fn keep(&self, layer: &RunLayer) -> Settled {
+        let bytes = layer.bytes();
+        let mut kept = self.kept.lock();
+        let held: u64 = kept.values().map(|(_, b)| b).sum();
+        if held + bytes > self.options.max_kept_bytes {
+            return Settled::Discarded(format!(
+                "holding its {bytes} bytes would pass staging.max_kept_bytes ({}; {held} held)",
+                self.options.max_kept_bytes
+            ));
+        }
+        if let Err(e) = layer.mark(layer::KEPT) {
+            return Settled::Discarded(format!("it could not be held: {e}"));
+        }
+        let session = layer.record.session_id.clone();
+        kept.insert(layer.record.invocation_id.clone(), (session, bytes));
+        Settled::Kept
+    }
+
+    fn take(&self, invocation_id: &str) -> Result<RunLayer, WorkspaceError> {
+        let not_held = || WorkspaceError::NotHeld {
+            invocation_id: invocation_id.to_owned(),
+        };
+        if self.kept.lock().remove(invocation_id).is_none() {
+            return Err(not_held());
+        }
+        let dir = self.dir.join(crate::text::safe_component(invocation_id));
+        RunLayer::open(dir).ok_or_else(not_held)
+    }
+
+    fn put_back(&self, layer: &RunLayer) {
+        let session = layer.record.session_id.clone();
+        self.kept
+            .lock()
+            .insert(layer.record.invocation_id.clone(), (session, layer.bytes()));
+    }
+}
+
+/// A staged tool's change sets held for the host (`staging.promote: "manual"`): listed, read,
+/// promoted or discarded by invocation. [`Tool::workspace`](crate::Tool::workspace) gives it.
+pub trait Workspace: Send + Sync {
+    /// The change sets held, oldest invocation first: (session, invocation).
+    fn held(&self) -> Vec<(String, String)>;
+
+    /// A held change set, read again.
+    ///
+    /// # Errors
+    /// [`WorkspaceError::NotHeld`], [`WorkspaceError::Io`].
+    fn changes(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError>;
+
+    /// Promotes a held change set through the journal; refused (a conflict), it stays held
+    /// and nothing was applied.
+    ///
+    /// # Errors
+    /// [`WorkspaceError`].
+    fn promote(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError>;
+
+    /// Discards a held change set.
+    ///
+    /// # Errors
+    /// [`WorkspaceError::NotHeld`].
+    fn discard(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError>;
+}
+
+impl Workspace for Staging {
+    fn held(&self) -> Vec<(String, String)> {
+        self.kept
+            .lock()
+            .iter()
+            .map(|(inv, (session, _))| (session.clone(), inv.clone()))
+            .collect()
+    }
+
+    fn changes(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError> {
+        let layer = self.take(invocation_id)?;
+        let read = layer.changes().map_err(|source| WorkspaceError::Io {
+            path: layer.dir.clone(),
+            source,
+        });
+        self.put_back(&layer);
+        read
+    }
+
+    fn promote(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError> {
+        let layer = self.take(invocation_id)?;
+        let done = layer
+            .changes()
+            .map_err(|source| WorkspaceError::Io {
+                path: layer.dir.clone(),
+                source,
+            })
+            .and_then(|set| {
+                promote::promote(&layer, &set, &self.owners(&layer))
+                    .map(|()| set)
+                    .map_err(WorkspaceError::Promote)
+            });
+        match &done {
+            Ok(_) => layer.remove(),
+            Err(_) => self.put_back(&layer),
+        }
+        done
+    }
+
+    fn discard(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError> {
+        let layer = self.take(invocation_id)?;
+        let set = layer.changes().unwrap_or_default();
+        layer.remove();
+        Ok(set)
+    }
+}
+
+impl Drop for Staging {
+    /// Layers held for the host stay (the next tool on the base takes them over); the rest
+    /// of the tool's directory goes.
+    fn drop(&mut self) {
+        if self.kept.get_mut().is_empty() {
+            crate::private_dir::remove_tree(&self.dir);
+        }
+    }
+}
+
+/// Test hook (feature `test-hooks`): `CORREX_TEST_ABORT_AT=<step>` aborts the process at that
+/// step of a staged run's end (`staged`, `journaled`, `applying`, `promoted`).
+#[cfg(not(feature = "test-hooks"))]
+fn seam(_step: &str) {}
+
+/// See the other `seam`.
+#[cfg(feature = "test-hooks")]
+fn seam(step: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| std::env::var("CORREX_TEST_ABORT_AT").ok());
+    if at.as_deref() == Some(step) {
+        std::process::abort();
+    }
+}

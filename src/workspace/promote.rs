@@ -1,0 +1,368 @@
+//! Applying a change set to the real tree, and taking it back. Each step is one rename: a
+//! path of the layer swapped with the real one (`RENAME_EXCHANGE`: the old one lands in the
+//! layer, its backup), moved into an empty place, or a real path moved into the layer. The
+//! steps are written to the layer's journal (synced) before the first is taken, and each can
+//! tell from the inodes whether it was taken, so a promotion cut short anywhere is undone
+//! whole from the journal, and one that finished is marked so.
+
+use super::changes::{self, ChangeSet, Op};
+use super::layer::{self, RunLayer};
+use crate::sys::fs::{rename2, Rename};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Why a change set was not promoted. Nothing of it was applied.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PromoteError {
+    /// Paths the run changed were changed in the real tree too while it ran (or since).
+    Conflict {
+        /// Each path, and what happened to it.
+        conflicts: Vec<Conflict>,
+    },
+    /// The layer is on another filesystem (or mount) than a working dir, so its files cannot
+    /// be renamed into place.
+    CrossDevice {
+        /// The working dir.
+        root: PathBuf,
+    },
+    /// The filesystem refused a step (every step taken was undone).
+    Io {
+        /// The path at which it failed.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+}
+
+/// One path in conflict.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Conflict {
+    /// The real path.
+    pub path: PathBuf,
+    /// What someone else did to it.
+    pub why: String,
+}
+
+impl std::fmt::Display for PromoteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PromoteError::Conflict { conflicts } => {
+                write!(f, "not promoted: the real tree changed beneath the run: ")?;
+                for (i, c) in conflicts.iter().take(10).enumerate() {
+                    if i > 0 {
+                        write!(f, "; ")?;
+                    }
+                    write!(f, "{} {}", c.path.display(), c.why)?;
+                }
+                if conflicts.len() > 10 {
+                    write!(f, "; and {} more", conflicts.len() - 10)?;
+                }
+                write!(f, " (nothing was applied)")
+            }
+            PromoteError::CrossDevice { root } => write!(
+                f,
+                "not promoted: the staging directory is on another filesystem than {}; set \
+                 TMPDIR to a directory on the working dirs' filesystem (nothing was applied)",
+                root.display()
+            ),
+            PromoteError::Io { path, source } => write!(
+                f,
+                "not promoted: {}: {source} (every step taken was undone)",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PromoteError {}
+
+impl PromoteError {
+    /// The stable kind: `conflict`, `cross_device` or `io`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PromoteError::Conflict { .. } => "conflict",
+            PromoteError::CrossDevice { .. } => "cross_device",
+            PromoteError::Io { .. } => "io",
+        }
+    }
+}
+
+fn io_at(path: &Path) -> impl FnOnce(io::Error) -> PromoteError + '_ {
+    move |source| PromoteError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// What the journal holds: the steps, in order.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Journal {
+    ops: Vec<Op>,
+}
+
+fn real(layer: &RunLayer, root: usize, rel: &Path) -> PathBuf {
+    layer.record.roots[root].join(rel)
+}
+
+/// The paths of the change set that someone else changed since the run started.
+fn conflicts(layer: &RunLayer, set: &ChangeSet) -> Vec<Conflict> {
+    let (secs, nanos) = layer.record.started;
+    let after_start = |m: &std::fs::Metadata| (m.ctime(), m.ctime_nsec()) > (secs, nanos);
+    let mut out = Vec::new();
+    for op in &set.ops {
+        let (path, why) = match op {
+            Op::Place {
+                root, rel, replace, ..
+            } => {
+                let path = real(layer, *root, rel);
+                let why = match (std::fs::symlink_metadata(&path), replace) {
+                    (Ok(_), false) => Some("was created"),
+                    (Err(_), true) => Some("was removed"),
+                    (Ok(m), true) if after_start(&m) => Some("was changed"),
+                    _ => None,
+                };
+                (path, why)
+            }
+            Op::Remove { root, rel, ino } => {
+                let path = real(layer, *root, rel);
+                let why = match std::fs::symlink_metadata(&path) {
+                    Err(_) => Some("was removed"),
+                    Ok(m) if m.ino() != *ino => Some("was replaced"),
+                    Ok(m) if after_start(&m) => Some("was changed"),
+                    Ok(_) => None,
+                };
+                (path, why)
+            }
+            Op::Chmod {
+                root, rel, before, ..
+            } => {
+                let path = real(layer, *root, rel);
+                let why = match std::fs::symlink_metadata(&path) {
+                    Err(_) => Some("was removed"),
+                    Ok(m) if m.mode() & 0o7777 != *before => Some("had its mode changed"),
+                    Ok(_) => None,
+                };
+                (path, why)
+            }
+        };
+        if let Some(why) = why {
+            out.push(Conflict {
+                path,
+                why: format!("{why} while the run was staged"),
+            });
+        }
+    }
+    out
+}
+
+/// Applies `set` (read from `layer`) to the real tree: checked for conflicts, prepared (the
+/// run's special files dropped, opaque marks cleared, ownership given to `owners` where set),
+/// journaled, applied step by step; any step that fails undoes the ones before it.
+///
+/// # Errors
+/// [`PromoteError`]; nothing of the change set is applied then.
+pub(crate) fn promote(
+    layer: &RunLayer,
+    set: &ChangeSet,
+    owners: &[Option<(u32, u32)>],
+) -> Result<(), PromoteError> {
+    let found = conflicts(layer, set);
+    if !found.is_empty() {
+        return Err(PromoteError::Conflict { conflicts: found });
+    }
+    for (k, root) in layer.record.roots.iter().enumerate() {
+        let (a, b) = (
+            std::fs::metadata(root).map_err(io_at(root))?,
+            std::fs::metadata(layer.upper(k)).map_err(io_at(root))?,
+        );
+        if a.dev() != b.dev() {
+            return Err(PromoteError::CrossDevice { root: root.clone() });
+        }
+    }
+    prepare(layer, set, owners)?;
+    let journal = serde_json::to_vec(&Journal {
+        ops: set.ops.clone(),
+    })
+    .map_err(|e| PromoteError::Io {
+        path: layer.dir.join(layer::JOURNAL),
+        source: io::Error::other(e),
+    })?;
+    let at = layer.dir.join(layer::JOURNAL);
+    layer::write_synced(&at, &journal).map_err(io_at(&at))?;
+    super::seam("journaled");
+    for (i, op) in set.ops.iter().enumerate() {
+        if let Err(e) = apply(layer, i, op) {
+            undo(layer, &set.ops[..i]);
+            let _ = std::fs::remove_file(&at);
+            return Err(e);
+        }
+        if i == set.ops.len() / 2 {
+            super::seam("applying");
+        }
+    }
+    let done = layer.dir.join(layer::PROMOTED);
+    layer.mark(layer::PROMOTED).map_err(|e| {
+        undo(layer, &set.ops);
+        let _ = std::fs::remove_file(&at);
+        PromoteError::Io {
+            path: done,
+            source: e,
+        }
+    })?;
+    super::seam("promoted");
+    Ok(())
+}
+
+/// Gets the layer ready: nothing here changes the real tree.
+fn prepare(
+    layer: &RunLayer,
+    set: &ChangeSet,
+    owners: &[Option<(u32, u32)>],
+) -> Result<(), PromoteError> {
+    for s in &set.specials {
+        match std::fs::remove_file(s) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(PromoteError::Io {
+                    path: s.clone(),
+                    source: e,
+                })
+            }
+        }
+    }
+    for op in &set.ops {
+        if let Op::Place {
+            root, rel, opaque, ..
+        } = op
+        {
+            let src = layer.upper(*root).join(rel);
+            if *opaque {
+                changes::clear_opaque(&src).map_err(io_at(&src))?;
+            }
+            if let Some(Some((uid, gid))) = owners.get(*root) {
+                chown_tree(&src, *uid, *gid).map_err(io_at(&src))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gives `p` and everything beneath it to `uid`:`gid` (a root host's run wrote them as the
+/// host; the real tree's files are its owner's).
+fn chown_tree(p: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    crate::sys::fs::lchown(p, uid, gid)?;
+    if std::fs::symlink_metadata(p)?.is_dir() {
+        for e in std::fs::read_dir(p)? {
+            chown_tree(&e?.path(), uid, gid)?;
+        }
+    }
+    Ok(())
+}
+
+fn apply(layer: &RunLayer, i: usize, op: &Op) -> Result<(), PromoteError> {
+    match op {
+        Op::Place {
+            root, rel, replace, ..
+        } => {
+            let (src, dst) = (layer.upper(*root).join(rel), real(layer, *root, rel));
+            let how = if *replace {
+                Rename::Exchange
+            } else {
+                Rename::NoReplace
+            };
+            rename2(&src, &dst, how).map_err(io_at(&dst))
+        }
+        Op::Remove { root, rel, .. } => {
+            let (src, dst) = (real(layer, *root, rel), layer.removed(*root, i));
+            rename2(&src, &dst, Rename::NoReplace).map_err(io_at(&src))
+        }
+        Op::Chmod {
+            root, rel, after, ..
+        } => {
+            use std::os::unix::fs::PermissionsExt;
+            let p = real(layer, *root, rel);
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*after)).map_err(io_at(&p))
+        }
+    }
+}
+
+fn ino(p: &Path) -> Option<u64> {
+    std::fs::symlink_metadata(p).ok().map(|m| m.ino())
+}
+
+/// Takes back each step of `ops` that was taken, last first. Each tells from the inodes
+/// whether it was: undoing twice, or a step never taken, changes nothing.
+pub(crate) fn undo(layer: &RunLayer, ops: &[Op]) {
+    for (i, op) in ops.iter().enumerate().rev() {
+        let r = match op {
+            Op::Place {
+                root,
+                rel,
+                replace,
+                ino: layer_ino,
+                ..
+            } => {
+                let (src, dst) = (layer.upper(*root).join(rel), real(layer, *root, rel));
+                if ino(&dst) != Some(*layer_ino) {
+                    continue;
+                }
+                if *replace {
+                    rename2(&src, &dst, Rename::Exchange)
+                } else {
+                    rename2(&dst, &src, Rename::NoReplace)
+                }
+            }
+            Op::Remove {
+                root,
+                rel,
+                ino: real_ino,
+            } => {
+                let (backup, dst) = (layer.removed(*root, i), real(layer, *root, rel));
+                if ino(&backup) != Some(*real_ino) {
+                    continue;
+                }
+                rename2(&backup, &dst, Rename::NoReplace)
+            }
+            Op::Chmod {
+                root,
+                rel,
+                before,
+                after,
+            } => {
+                use std::os::unix::fs::PermissionsExt;
+                let p = real(layer, *root, rel);
+                match std::fs::symlink_metadata(&p) {
+                    Ok(m) if m.mode() & 0o7777 == *after => {
+                        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*before))
+                    }
+                    _ => continue,
+                }
+            }
+        };
+        if let Err(e) = r {
+            log::error!("undoing a promotion step in {}: {e}", layer.dir.display());
+        }
+    }
+}
+
+/// What recovery does with a layer whose promotion a dead host left: finished (marked), it
+/// stays applied; cut short, every step taken is undone from the journal. `true` when the
+/// change set is in place.
+pub(crate) fn recover(layer: &RunLayer) -> bool {
+    if layer.has(layer::PROMOTED) {
+        return true;
+    }
+    let at = layer.dir.join(layer::JOURNAL);
+    let Ok(bytes) = std::fs::read(&at) else {
+        return false;
+    };
+    // A journal torn before its rename never existed: nothing was applied after it.
+    if let Ok(j) = serde_json::from_slice::<Journal>(&bytes) {
+        undo(layer, &j.ops);
+    }
+    let _ = std::fs::remove_file(&at);
+    false
+}
