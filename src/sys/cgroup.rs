@@ -101,12 +101,22 @@ impl RunCgroup {
     /// Creates `parent/correx-{pid}-{n}` with `pids.max` = `limit`.
     pub fn new(parent: &Path, limit: u64) -> io::Result<RunCgroup> {
         static N: AtomicU64 = AtomicU64::new(0);
-        let dir = parent.join(format!(
-            "correx-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir(&dir)?;
+        let dir = loop {
+            let dir = parent.join(format!(
+                "correx-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => break dir,
+                // A process killed before it removed its cgroups left this one, and its pid is
+                // ours now: gone if empty, passed over if something still runs in it.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    let _ = std::fs::remove_dir(&dir);
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let cg = RunCgroup {
             procs: CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())
                 .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in cgroup path"))?,
