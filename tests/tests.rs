@@ -26,6 +26,7 @@ mod scheduler;
 mod server_confined;
 mod serving_truth;
 mod sessions;
+mod staged;
 mod tools;
 mod upgrade;
 mod view;

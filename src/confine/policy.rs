@@ -346,7 +346,8 @@ impl Policy {
             Ok(false)
         } else {
             Err(format!(
-                "staging needs a view built for each run or a mount namespace of each run's                  own, and there is none here: {}",
+                "staging needs a view built for each run or a mount namespace of each run's \
+                 own, and there is none here: {}",
                 match &self.applied {
                     AppliedPolicy::Applied(a) => a
                         .view

@@ -217,6 +217,10 @@ pub(crate) struct Staging {
     options: StagingOptions,
     /// Layers held for the host, by invocation: their session and bytes.
     kept: Mutex<BTreeMap<String, (String, u64)>>,
+    /// The other tools' directories whose lock was held when this one looked: live tools, or
+    /// a dead host's whose last process (a run's supervisor between its clone and closing
+    /// what it inherited) was still exiting. Looked at again before each run.
+    busy: Mutex<Vec<PathBuf>>,
 }
 
 impl Staging {
@@ -242,48 +246,66 @@ impl Staging {
             rights,
             options,
             kept: Mutex::new(BTreeMap::new()),
+            busy: Mutex::new(Vec::new()),
         };
-        staging.recover(base);
+        if let Ok(entries) = std::fs::read_dir(base) {
+            let dirs = entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .filter(|d| *d != staging.dir);
+            let busy: Vec<PathBuf> = dirs.filter(|d| !staging.recover(d)).collect();
+            *staging.busy.lock() = busy;
+        }
         Ok(staging)
     }
 
-    /// Settles every layer of the dead tools beneath `base` (their lock is free).
-    fn recover(&self, base: &Path) {
-        let Ok(entries) = std::fs::read_dir(base) else {
-            return;
+    /// Settles every layer of a dead tool's directory and removes it (kept while it holds a
+    /// change set for other working dirs); false (nothing done)
+    /// when its lock is held.
+    fn recover(&self, dir: &Path) -> bool {
+        // Missing: a tool that got no further than its directory.
+        let lock = match crate::private_dir::lock_dir(dir, "lock", false) {
+            Ok(Some(lock)) => Some(lock),
+            Ok(None) => return false,
+            Err(_) => None,
         };
-        for e in entries.flatten() {
-            let dir = e.path();
-            if dir == self.dir || !e.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            // Held: a live tool's. Missing: one made no further than its directory.
-            let lock = match crate::private_dir::lock_dir(&dir, "lock", false) {
-                Ok(Some(lock)) => Some(lock),
-                Ok(None) => continue,
-                Err(_) => None,
-            };
-            if let Ok(layers) = std::fs::read_dir(&dir) {
-                for l in layers.flatten() {
-                    if l.file_type().is_ok_and(|t| t.is_dir()) {
-                        self.settle_dead(l.path());
-                    }
+        let mut left = false;
+        if let Ok(layers) = std::fs::read_dir(dir) {
+            for l in layers.flatten() {
+                if l.file_type().is_ok_and(|t| t.is_dir()) {
+                    left |= !self.settle_dead(l.path());
                 }
             }
-            drop(lock);
-            crate::private_dir::remove_tree(&dir);
+        }
+        drop(lock);
+        if !left {
+            crate::private_dir::remove_tree(dir);
+        }
+        true
+    }
+
+    /// Settles the tools' directories that were busy when last looked at and are free now.
+    fn recover_busy(&self) {
+        let mut busy = self.busy.lock();
+        if !busy.is_empty() {
+            busy.retain(|d| d.exists() && !self.recover(d));
         }
     }
 
     /// A dead tool's layer: a promotion finished stays, one cut short is undone; a change set
-    /// held for the host is taken over; the layer of a run that never finished goes.
-    fn settle_dead(&self, dir: PathBuf) {
+    /// held for the host is taken over by a tool staging the same working dirs, and left
+    /// where it is (false) for one that does; the layer of a run that never finished goes.
+    fn settle_dead(&self, dir: PathBuf) -> bool {
         let Some(layer) = RunLayer::open(dir.clone()) else {
             crate::private_dir::remove_tree(&dir);
-            return;
+            return true;
         };
         let promoted = promote::recover(&layer);
         if !promoted && layer.has(layer::KEPT) {
+            if layer.record.roots != self.roots {
+                return false;
+            }
             let to = self.dir.join(dir.file_name().unwrap_or_default());
             if std::fs::rename(&dir, &to).is_ok() {
                 let bytes = layer::du(&to);
@@ -291,14 +313,17 @@ impl Staging {
                 self.kept
                     .lock()
                     .insert(layer.record.invocation_id.clone(), (session, bytes));
-                return;
+                return true;
             }
         }
         layer.remove();
+        true
     }
 
-    /// Makes the layer of one run of `session_id`, before it starts.
+    /// Makes the layer of one run of `session_id`, before it starts (settling first what a
+    /// dead tool's exiting processes kept busy when this one opened).
     pub fn begin(&self, session_id: &str, invocation_id: &str) -> io::Result<RunLayer> {
+        self.recover_busy();
         let name = crate::text::safe_component(invocation_id);
         RunLayer::create(
             self.dir.join(name),
@@ -438,6 +463,7 @@ pub trait Workspace: Send + Sync {
 
 impl Workspace for Staging {
     fn held(&self) -> Vec<(String, String)> {
+        self.recover_busy();
         self.kept
             .lock()
             .iter()
