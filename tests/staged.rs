@@ -549,6 +549,101 @@ fn a_held_change_set_passes_to_the_next_tool_on_the_same_dirs() -> TestResult {
     both("held", held_outlives_its_tool)
 }
 
+/// Through the runtime: the sandbox records the change set (`workspace.staged`) with the run,
+/// the host promotes one and discards another (`workspace.settled`, by the host), and
+/// `correx run diff` prints what the log says.
+#[test]
+fn the_runtime_records_staged_change_sets_and_the_hosts_decisions() -> TestResult {
+    let p = project("staged-runtime")?;
+    let db = p.work.parent().ok_or("no parent")?.join("events.db");
+    let config = correx::RuntimeConfig::from_json(
+        &json!({
+            "v": 1,
+            "event_log": db,
+            "sandbox_root": p.work.parent().ok_or("no parent")?.join("sandbox"),
+            "tools": {"shell": {
+                "enabled": true,
+                "allowed_executables": ["sh", "python3"],
+                "working_dirs": [&p.work],
+                "workspace": "staged",
+                "staging": {"promote": "manual"}
+            }},
+            "approvals": {"engine": "auto", "max_tier": 3}
+        })
+        .to_string(),
+    )?;
+    let rt = correx::Runtime::new(&config, std::sync::Arc::new(correx::DenyAll))?;
+    let ex = rt.executor();
+    use correx::{EventStore, ToolExecutor};
+    let first = ex.execute(&request(
+        &p.work,
+        "echo one > notes.txt && echo new > added.txt",
+    ));
+    assert!(first.is_success(), "{}", text(&first));
+    let second = ex.execute(&request(&p.work, "rm -r tree"));
+    assert!(second.is_success(), "{}", text(&second));
+    let (one, two) = (
+        first.invocation_id().to_string(),
+        second.invocation_id().to_string(),
+    );
+    let held: Vec<String> = rt.staged().into_iter().map(|(_, _, i)| i).collect();
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(held.contains(&one) && held.contains(&two), "{held:?}");
+    assert!(!p.work.join("added.txt").exists() && p.work.join("tree").is_dir());
+
+    let diff = |inv: &str, json: bool| -> Result<String, Box<dyn std::error::Error>> {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_correx"));
+        c.args(["run", "diff"]).arg(&db).arg(inv);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output()?;
+        assert!(out.status.success(), "{out:?}");
+        Ok(String::from_utf8(out.stdout)?)
+    };
+    let said = diff(&one, false)?;
+    let added = p.work.join("added.txt").display().to_string();
+    assert!(said.contains(&format!("A {added}")), "{said}");
+    assert!(said.contains("kept"), "{said}");
+    assert!(said.contains("-two"), "{said}");
+    let recorded: Value = serde_json::from_str(&diff(&one, true)?)?;
+    assert_eq!(recorded["state"], "kept", "{recorded}");
+    assert_eq!(recorded["promote"], "manual", "{recorded}");
+
+    let set = rt.promote_staged(&one)?;
+    assert!(set
+        .changes
+        .iter()
+        .any(|c| c.path == p.work.join("added.txt")));
+    assert_eq!(std::fs::read_to_string(p.work.join("notes.txt"))?, "one\n");
+    rt.discard_staged(&two)?;
+    assert!(
+        p.work.join("tree/sub/deep").is_dir(),
+        "a discarded rm -r was applied"
+    );
+    assert!(rt.staged().is_empty());
+    assert!(matches!(
+        rt.promote_staged(&two),
+        Err(correx::WorkspaceError::NotHeld { .. })
+    ));
+    let said = diff(&one, false)?;
+    assert!(said.contains("then promoted by the host"), "{said}");
+    let said = diff(&two, false)?;
+    assert!(said.contains("then discarded by the host"), "{said}");
+    let settled: Vec<Value> = rt
+        .events()
+        .read_stream(&correx::session_stream("staged"), 1, 1000)?
+        .into_iter()
+        .filter(|e| e.type_id == "workspace.settled")
+        .map(|e| e.payload)
+        .collect();
+    assert_eq!(settled.len(), 2, "{settled:?}");
+    assert_eq!(settled[0]["invocation_id"], one.as_str());
+    assert_eq!(settled[0]["state"], "promoted");
+    assert_eq!(settled[1]["state"], "discarded");
+    Ok(())
+}
+
 // ------------------------------------------------------------------ failures and bounds
 
 fn failed_and_too_large() -> TestResult {
@@ -877,4 +972,56 @@ fn a_host_killed_at_any_point_of_a_run_or_promote_leaves_one_of_two_trees() -> T
         )?;
     }
     Ok(())
+}
+
+/// Settings a staged shell cannot work with are config errors naming the field and why.
+#[test]
+fn staged_settings_it_cannot_work_with_are_config_errors() {
+    let shell = |extra: Value| {
+        let mut s = json!({"enabled": true, "allowed_executables": ["sh"],
+                           "working_dirs": ["/tmp/a"], "workspace": "staged"});
+        if let (Some(s), Some(e)) = (s.as_object_mut(), extra.as_object()) {
+            s.extend(e.clone());
+        }
+        let config = json!({"v": 1, "event_log": "/tmp/x.db", "tools": {"shell": s}});
+        match correx::RuntimeConfig::from_json(&config.to_string()) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    };
+    for (extra, field, why) in [
+        (
+            json!({"isolation": {"mode": "none"}}),
+            "tools.shell.workspace",
+            "confined run",
+        ),
+        (
+            json!({"working_dirs": []}),
+            "tools.shell.workspace",
+            "needs working_dirs",
+        ),
+        (
+            json!({"working_dirs": ["/tmp/a", "/tmp/a/b"]}),
+            "tools.shell.working_dirs",
+            "nest",
+        ),
+        (
+            json!({"staging": {"max_run_bytes": 0}}),
+            "max_run_bytes",
+            "",
+        ),
+        (
+            json!({"staging": {"promote": "sometimes"}}),
+            "promote",
+            "sometimes",
+        ),
+        (json!({"staging": {"bound": 1}}), "bound", ""),
+        (json!({"staging": ["manual"]}), "staging", ""),
+        (json!({"workspace": "copied"}), "workspace", "copied"),
+    ] {
+        let e = shell(extra.clone());
+        assert!(!e.is_empty(), "{extra} was taken");
+        assert!(e.contains(field) && e.contains(why), "{extra}: {e}");
+    }
+    assert_eq!(shell(json!({})), "", "a good staged shell was refused");
 }
