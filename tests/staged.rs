@@ -538,9 +538,52 @@ fn held_outlives_its_tool() -> TestResult {
         [inv.as_str()]
     );
     assert!(!a.work.join("kept.txt").exists());
+    assert!(ws.diff(&inv)?.contains("\n+kept\n"), "{}", ws.diff(&inv)?);
     ws.promote(&inv)?;
     assert_eq!(std::fs::read_to_string(a.work.join("kept.txt"))?, "kept\n");
     assert!(ws.held().is_empty());
+    // The same invocation again while its change set is held: refused, saying why.
+    let again = request(&a.work, "echo again > again.txt");
+    assert_eq!(workspace(&t.execute(&again))["state"], "kept");
+    let r = t.execute(&again);
+    assert!(
+        !r.is_success() && text(&r).contains("already has a change set held"),
+        "{}",
+        text(&r)
+    );
+    ws.discard(again.invocation_id.as_str())?;
+    assert!(!a.work.join("again.txt").exists());
+
+    // Held for dirs that are gone: the next tool on the base removes it (none can promote it).
+    let c = project("staged-held-c")?;
+    let inv = {
+        let t = staged_shell(&c.work, true);
+        let r = run(&t, &c.work, "echo kept > kept.txt");
+        assert_eq!(workspace(&r)["state"], "kept", "{}", text(&r));
+        r.invocation_id().to_string()
+    };
+    let layer_left = || {
+        let base = std::env::temp_dir()
+            .join(format!("correx-shell-{}", unsafe_euid()))
+            .join("stage");
+        std::fs::read_dir(base)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|tool| tool.path().join(&inv).exists())
+    };
+    assert!(layer_left(), "the held layer is not where this test looks");
+    drop(staged_shell(&b.work, true));
+    assert!(
+        layer_left(),
+        "a tool on other dirs removed a change set it could not promote"
+    );
+    std::fs::remove_dir_all(&c.work)?;
+    drop(staged_shell(&b.work, true));
+    assert!(
+        !layer_left(),
+        "a change set for dirs that are gone was left"
+    );
     Ok(())
 }
 

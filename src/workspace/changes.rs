@@ -97,6 +97,9 @@ pub(crate) enum Op {
         ino: u64,
         /// A directory that replaces the real one whole (its opaque mark goes first).
         opaque: bool,
+        /// The layer's path is a directory (what beneath it is placed with it).
+        #[serde(default)]
+        dir: bool,
     },
     /// The real path goes, moved into the layer as its backup; `ino` is the real inode.
     Remove { root: usize, rel: PathBuf, ino: u64 },
@@ -253,6 +256,7 @@ impl Walk<'_> {
             replace: low.is_some(),
             ino: up.ino(),
             opaque: false,
+            dir: up.is_dir(),
         });
         Ok(())
     }
@@ -291,6 +295,7 @@ impl Walk<'_> {
                     replace: low.is_some(),
                     ino: up.ino(),
                     opaque,
+                    dir: up.is_dir(),
                 });
                 Ok(())
             }

@@ -35,7 +35,7 @@ pub(crate) struct RunLayer {
 pub(crate) const KEPT: &str = "kept";
 pub(crate) const JOURNAL: &str = "promote.json";
 pub(crate) const PROMOTED: &str = "promoted";
-const RECORD: &str = "run.json";
+pub(crate) const RECORD: &str = "run.json";
 
 impl RunLayer {
     /// Makes the layer of a run in `dir` (which must not exist) for `roots`, each upper
@@ -78,8 +78,10 @@ impl RunLayer {
                     crate::sys::fs::lchown(&upper, uid, gid)?;
                 }
             }
+            // Not synced yet: a layer without its record is one of a run that never finished,
+            // discarded either way. It is made durable before anything depends on it.
             let bytes = serde_json::to_vec(&layer.record).map_err(io::Error::other)?;
-            write_synced(&layer.dir.join(RECORD), &bytes)
+            write_whole(&layer.dir.join(RECORD), &bytes, false)
         })();
         if let Err(e) = made {
             layer.remove();
@@ -152,6 +154,17 @@ impl RunLayer {
         self.dir.join(mark).exists()
     }
 
+    /// Makes the layer's record and its place in the tool's directory durable: before a
+    /// journal or a mark that recovery reads with it.
+    pub fn make_durable(&self) -> io::Result<()> {
+        std::fs::File::open(self.dir.join(RECORD))?.sync_all()?;
+        std::fs::File::open(&self.dir)?.sync_all()?;
+        match self.dir.parent() {
+            Some(tool) => std::fs::File::open(tool)?.sync_all(),
+            None => Ok(()),
+        }
+    }
+
     /// Sets `mark`, durably.
     pub fn mark(&self, mark: &str) -> io::Result<()> {
         write_synced(&self.dir.join(mark), b"")
@@ -191,14 +204,22 @@ fn now() -> (i64, i64) {
 
 /// Writes `path` whole and durably: a temp file, synced, renamed, the directory synced.
 pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_whole(path, bytes, true)
+}
+
+/// Writes `path` whole (a temp file renamed over it, so no reader sees part of it); with
+/// `sync`, durably too.
+fn write_whole(path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
     }
     std::fs::rename(&tmp, path)?;
-    if let Some(parent) = path.parent() {
+    if let (true, Some(parent)) = (sync, path.parent()) {
         std::fs::File::open(parent)?.sync_all()?;
     }
     Ok(())

@@ -215,8 +215,8 @@ pub(crate) struct Staging {
     /// What a run's Landlock ruleset grants beneath each overlay.
     rights: u64,
     options: StagingOptions,
-    /// Layers held for the host, by invocation: their session and bytes.
-    kept: Mutex<BTreeMap<String, (String, u64)>>,
+    /// Layers held for the host, by invocation.
+    kept: Mutex<BTreeMap<String, Held>>,
     /// The other tools' directories whose lock was held when this one looked: live tools, or
     /// a dead host's whose last process (a run's supervisor between its clone and closing
     /// what it inherited) was still exiting. Looked at again before each run.
@@ -295,7 +295,8 @@ impl Staging {
 
     /// A dead tool's layer: a promotion finished stays, one cut short is undone; a change set
     /// held for the host is taken over by a tool staging the same working dirs, and left
-    /// where it is (false) for one that does; the layer of a run that never finished goes.
+    /// where it is (false) for one that does while they exist; the layer of a run that never
+    /// finished goes.
     fn settle_dead(&self, dir: PathBuf) -> bool {
         let Some(layer) = RunLayer::open(dir.clone()) else {
             crate::private_dir::remove_tree(&dir);
@@ -304,15 +305,23 @@ impl Staging {
         let promoted = promote::recover(&layer);
         if !promoted && layer.has(layer::KEPT) {
             if layer.record.roots != self.roots {
-                return false;
+                // Gone dirs: no tool can promote it any more.
+                if layer.record.roots.iter().all(|r| r.is_dir()) {
+                    return false;
+                }
+                layer.remove();
+                return true;
             }
             let to = self.dir.join(dir.file_name().unwrap_or_default());
             if std::fs::rename(&dir, &to).is_ok() {
-                let bytes = layer::du(&to);
-                let session = layer.record.session_id.clone();
+                let held = Held {
+                    session: layer.record.session_id.clone(),
+                    bytes: layer::du(&to),
+                    set: None,
+                };
                 self.kept
                     .lock()
-                    .insert(layer.record.invocation_id.clone(), (session, bytes));
+                    .insert(layer.record.invocation_id.clone(), held);
                 return true;
             }
         }
@@ -324,6 +333,14 @@ impl Staging {
     /// dead tool's exiting processes kept busy when this one opened).
     pub fn begin(&self, session_id: &str, invocation_id: &str) -> io::Result<RunLayer> {
         self.recover_busy();
+        if self.kept.lock().contains_key(invocation_id) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "invocation {invocation_id:?} already has a change set held for the host;                      promote or discard it before running it again"
+                ),
+            ));
+        }
         let name = crate::text::safe_component(invocation_id);
         RunLayer::create(
             self.dir.join(name),
@@ -384,7 +401,7 @@ impl Staging {
                     Err(e) => Settled::Refused(e),
                 }
             }
-            (PromotePolicy::Manual, None) => self.keep(&layer),
+            (PromotePolicy::Manual, None) => self.keep(&layer, &changes),
         };
         if !matches!(settled, Settled::Kept) {
             layer.remove();
@@ -398,41 +415,69 @@ impl Staging {
     }
 
     /// Holds a layer for the host, within the bound on all it holds.
-    fn keep(&self, layer: &RunLayer) -> Settled {
+    fn keep(&self, layer: &RunLayer, set: &ChangeSet) -> Settled {
         let bytes = layer.bytes();
         let mut kept = self.kept.lock();
-        let held: u64 = kept.values().map(|(_, b)| b).sum();
+        let held: u64 = kept.values().map(|h| h.bytes).sum();
         if held + bytes > self.options.max_kept_bytes {
             return Settled::Discarded(format!(
                 "holding its {bytes} bytes would pass staging.max_kept_bytes ({}; {held} held)",
                 self.options.max_kept_bytes
             ));
         }
-        if let Err(e) = layer.mark(layer::KEPT) {
+        if let Err(e) = layer.make_durable().and_then(|()| layer.mark(layer::KEPT)) {
             return Settled::Discarded(format!("it could not be held: {e}"));
         }
-        let session = layer.record.session_id.clone();
-        kept.insert(layer.record.invocation_id.clone(), (session, bytes));
+        let held = Held {
+            session: layer.record.session_id.clone(),
+            bytes,
+            set: Some(set.clone()),
+        };
+        kept.insert(layer.record.invocation_id.clone(), held);
         Settled::Kept
     }
 
-    fn take(&self, invocation_id: &str) -> Result<RunLayer, WorkspaceError> {
+    /// A held layer, out of the table while the host's call works on it.
+    fn take(&self, invocation_id: &str) -> Result<(RunLayer, Held), WorkspaceError> {
         let not_held = || WorkspaceError::NotHeld {
             invocation_id: invocation_id.to_owned(),
         };
-        if self.kept.lock().remove(invocation_id).is_none() {
-            return Err(not_held());
-        }
+        let held = self
+            .kept
+            .lock()
+            .remove(invocation_id)
+            .ok_or_else(not_held)?;
         let dir = self.dir.join(crate::text::safe_component(invocation_id));
-        RunLayer::open(dir).ok_or_else(not_held)
+        Ok((RunLayer::open(dir).ok_or_else(not_held)?, held))
     }
 
-    fn put_back(&self, layer: &RunLayer) {
-        let session = layer.record.session_id.clone();
+    fn put_back(&self, layer: &RunLayer, held: Held) {
         self.kept
             .lock()
-            .insert(layer.record.invocation_id.clone(), (session, layer.bytes()));
+            .insert(layer.record.invocation_id.clone(), held);
     }
+}
+
+/// A held layer's change set: as read when its run ended, or read again.
+fn change_set(layer: &RunLayer, held: &Held) -> Result<ChangeSet, WorkspaceError> {
+    match &held.set {
+        Some(set) => Ok(set.clone()),
+        None => layer.changes().map_err(|source| WorkspaceError::Io {
+            path: layer.dir.clone(),
+            source,
+        }),
+    }
+}
+
+/// A layer held for the host.
+#[derive(Debug)]
+struct Held {
+    session: String,
+    bytes: u64,
+    /// Its change set as read when the run ended (the layer is this tool's alone, so it
+    /// holds); `None` for one taken over from a dead tool or after a failed promote: read
+    /// again.
+    set: Option<ChangeSet>,
 }
 
 /// A staged tool's change sets held for the host (`staging.promote: "manual"`): listed, read,
@@ -446,6 +491,13 @@ pub trait Workspace: Send + Sync {
     /// # Errors
     /// [`WorkspaceError::NotHeld`], [`WorkspaceError::Io`].
     fn changes(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError>;
+
+    /// The unified diff of a held change set's text files, read again: at most 256 KiB, cut
+    /// at a file's end (the change set lists every path).
+    ///
+    /// # Errors
+    /// [`WorkspaceError::NotHeld`], [`WorkspaceError::Io`].
+    fn diff(&self, invocation_id: &str) -> Result<String, WorkspaceError>;
 
     /// Promotes a held change set through the journal; refused (a conflict), it stays held
     /// and nothing was applied.
@@ -467,43 +519,49 @@ impl Workspace for Staging {
         self.kept
             .lock()
             .iter()
-            .map(|(inv, (session, _))| (session.clone(), inv.clone()))
+            .map(|(inv, h)| (h.session.clone(), inv.clone()))
             .collect()
     }
 
     fn changes(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError> {
-        let layer = self.take(invocation_id)?;
-        let read = layer.changes().map_err(|source| WorkspaceError::Io {
-            path: layer.dir.clone(),
-            source,
-        });
-        self.put_back(&layer);
+        let (layer, held) = self.take(invocation_id)?;
+        let read = change_set(&layer, &held);
+        self.put_back(&layer, held);
+        read
+    }
+
+    fn diff(&self, invocation_id: &str) -> Result<String, WorkspaceError> {
+        let (layer, held) = self.take(invocation_id)?;
+        let read = change_set(&layer, &held).map(|set| diff::render(&layer, &set).text);
+        self.put_back(&layer, held);
         read
     }
 
     fn promote(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError> {
-        let layer = self.take(invocation_id)?;
-        let done = layer
-            .changes()
-            .map_err(|source| WorkspaceError::Io {
-                path: layer.dir.clone(),
-                source,
-            })
-            .and_then(|set| {
-                promote::promote(&layer, &set, &self.owners(&layer))
-                    .map(|()| set)
-                    .map_err(WorkspaceError::Promote)
-            });
+        let (layer, held) = self.take(invocation_id)?;
+        let done = change_set(&layer, &held).and_then(|set| {
+            promote::promote(&layer, &set, &self.owners(&layer))
+                .map(|()| set)
+                .map_err(WorkspaceError::Promote)
+        });
         match &done {
             Ok(_) => layer.remove(),
-            Err(_) => self.put_back(&layer),
+            // Undone, so the layer is as it was; read again all the same.
+            Err(_) => self.put_back(
+                &layer,
+                Held {
+                    bytes: layer.bytes(),
+                    set: None,
+                    ..held
+                },
+            ),
         }
         done
     }
 
     fn discard(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError> {
-        let layer = self.take(invocation_id)?;
-        let set = layer.changes().unwrap_or_default();
+        let (layer, held) = self.take(invocation_id)?;
+        let set = change_set(&layer, &held).unwrap_or_default();
         layer.remove();
         Ok(set)
     }

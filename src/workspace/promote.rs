@@ -182,6 +182,8 @@ pub(crate) fn promote(
         }
     }
     prepare(layer, set, owners)?;
+    let record = layer.dir.join(layer::RECORD);
+    layer.make_durable().map_err(io_at(&record))?;
     let journal = serde_json::to_vec(&Journal {
         ops: set.ops.clone(),
     })
@@ -235,7 +237,11 @@ fn prepare(
     }
     for op in &set.ops {
         if let Op::Place {
-            root, rel, opaque, ..
+            root,
+            rel,
+            opaque,
+            dir,
+            ..
         } = op
         {
             let src = layer.upper(*root).join(rel);
@@ -243,7 +249,7 @@ fn prepare(
                 changes::clear_opaque(&src).map_err(io_at(&src))?;
             }
             if let Some(Some((uid, gid))) = owners.get(*root) {
-                chown_tree(&src, *uid, *gid).map_err(io_at(&src))?;
+                chown_tree(&src, *dir, *uid, *gid).map_err(io_at(&src))?;
             }
         }
     }
@@ -252,11 +258,13 @@ fn prepare(
 
 /// Gives `p` and everything beneath it to `uid`:`gid` (a root host's run wrote them as the
 /// host; the real tree's files are its owner's).
-fn chown_tree(p: &Path, uid: u32, gid: u32) -> io::Result<()> {
+/// `dir`: whether `p` is a directory (known already, so a file costs one call).
+fn chown_tree(p: &Path, dir: bool, uid: u32, gid: u32) -> io::Result<()> {
     crate::sys::fs::lchown(p, uid, gid)?;
-    if std::fs::symlink_metadata(p)?.is_dir() {
+    if dir {
         for e in std::fs::read_dir(p)? {
-            chown_tree(&e?.path(), uid, gid)?;
+            let e = e?;
+            chown_tree(&e.path(), e.file_type()?.is_dir(), uid, gid)?;
         }
     }
     Ok(())
