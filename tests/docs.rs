@@ -87,6 +87,12 @@ const SECTIONS: &[Section] = &[
         extra: &[],
     },
     Section {
+        path: "tools.shell.staging",
+        file: "src/workspace/options.rs",
+        ty: "StagingOptions",
+        extra: &[],
+    },
+    Section {
         path: "tools.file_read, tools.file_write, tools.file_edit",
         file: "src/tools/fs/config.rs",
         ty: "FileToolConfig",
