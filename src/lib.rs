@@ -137,7 +137,7 @@ pub use tools::{
 };
 pub use workspace::{
     Change, ChangeKind, ChangeSet, Conflict, EntryType, PromoteError, PromotePolicy,
-    StagingOptions, Workspace, WorkspaceError, WorkspaceMode,
+    StagedRecovery, StagingOptions, Workspace, WorkspaceError, WorkspaceMode,
 };
 
 #[cfg(test)]

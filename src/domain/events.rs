@@ -277,14 +277,14 @@ pub enum DomainEvent {
         reason: Option<String>,
     },
     /// A change set held for the host was promoted or discarded (by the host, or by recovery
-    /// after a crash).
+    /// after a crash), or a promoted one was taken back by a rewind.
     #[serde(rename = "workspace.settled")]
     WorkspaceSettled {
         /// The session.
         session_id: String,
         /// The invocation that staged it.
         invocation_id: String,
-        /// `promoted` or `discarded`.
+        /// `promoted`, `discarded` or `rewound`.
         state: String,
         /// Who decided: `host` or `recovery`.
         by: String,

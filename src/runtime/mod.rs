@@ -135,6 +135,36 @@ impl Drop for Runtime {
     }
 }
 
+/// Records what the staged tools' recovery made of the runs a dead host left
+/// (`workspace.settled` by `recovery`), each in its session's stream.
+fn record_staged_recovery(
+    executor: &SandboxedToolExecutor,
+    store: &Arc<dyn EventStore>,
+) -> Result<(), crate::events::EventStoreError> {
+    let registry = executor.registry();
+    for name in registry.names() {
+        let Some(tool) = registry.resolve(&name) else {
+            continue;
+        };
+        let Some(w) = tool.workspace() else { continue };
+        for r in w.recovered() {
+            let event = DomainEvent::WorkspaceSettled {
+                session_id: r.session_id.clone(),
+                invocation_id: r.invocation_id,
+                state: r.state.into(),
+                by: "recovery".into(),
+                summary: serde_json::json!({}),
+            };
+            store.append(
+                &crate::domain::session_stream(&r.session_id),
+                ExpectedVersion::Any,
+                &[event.to_new_event()],
+            )?;
+        }
+    }
+    Ok(())
+}
+
 impl Runtime {
     /// Opens the event log, builds the tools and the sandbox (recovering any interrupted
     /// invocation), and a model manager that loads nothing yet.
@@ -206,6 +236,7 @@ impl Runtime {
             work_root,
         )
         .map_err(RuntimeError::Sandbox)?;
+        record_staged_recovery(&executor, &store).map_err(RuntimeError::Events)?;
         let models = DefaultModelManager::new(store, config.models.clone())
             .map_err(|e| RuntimeError::Config(e.under("models")))?;
         Ok(Runtime {
@@ -348,6 +379,59 @@ impl Runtime {
     /// As [`Runtime::promote_staged`].
     pub fn discard_staged(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError> {
         self.settle_staged(invocation_id, false)
+    }
+
+    /// Puts the working dirs back to what they were before invocation `invocation_id` of
+    /// session `session_id` changed them: every promoted change set of the session from the
+    /// newest back to that one is taken back from its backups, newest first, and each is
+    /// recorded (`workspace.settled`, state `rewound`, by `host`). Returns the invocations
+    /// taken back, newest first.
+    ///
+    /// # Errors
+    /// [`WorkspaceError::NotRewindable`]; [`WorkspaceError::ChangedSince`] when someone else
+    /// changed a path it would take back (nothing changed); [`WorkspaceError::Io`];
+    /// [`WorkspaceError::Unrecorded`] when it was done but the log could not take its record.
+    pub fn rewind_staged(
+        &self,
+        session_id: &str,
+        invocation_id: &str,
+    ) -> Result<Vec<String>, WorkspaceError> {
+        let registry = self.executor.registry();
+        let tool = registry.names().into_iter().find_map(|name| {
+            let tool = registry.resolve(&name)?;
+            let w = tool.workspace()?;
+            w.rewindable(session_id)
+                .iter()
+                .any(|i| i == invocation_id)
+                .then_some(tool)
+        });
+        let Some(w) = tool.as_deref().and_then(|t| t.workspace()) else {
+            return Err(WorkspaceError::NotRewindable {
+                invocation_id: invocation_id.to_owned(),
+            });
+        };
+        let rewound = w.rewind(session_id, invocation_id)?;
+        let events: Vec<_> = rewound
+            .iter()
+            .map(|(inv, summary)| {
+                DomainEvent::WorkspaceSettled {
+                    session_id: session_id.to_owned(),
+                    invocation_id: inv.clone(),
+                    state: "rewound".into(),
+                    by: "host".into(),
+                    summary: summary.clone(),
+                }
+                .to_new_event()
+            })
+            .collect();
+        self.events
+            .append(
+                &crate::domain::session_stream(session_id),
+                ExpectedVersion::Any,
+                &events,
+            )
+            .map_err(WorkspaceError::Unrecorded)?;
+        Ok(rewound.into_iter().map(|(i, _)| i).collect())
     }
 
     fn settle_staged(

@@ -51,6 +51,9 @@ pub(super) struct RunSeen {
     pub started: bool,
     /// Its outcome event.
     pub outcome: Option<DomainEvent>,
+    /// A staged run's change set as recovery settled it after a crash (`promoted`, `kept`,
+    /// `discarded`): where its working dirs are.
+    pub recovered: Option<String>,
 }
 
 /// A session's stream, folded.
@@ -135,6 +138,17 @@ impl Index {
             | DomainEvent::ToolExecutionRejected {
                 ref invocation_id, ..
             } => self.fold_run_outcome(invocation_id, &event),
+            // Where recovery left a staged run's working dirs.
+            DomainEvent::WorkspaceSettled {
+                ref invocation_id,
+                ref state,
+                ref by,
+                ..
+            } if by == "recovery" => {
+                if let Some(r) = self.runs.get_mut(invocation_id) {
+                    r.recovered = Some(state.clone());
+                }
+            }
             // Every other type is named, so a new one is a compile error here until it is
             // decided what it means for a session's steps and runs.
             DomainEvent::ModelLoaded { .. }
@@ -142,8 +156,8 @@ impl Index {
             | DomainEvent::ModelEndpointFailover { .. }
             | DomainEvent::ToolProgress { .. }
             | DomainEvent::ToolNetworkDenied { .. }
-            | DomainEvent::WorkspaceStaged { .. }
             | DomainEvent::WorkspaceSettled { .. }
+            | DomainEvent::WorkspaceStaged { .. }
             | DomainEvent::InferenceCompleted { .. }
             | DomainEvent::JobStarted { .. }
             | DomainEvent::JobExited { .. }

@@ -454,12 +454,13 @@ impl Session {
             if let Some(StepState::Done { .. }) = ix.steps.get(step) {
                 return None;
             }
-            let Some(outcome) = ix.runs.get(&run).and_then(|r| r.outcome.clone()) else {
+            let Some(seen) = ix.runs.get(&run).filter(|r| r.outcome.is_some()) else {
                 in_doubt = true;
                 return None;
             };
+            let outcome = seen.outcome.clone()?;
             in_doubt = false;
-            let result = result_from_outcome(&run, &outcome);
+            let result = result_from_outcome(&run, &outcome, seen.recovered.as_deref());
             Some(DomainEvent::SessionStepCompleted {
                 session_id: self.id.clone(),
                 step: step.to_owned(),
@@ -775,11 +776,12 @@ fn replay_chunks(
 
 /// The result a tool step answers with when its owner died and only the run's outcome event
 /// is left: what that event says (the tool's output died with the host).
-fn result_from_outcome(run: &str, outcome: &DomainEvent) -> ToolResult {
+fn result_from_outcome(run: &str, outcome: &DomainEvent, staged: Option<&str>) -> ToolResult {
     let id = crate::ids::ToolInvocationId::from_string(run);
     let lost = "the host died before the tool's output was recorded";
     // `state` says where the files are: `completed` (the change is in place), `restored`
-    // (put back as they were), `unchanged` (never touched), `unknown`.
+    // (put back as they were), `unchanged` (never touched), `kept` (a staged change set held
+    // for the host), `unknown`.
     let data = |state: &str| json!({"recovered_from": outcome.type_id(), "state": state});
     match outcome {
         DomainEvent::ToolExecutionCompleted { .. } => ToolResult::Success {
@@ -789,7 +791,7 @@ fn result_from_outcome(run: &str, outcome: &DomainEvent) -> ToolResult {
             data: Some(data("completed")),
         },
         _ => {
-            let (kind, reason, recoverable, state) = failure_from_outcome(outcome, lost);
+            let (kind, reason, recoverable, state) = failure_from_outcome(outcome, staged, lost);
             ToolResult::failure_of(&id, kind, reason, recoverable).with_data(data(state))
         }
     }
@@ -799,9 +801,30 @@ fn result_from_outcome(run: &str, outcome: &DomainEvent) -> ToolResult {
 /// may be tried again, and the `state` its files are in (see [`result_from_outcome`]).
 fn failure_from_outcome(
     outcome: &DomainEvent,
+    staged: Option<&str>,
     lost: &str,
 ) -> (ToolErrorKind, String, Recoverable, &'static str) {
     match outcome {
+        // A staged run's working dirs are where recovery settled its change set.
+        DomainEvent::ToolExecutionInterrupted { .. } if staged.is_some() => {
+            let (why, state) = match staged {
+                Some("promoted") => (
+                    "its staged change set had been promoted: it is in place",
+                    "completed",
+                ),
+                Some("kept") => ("its staged change set is held for the host", "kept"),
+                _ => (
+                    "its staged change set was discarded: its working dirs are as they were",
+                    "unchanged",
+                ),
+            };
+            (
+                ToolErrorKind::Interrupted,
+                format!("interrupted by a crash; {why}, but {lost}"),
+                Recoverable::Yes,
+                state,
+            )
+        }
         DomainEvent::ToolExecutionInterrupted { state, .. } if state == "completed" => (
             ToolErrorKind::Interrupted,
             format!(

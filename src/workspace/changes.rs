@@ -100,6 +100,10 @@ pub(crate) enum Op {
         /// The layer's path is a directory (what beneath it is placed with it).
         #[serde(default)]
         dir: bool,
+        /// The layer's modification time (seconds, nanoseconds): with `ino`, what tells
+        /// a rewind that the real path is still the one placed.
+        #[serde(default)]
+        mtime: (i64, i64),
     },
     /// The real path goes, moved into the layer as its backup; `ino` is the real inode.
     Remove { root: usize, rel: PathBuf, ino: u64 },
@@ -257,6 +261,7 @@ impl Walk<'_> {
             ino: up.ino(),
             opaque: false,
             dir: up.is_dir(),
+            mtime: (up.mtime(), up.mtime_nsec()),
         });
         Ok(())
     }
@@ -296,6 +301,7 @@ impl Walk<'_> {
                     ino: up.ino(),
                     opaque,
                     dir: up.is_dir(),
+                    mtime: (up.mtime(), up.mtime_nsec()),
                 });
                 Ok(())
             }

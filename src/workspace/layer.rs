@@ -50,7 +50,13 @@ impl RunLayer {
     ) -> io::Result<RunLayer> {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
         std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        let started = now();
+        // The filesystem's clock, not the wall clock: a real path's change time is compared
+        // with it, and a filesystem's times may lag the wall clock by a tick.
+        let started = {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(&dir)?;
+            (m.mtime(), m.mtime_nsec())
+        };
         let layer = RunLayer {
             dir,
             record: RunRecord {
@@ -192,14 +198,6 @@ fn option_path(p: &Path) -> Result<String, String> {
         ));
     }
     Ok(s.to_owned())
-}
-
-/// The wall clock now, as (seconds, nanoseconds).
-fn now() -> (i64, i64) {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    (d.as_secs() as i64, i64::from(d.subsec_nanos()))
 }
 
 /// Writes `path` whole and durably: a temp file, synced, renamed, the directory synced.

@@ -10,6 +10,7 @@
 
 mod changes;
 pub(crate) mod diff;
+mod history;
 mod layer;
 mod options;
 mod promote;
@@ -45,6 +46,18 @@ pub enum WorkspaceError {
     },
     /// Settled (promoted or discarded as asked), but the event log could not record it.
     Unrecorded(crate::events::EventStoreError),
+    /// No promoted change set of that invocation is kept for the session (never promoted,
+    /// rewound already, or dropped past `staging.max_rewind_bytes`).
+    NotRewindable {
+        /// The invocation.
+        invocation_id: String,
+    },
+    /// A rewind was refused: paths it would take back were changed since by someone else.
+    /// Nothing was changed.
+    ChangedSince {
+        /// Each path, and what happened to it.
+        conflicts: Vec<Conflict>,
+    },
 }
 
 impl std::fmt::Display for WorkspaceError {
@@ -63,6 +76,24 @@ impl std::fmt::Display for WorkspaceError {
                 f,
                 "the change set was settled as asked, but the log could not record it: {e}"
             ),
+            WorkspaceError::NotRewindable { invocation_id } => write!(
+                f,
+                "no promoted change set of invocation {invocation_id:?} is kept for its session \
+                 (never promoted, rewound already, or dropped past staging.max_rewind_bytes)"
+            ),
+            WorkspaceError::ChangedSince { conflicts } => {
+                write!(f, "not rewound: the real tree changed since: ")?;
+                for (i, c) in conflicts.iter().take(10).enumerate() {
+                    if i > 0 {
+                        write!(f, "; ")?;
+                    }
+                    write!(f, "{} {}", c.path.display(), c.why)?;
+                }
+                if conflicts.len() > 10 {
+                    write!(f, "; and {} more", conflicts.len() - 10)?;
+                }
+                write!(f, " (nothing was changed)")
+            }
         }
     }
 }
@@ -73,19 +104,24 @@ impl std::error::Error for WorkspaceError {
             WorkspaceError::Promote(e) => Some(e),
             WorkspaceError::Io { source, .. } => Some(source),
             WorkspaceError::Unrecorded(e) => Some(e),
-            WorkspaceError::NotHeld { .. } => None,
+            WorkspaceError::NotHeld { .. }
+            | WorkspaceError::NotRewindable { .. }
+            | WorkspaceError::ChangedSince { .. } => None,
         }
     }
 }
 
 impl WorkspaceError {
-    /// The stable kind: `not_held`, `conflict`, `cross_device`, `io` or `unrecorded`.
+    /// The stable kind: `not_held`, `conflict`, `cross_device`, `io`, `unrecorded`,
+    /// `not_rewindable` or `changed_since`.
     pub fn kind(&self) -> &'static str {
         match self {
             WorkspaceError::NotHeld { .. } => "not_held",
             WorkspaceError::Promote(e) => e.kind(),
             WorkspaceError::Io { .. } => "io",
             WorkspaceError::Unrecorded(_) => "unrecorded",
+            WorkspaceError::NotRewindable { .. } => "not_rewindable",
+            WorkspaceError::ChangedSince { .. } => "changed_since",
         }
     }
 }
@@ -217,6 +253,10 @@ pub(crate) struct Staging {
     options: StagingOptions,
     /// Layers held for the host, by invocation.
     kept: Mutex<BTreeMap<String, Held>>,
+    /// Promoted layers kept for rewind, by session (shared by the tools on the base).
+    history: history::History,
+    /// What recovery made of dead tools' layers, until the runtime records it.
+    recovered: Mutex<Vec<StagedRecovery>>,
     /// The other tools' directories whose lock was held when this one looked: live tools, or
     /// a dead host's whose last process (a run's supervisor between its clone and closing
     /// what it inherited) was still exiting. Looked at again before each run.
@@ -244,19 +284,23 @@ impl Staging {
             run_ids,
             userxattr,
             rights,
+            history: history::History::new(base, options.max_rewind_bytes),
             options,
             kept: Mutex::new(BTreeMap::new()),
+            recovered: Mutex::new(Vec::new()),
             busy: Mutex::new(Vec::new()),
         };
         if let Ok(entries) = std::fs::read_dir(base) {
             let dirs = entries
                 .flatten()
                 .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter(|e| e.file_name().as_encoded_bytes().starts_with(b"tool-"))
                 .map(|e| e.path())
                 .filter(|d| *d != staging.dir);
             let busy: Vec<PathBuf> = dirs.filter(|d| !staging.recover(d)).collect();
             *staging.busy.lock() = busy;
         }
+        staging.history.recover();
         Ok(staging)
     }
 
@@ -293,7 +337,8 @@ impl Staging {
         }
     }
 
-    /// A dead tool's layer: a promotion finished stays, one cut short is undone; a change set
+    /// A dead tool's layer: a promotion finished stays (kept for rewind), one cut short is
+    /// undone; a change set
     /// held for the host is taken over by a tool staging the same working dirs, and left
     /// where it is (false) for one that does while they exist; the layer of a run that never
     /// finished goes.
@@ -302,8 +347,18 @@ impl Staging {
             crate::private_dir::remove_tree(&dir);
             return true;
         };
+        let recovered = |state: &'static str| StagedRecovery {
+            session_id: layer.record.session_id.clone(),
+            invocation_id: layer.record.invocation_id.clone(),
+            state,
+        };
         let promoted = promote::recover(&layer);
-        if !promoted && layer.has(layer::KEPT) {
+        if promoted {
+            self.recovered.lock().push(recovered("promoted"));
+            self.history.add(&layer);
+            return true;
+        }
+        if layer.has(layer::KEPT) {
             if layer.record.roots != self.roots {
                 // Gone dirs: no tool can promote it any more.
                 if layer.record.roots.iter().all(|r| r.is_dir()) {
@@ -322,9 +377,11 @@ impl Staging {
                 self.kept
                     .lock()
                     .insert(layer.record.invocation_id.clone(), held);
+                self.recovered.lock().push(recovered("kept"));
                 return true;
             }
         }
+        self.recovered.lock().push(recovered("discarded"));
         layer.remove();
         true
     }
@@ -403,8 +460,10 @@ impl Staging {
             }
             (PromotePolicy::Manual, None) => self.keep(&layer, &changes),
         };
-        if !matches!(settled, Settled::Kept) {
-            layer.remove();
+        match settled {
+            Settled::Kept => {}
+            Settled::Promoted if !changes.changes.is_empty() => self.history.add(&layer),
+            _ => layer.remove(),
         }
         Ok(Staged {
             changes,
@@ -469,6 +528,19 @@ fn change_set(layer: &RunLayer, held: &Held) -> Result<ChangeSet, WorkspaceError
     }
 }
 
+/// What recovery made of a dead tool's staged run: its change set `promoted` (the promotion
+/// had finished), `kept` (held for the host, taken over) or `discarded` (the run never
+/// finished, or its promotion was cut short and undone: the working dirs are as they were).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StagedRecovery {
+    /// The run's session.
+    pub session_id: String,
+    /// The run's invocation.
+    pub invocation_id: String,
+    /// `promoted`, `kept` or `discarded`.
+    pub state: &'static str,
+}
+
 /// A layer held for the host.
 #[derive(Debug)]
 struct Held {
@@ -511,6 +583,29 @@ pub trait Workspace: Send + Sync {
     /// # Errors
     /// [`WorkspaceError::NotHeld`].
     fn discard(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError>;
+
+    /// The promoted change sets kept for rewinding `session_id`, oldest first: their
+    /// invocations.
+    fn rewindable(&self, session_id: &str) -> Vec<String>;
+
+    /// What recovery made of the staged runs a dead host left, since this was last asked
+    /// (the runtime records each as `workspace.settled` by `recovery`).
+    fn recovered(&self) -> Vec<StagedRecovery>;
+
+    /// Puts the working dirs back to what they were before `invocation_id`'s change set was
+    /// promoted: every promoted change set of the session from the newest back to that one
+    /// is taken back from its backups, newest first. Returns each invocation taken back with
+    /// the counts of its steps (`{"paths", "added", "modified", "deleted", "mode_changed"}`),
+    /// newest first.
+    ///
+    /// # Errors
+    /// [`WorkspaceError::NotRewindable`]; [`WorkspaceError::ChangedSince`] (nothing changed);
+    /// [`WorkspaceError::Io`].
+    fn rewind(
+        &self,
+        session_id: &str,
+        invocation_id: &str,
+    ) -> Result<Vec<(String, serde_json::Value)>, WorkspaceError>;
 }
 
 impl Workspace for Staging {
@@ -545,7 +640,7 @@ impl Workspace for Staging {
                 .map_err(WorkspaceError::Promote)
         });
         match &done {
-            Ok(_) => layer.remove(),
+            Ok(_) => self.history.add(&layer),
             // Undone, so the layer is as it was; read again all the same.
             Err(_) => self.put_back(
                 &layer,
@@ -557,6 +652,30 @@ impl Workspace for Staging {
             ),
         }
         done
+    }
+
+    fn rewindable(&self, session_id: &str) -> Vec<String> {
+        self.history.kept(session_id)
+    }
+
+    fn recovered(&self) -> Vec<StagedRecovery> {
+        std::mem::take(&mut *self.recovered.lock())
+    }
+
+    fn rewind(
+        &self,
+        session_id: &str,
+        invocation_id: &str,
+    ) -> Result<Vec<(String, serde_json::Value)>, WorkspaceError> {
+        self.history
+            .rewind(session_id, invocation_id)
+            .map_err(|r| match r {
+                history::Refused::NotKept => WorkspaceError::NotRewindable {
+                    invocation_id: invocation_id.to_owned(),
+                },
+                history::Refused::Changed(conflicts) => WorkspaceError::ChangedSince { conflicts },
+                history::Refused::Io(path, source) => WorkspaceError::Io { path, source },
+            })
     }
 
     fn discard(&self, invocation_id: &str) -> Result<ChangeSet, WorkspaceError> {

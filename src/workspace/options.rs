@@ -51,6 +51,10 @@ pub struct StagingOptions {
     /// The most bytes the change sets kept for the host (`manual`) may hold together; a run
     /// whose change set would pass it is discarded and fails. Default 4 GiB.
     pub max_kept_bytes: u64,
+    /// The most bytes one session's promoted change sets may keep for rewinding it (what
+    /// each promotion replaced and removed); past it the oldest are dropped, and the session
+    /// can no longer be rewound to before them. 0 keeps none. Default 1 GiB.
+    pub max_rewind_bytes: u64,
 }
 
 impl Default for StagingOptions {
@@ -59,6 +63,7 @@ impl Default for StagingOptions {
             promote: PromotePolicy::OnSuccess,
             max_run_bytes: 1 << 30,
             max_kept_bytes: 4 << 30,
+            max_rewind_bytes: 1 << 30,
         }
     }
 }

@@ -109,6 +109,8 @@ fn real(layer: &RunLayer, root: usize, rel: &Path) -> PathBuf {
 /// The paths of the change set that someone else changed since the run started.
 fn conflicts(layer: &RunLayer, set: &ChangeSet) -> Vec<Conflict> {
     let (secs, nanos) = layer.record.started;
+    // Both times are the filesystem's. A change stamped with the very tick the run started
+    // in is not seen: counting it would refuse the next run over what a run just promoted.
     let after_start = |m: &std::fs::Metadata| (m.ctime(), m.ctime_nsec()) > (secs, nanos);
     let mut out = Vec::new();
     for op in &set.ops {
@@ -354,6 +356,61 @@ pub(crate) fn undo(layer: &RunLayer, ops: &[Op]) {
             log::error!("undoing a promotion step in {}: {e}", layer.dir.display());
         }
     }
+}
+
+/// The steps of a layer's journal (a promoted layer's: what taking it back undoes).
+pub(crate) fn journal_ops(layer: &RunLayer) -> Option<Vec<Op>> {
+    let bytes = std::fs::read(layer.dir.join(layer::JOURNAL)).ok()?;
+    serde_json::from_slice::<Journal>(&bytes)
+        .ok()
+        .map(|j| j.ops)
+}
+
+/// The paths of a promoted layer's `ops` that someone else changed since it was promoted,
+/// each looked at once: `seen` holds the paths a newer promotion (looked at first) answers
+/// for. A placed file or symlink is the one placed while it is the same inode with the same
+/// modification time (which renames and chown leave alone; a change time would move with
+/// each promotion and rewind); a directory is looked at through the paths beneath it.
+pub(crate) fn changed_since(
+    layer: &RunLayer,
+    ops: &[Op],
+    seen: &mut std::collections::HashSet<PathBuf>,
+) -> Vec<Conflict> {
+    let mut out = Vec::new();
+    for op in ops {
+        let (root, rel) = match op {
+            Op::Place { root, rel, .. }
+            | Op::Remove { root, rel, .. }
+            | Op::Chmod { root, rel, .. } => (*root, rel),
+        };
+        let path = real(layer, root, rel);
+        if !seen.insert(path.clone()) {
+            continue;
+        }
+        let now = std::fs::symlink_metadata(&path).ok();
+        let why = match (op, &now) {
+            (Op::Place { .. }, None) => Some("was removed"),
+            (Op::Place { ino, .. }, Some(m)) if m.ino() != *ino => Some("was replaced"),
+            (Op::Place { mtime, .. }, Some(m))
+                if !m.is_dir() && (m.mtime(), m.mtime_nsec()) != *mtime =>
+            {
+                Some("was changed")
+            }
+            (Op::Remove { .. }, Some(_)) => Some("was created"),
+            (Op::Chmod { .. }, None) => Some("was removed"),
+            (Op::Chmod { after, .. }, Some(m)) if m.mode() & 0o7777 != *after => {
+                Some("had its mode changed")
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            out.push(Conflict {
+                path,
+                why: format!("{why} since the change set was promoted"),
+            });
+        }
+    }
+    out
 }
 
 /// What recovery does with a layer whose promotion a dead host left: finished (marked), it
