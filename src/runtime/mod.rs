@@ -135,17 +135,21 @@ impl Drop for Runtime {
     }
 }
 
+/// The built-in tools that stage their runs (MCP servers' tools never do: listing those
+/// would start their servers).
+fn staged_tools(executor: &SandboxedToolExecutor) -> Vec<Arc<dyn crate::tools::Tool>> {
+    let mut tools = executor.registry().all();
+    tools.retain(|t| t.workspace().is_some());
+    tools
+}
+
 /// Records what the staged tools' recovery made of the runs a dead host left
 /// (`workspace.settled` by `recovery`), each in its session's stream.
 fn record_staged_recovery(
     executor: &SandboxedToolExecutor,
     store: &Arc<dyn EventStore>,
 ) -> Result<(), crate::events::EventStoreError> {
-    let registry = executor.registry();
-    for name in registry.names() {
-        let Some(tool) = registry.resolve(&name) else {
-            continue;
-        };
+    for tool in staged_tools(executor) {
         let Some(w) = tool.workspace() else { continue };
         for r in w.recovered() {
             let event = DomainEvent::WorkspaceSettled {
@@ -346,14 +350,10 @@ impl Runtime {
     /// The change sets staged runs left for the host (`staging.promote: "manual"`), oldest
     /// first within each tool: (tool, session, invocation).
     pub fn staged(&self) -> Vec<(String, String, String)> {
-        let registry = self.executor.registry();
         let mut out = Vec::new();
-        for name in registry.names() {
-            if let Some(w) = registry
-                .resolve(&name)
-                .as_deref()
-                .and_then(|t| t.workspace())
-            {
+        for tool in staged_tools(&self.executor) {
+            if let Some(w) = tool.workspace() {
+                let name = tool.name().to_owned();
                 out.extend(w.held().into_iter().map(|(s, i)| (name.clone(), s, i)));
             }
         }
@@ -396,14 +396,9 @@ impl Runtime {
         session_id: &str,
         invocation_id: &str,
     ) -> Result<Vec<String>, WorkspaceError> {
-        let registry = self.executor.registry();
-        let tool = registry.names().into_iter().find_map(|name| {
-            let tool = registry.resolve(&name)?;
-            let w = tool.workspace()?;
-            w.rewindable(session_id)
-                .iter()
-                .any(|i| i == invocation_id)
-                .then_some(tool)
+        let tool = staged_tools(&self.executor).into_iter().find(|t| {
+            t.workspace()
+                .is_some_and(|w| w.rewindable(session_id).iter().any(|i| i == invocation_id))
         });
         let Some(w) = tool.as_deref().and_then(|t| t.workspace()) else {
             return Err(WorkspaceError::NotRewindable {
@@ -439,11 +434,7 @@ impl Runtime {
         invocation_id: &str,
         promote: bool,
     ) -> Result<ChangeSet, WorkspaceError> {
-        let registry = self.executor.registry();
-        for name in registry.names() {
-            let Some(tool) = registry.resolve(&name) else {
-                continue;
-            };
+        for tool in staged_tools(&self.executor) {
             let Some(w) = tool.workspace() else {
                 continue;
             };
