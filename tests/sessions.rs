@@ -865,3 +865,76 @@ fn a_damaged_step_record_is_found_by_verify_and_refused_by_the_session() -> Test
     );
     Ok(())
 }
+
+/// A step record whose answer has the right shape outside but not inside (a field of the
+/// wrong type) is `Corrupt` at its own position, not at position 0.
+#[test]
+fn a_damaged_answer_is_named_by_its_records_position() -> TestResult {
+    let dir = TempDir::new("session-damaged-answer");
+    let model = double();
+    let none = CancelToken::new();
+    {
+        let rt = runtime(dir.path())?;
+        let s = rt.session("s1")?;
+        s.infer("t1", &model, &ask("hello"), &none)?;
+    }
+    let db = dir.join("events.db");
+    let position: i64 = {
+        let conn = rusqlite::Connection::open(&db)?;
+        let position = conn.query_row(
+            "SELECT position FROM events WHERE type_id = 'session.step_completed'",
+            [],
+            |r| r.get(0),
+        )?;
+        conn.execute(
+            "UPDATE events SET payload = json_set(payload, '$.answer.text', 5) WHERE position = ?1",
+            [position],
+        )?;
+        position
+    };
+    assert!(position > 0);
+    let rt = runtime(dir.path())?;
+    match rt
+        .session("s1")
+        .and_then(|s| s.infer("t1", &model, &ask("hello"), &none))
+    {
+        Err(SessionError::Corrupt {
+            position: p,
+            detail,
+        }) => {
+            assert_eq!(p, position as u64, "{detail}")
+        }
+        other => panic!("a corrupt step, not {other:?}"),
+    }
+    assert_eq!(
+        model.calls.load(Ordering::SeqCst),
+        1,
+        "the damaged step ran again"
+    );
+    Ok(())
+}
+
+/// The same step key and request asked of another model is a conflict: the first model's
+/// answer is not replayed as the second's.
+#[test]
+fn the_same_step_asked_of_another_model_is_a_conflict() -> TestResult {
+    let dir = TempDir::new("session-other-model");
+    let rt = runtime(dir.path())?;
+    let s = rt.session("s1")?;
+    let none = CancelToken::new();
+    let (a, b) = (
+        double(),
+        DoubleModel {
+            id: Some(ProviderId::from_string("another")),
+            ..DoubleModel::default()
+        },
+    );
+    s.infer("t1", &a, &ask("hello"), &none)?;
+    assert!(s.infer("t1", &a, &ask("hello"), &none)?.replayed);
+    match s.infer("t1", &b, &ask("hello"), &none) {
+        Err(SessionError::Conflict { step, .. }) => assert_eq!(step, "t1"),
+        other => panic!("another model's step answered: {other:?}"),
+    }
+    assert_eq!(b.calls.load(Ordering::SeqCst), 0);
+    Ok(())
+}

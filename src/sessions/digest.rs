@@ -31,8 +31,15 @@ fn sha256(value: &serde_json::Value) -> String {
     hex(&Sha256::digest(&bytes))
 }
 
-/// The digest of an inference step's request.
-pub(super) fn of_inference(request: &InferenceRequest) -> String {
+/// The digest of an inference step's request to the model `model` (so the same key asked of
+/// another model is a conflict, not the first model's answer).
+pub(super) fn of_inference(model: &str, request: &InferenceRequest) -> String {
+    sha256(&json!({"kind": INFER, "model": model, "request": request}))
+}
+
+/// The digest earlier versions gave an inference step: the request alone. A step recorded
+/// with it still answers (which model answered it is not in its digest).
+pub(super) fn of_inference_without_model(request: &InferenceRequest) -> String {
     sha256(&json!({"kind": INFER, "request": request}))
 }
 
@@ -63,14 +70,16 @@ mod tests {
     }
 
     #[test]
-    fn an_inference_digest_sees_the_context_and_the_sampling() {
+    fn an_inference_digest_sees_the_model_the_context_and_the_sampling() {
         let mut r = InferenceRequest::default();
-        let d = of_inference(&r);
-        assert_eq!(d, of_inference(&r.clone()));
+        let d = of_inference("m", &r);
+        assert_eq!(d, of_inference("m", &r.clone()));
+        assert_ne!(d, of_inference("n", &r));
+        assert_ne!(d, of_inference_without_model(&r));
         r.context.task = Some("hi".into());
-        assert_ne!(d, of_inference(&r));
-        let d = of_inference(&r);
+        assert_ne!(d, of_inference("m", &r));
+        let d = of_inference("m", &r);
         r.config.seed = Some(7);
-        assert_ne!(d, of_inference(&r));
+        assert_ne!(d, of_inference("m", &r));
     }
 }

@@ -31,7 +31,12 @@ pub(super) enum StepState {
         call_id: Option<String>,
     },
     /// Its result: the `session.step_completed` payload.
-    Done { digest: String, payload: Value },
+    /// `position`: the record's, in the log (what a damaged record is named by).
+    Done {
+        digest: String,
+        payload: Value,
+        position: u64,
+    },
 }
 
 impl StepState {
@@ -264,7 +269,14 @@ impl Index {
             }
         }
         let payload = e.payload.clone();
-        self.steps.insert(step, StepState::Done { digest, payload });
+        self.steps.insert(
+            step,
+            StepState::Done {
+                digest,
+                payload,
+                position: e.position,
+            },
+        );
         Ok(())
     }
 

@@ -150,8 +150,8 @@ pub struct Step<T> {
 
 /// What a step call does next.
 enum Begun<'a> {
-    /// The step has a result: the `session.step_completed` payload.
-    Recorded(Value),
+    /// The step has a result: the `session.step_completed` payload, and its position.
+    Recorded(Value, u64),
     /// This caller performs it.
     Perform(Guard<'a>),
 }
@@ -306,7 +306,7 @@ impl Session {
     fn append_at(
         &self,
         mut build: impl FnMut(&Index) -> Option<DomainEvent>,
-    ) -> Result<Option<Value>, SessionError> {
+    ) -> Result<Option<(Value, u64)>, SessionError> {
         loop {
             let mut ix = self.index.lock();
             self.refresh(&mut ix)?;
@@ -319,19 +319,20 @@ impl Session {
                 .events
                 .append(&self.stream, Self::expected(ix.version), &[new])
             {
-                Ok(_) => return Ok(Some(payload)),
+                Ok(at) => return Ok(Some((payload, at.first_position))),
                 Err(EventStoreError::WrongExpectedVersion { .. }) => continue,
                 Err(e) => return Err(SessionError::Events(e)),
             }
         }
     }
 
-    /// Finds the step's result, or claims it for this caller.
+    /// Finds the step's result, or claims it for this caller. `digest` is the request's;
+    /// `also`, a digest an earlier version gave the same request, which a record may carry.
     fn begin(
         &self,
         step: &str,
         kind: &'static str,
-        digest: &str,
+        (digest, also): (&str, Option<&str>),
         run: Option<(&str, Option<&str>)>,
         cancel: &CancelToken,
     ) -> Result<Begun<'_>, SessionError> {
@@ -342,7 +343,7 @@ impl Session {
             self.refresh(&mut ix)?;
             let state = ix.steps.get(step).cloned();
             if let Some(s) = &state {
-                if s.digest() != digest {
+                if s.digest() != digest && Some(s.digest()) != also {
                     return Err(SessionError::Conflict {
                         step: step.to_owned(),
                         recorded: s.digest().to_owned(),
@@ -351,7 +352,7 @@ impl Session {
                 }
             }
             let attempt = match next_try(&ix, step, state)? {
-                NextTry::Recorded(payload) => return Ok(Begun::Recorded(payload)),
+                NextTry::Recorded(payload, at) => return Ok(Begun::Recorded(payload, at)),
                 NextTry::Wait => {
                     drop(ix);
                     if cancel.is_cancelled() {
@@ -432,9 +433,11 @@ impl Session {
     }
 
     /// The recorded result of `step`, if it has one.
-    fn recorded(&self, step: &str) -> Option<Value> {
+    fn recorded(&self, step: &str) -> Option<(Value, u64)> {
         match self.index.lock().steps.get(step) {
-            Some(StepState::Done { payload, .. }) => Some(payload.clone()),
+            Some(StepState::Done {
+                payload, position, ..
+            }) => Some((payload.clone(), *position)),
             _ => None,
         }
     }
@@ -481,11 +484,11 @@ impl Session {
             });
         }
         match payload {
-            Some(p) => Ok(Begun::Recorded(p)),
+            Some((p, at)) => Ok(Begun::Recorded(p, at)),
             // Closed meanwhile by another caller: its record answers.
             None => self
                 .recorded(step)
-                .map(Begun::Recorded)
+                .map(|(p, at)| Begun::Recorded(p, at))
                 .ok_or(SessionError::InDoubt {
                     step: step.to_owned(),
                     invocation_id: run,
@@ -526,19 +529,21 @@ impl Session {
         cancel: &CancelToken,
         on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
     ) -> Result<Step<InferenceResponse>, SessionError> {
-        let digest = digest::of_inference(request);
-        let mut guard = match self.begin(step, digest::INFER, &digest, None, cancel)? {
-            Begun::Recorded(payload) => {
-                let value = recorded_answer(&payload)?;
-                replay_chunks(&value, on_chunk);
-                return Ok(Step {
-                    value,
-                    replayed: true,
-                    attempt: attempt_of(&payload),
-                });
-            }
-            Begun::Perform(guard) => guard,
-        };
+        let digest = digest::of_inference(model.id().as_str(), request);
+        let legacy = digest::of_inference_without_model(request);
+        let mut guard =
+            match self.begin(step, digest::INFER, (&digest, Some(&legacy)), None, cancel)? {
+                Begun::Recorded(payload, at) => {
+                    let value = recorded_answer(&payload, at)?;
+                    replay_chunks(&value, on_chunk);
+                    return Ok(Step {
+                        value,
+                        replayed: true,
+                        attempt: attempt_of(&payload),
+                    });
+                }
+                Begun::Perform(guard) => guard,
+            };
         let attempt = guard.attempt;
         let answer = match model.infer_stream(request, cancel, on_chunk) {
             Ok(a) => a,
@@ -573,7 +578,7 @@ impl Session {
         step: &str,
         completed: impl Fn(&Index) -> DomainEvent,
         value: T,
-        read: fn(&Value) -> Result<T, SessionError>,
+        read: fn(&Value, u64) -> Result<T, SessionError>,
     ) -> Result<Step<T>, SessionError> {
         let attempt = guard.attempt;
         // Unrecorded (the log failed), the guard ends the try: the next call runs an inference
@@ -581,9 +586,9 @@ impl Session {
         let appended = self.append_at(|ix| (!ix.recorded(step)).then(|| completed(ix)))?;
         guard.done();
         if appended.is_none() {
-            if let Some(payload) = self.recorded(step) {
+            if let Some((payload, at)) = self.recorded(step) {
                 return Ok(Step {
-                    value: read(&payload)?,
+                    value: read(&payload, at)?,
                     replayed: true,
                     attempt: attempt_of(&payload),
                 });
@@ -629,10 +634,10 @@ impl Session {
         }
         let digest = digest::of_tool(request, call_id);
         let run = Some((request.invocation_id.as_str(), call_id));
-        let guard = match self.begin(step, digest::TOOL, &digest, run, cancel)? {
-            Begun::Recorded(payload) => {
+        let guard = match self.begin(step, digest::TOOL, (&digest, None), run, cancel)? {
+            Begun::Recorded(payload, at) => {
                 return Ok(Step {
-                    value: recorded_result(&payload)?,
+                    value: recorded_result(&payload, at)?,
                     replayed: true,
                     attempt: attempt_of(&payload),
                 })
@@ -674,8 +679,8 @@ impl Session {
 
 /// What the fold says comes next for a step.
 enum NextTry {
-    /// The step has a result: the `session.step_completed` payload.
-    Recorded(Value),
+    /// The step has a result: the `session.step_completed` payload, and its position.
+    Recorded(Value, u64),
     /// Another live caller holds the claim: wait for its result.
     Wait,
     /// This caller claims it, as this try.
@@ -703,7 +708,9 @@ fn next_try(ix: &Index, step: &str, state: Option<StepState>) -> Result<NextTry,
     };
     Ok(match state {
         None => NextTry::Claim(1),
-        Some(StepState::Done { payload, .. }) => NextTry::Recorded(payload),
+        Some(StepState::Done {
+            payload, position, ..
+        }) => NextTry::Recorded(payload, position),
         Some(StepState::Failed {
             attempt,
             invocation_id,
@@ -735,21 +742,20 @@ fn attempt_of(payload: &Value) -> u32 {
         .unwrap_or(1)
 }
 
-fn corrupt(detail: String) -> SessionError {
-    SessionError::Corrupt {
-        position: 0,
-        detail,
-    }
+/// A step's recorded answer, from its record at `position`.
+fn recorded_answer(payload: &Value, position: u64) -> Result<InferenceResponse, SessionError> {
+    serde_json::from_value(payload["answer"].clone()).map_err(|e| SessionError::Corrupt {
+        position,
+        detail: format!("step {}: its answer: {e}", payload["step"]),
+    })
 }
 
-fn recorded_answer(payload: &Value) -> Result<InferenceResponse, SessionError> {
-    serde_json::from_value(payload["answer"].clone())
-        .map_err(|e| corrupt(format!("step {}: its answer: {e}", payload["step"])))
-}
-
-fn recorded_result(payload: &Value) -> Result<ToolResult, SessionError> {
-    serde_json::from_value(payload["result"].clone())
-        .map_err(|e| corrupt(format!("step {}: its result: {e}", payload["step"])))
+/// A step's recorded tool result, from its record at `position`.
+fn recorded_result(payload: &Value, position: u64) -> Result<ToolResult, SessionError> {
+    serde_json::from_value(payload["result"].clone()).map_err(|e| SessionError::Corrupt {
+        position,
+        detail: format!("step {}: its result: {e}", payload["step"]),
+    })
 }
 
 fn replay_chunks(
