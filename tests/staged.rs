@@ -785,6 +785,17 @@ fn rewind() -> TestResult {
         after_two,
         "rewinding the last step"
     );
+    // A file the host made in a directory the first step made: taking the directory back
+    // would take the file with it, so the rewind is refused.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(p.work.join("made/deep/host.txt"), "mine\n")?;
+    let e = ws
+        .rewind(&session, &one)
+        .err()
+        .ok_or("rewound over the host's new file")?;
+    assert!(e.to_string().contains("made/deep/host.txt was made"), "{e}");
+    assert_eq!(std::fs::read(p.work.join("made/deep/host.txt"))?, b"mine\n");
+    std::fs::remove_file(p.work.join("made/deep/host.txt"))?;
     let rewound = ws.rewind(&session, &one)?;
     assert_eq!(
         rewound.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),

@@ -64,7 +64,7 @@ impl History {
             // without walking every kept layer).
             let name = format!(
                 "{:020}-{:016}-{}",
-                now_nanos(),
+                promoted_at(layer),
                 layer.bytes(),
                 crate::text::safe_component(&layer.record.invocation_id)
             );
@@ -87,16 +87,20 @@ impl History {
         let (entries, gone): (Vec<_>, Vec<_>) = entries(dir)
             .into_iter()
             .partition(|(_, l)| l.record.roots.iter().all(|r| r.is_dir()));
-        for (d, _) in gone {
-            crate::private_dir::remove_tree(&d);
+        for (_, l) in gone {
+            remove_entry(&l);
         }
         let sizes: Vec<u64> = entries.iter().map(|(d, _)| bytes_of(d)).collect();
         let mut total: u64 = sizes.iter().sum();
-        for ((d, _), size) in entries.iter().zip(&sizes) {
+        for ((_, l), size) in entries.iter().zip(&sizes) {
             if total <= self.max_bytes {
                 break;
             }
-            crate::private_dir::remove_tree(d);
+            // A rewind in progress (or cut short) finishes first.
+            if l.has(REWINDING) {
+                continue;
+            }
+            remove_entry(l);
             total -= size;
         }
     }
@@ -146,13 +150,15 @@ impl History {
         if !conflicts.is_empty() {
             return Err(Refused::Changed(conflicts));
         }
+        // Each layer whole, newest first; one that cannot be undone whole stays (marked, so
+        // the next tool tries again) and ends the rewind: the newer ones are taken back.
         let mut done = Vec::new();
         for (l, ops) in &tail {
             l.mark(REWINDING)
                 .map_err(|e| Refused::Io(l.dir.clone(), e))?;
             super::seam("rewinding");
-            promote::undo(l, ops);
-            l.remove();
+            promote::undo(l, ops).map_err(|e| Refused::Io(l.dir.clone(), e))?;
+            remove_entry(l);
             done.push((l.record.invocation_id.clone(), counts(ops)));
         }
         Ok(done)
@@ -166,12 +172,17 @@ impl History {
         for s in sessions.flatten() {
             let dir = s.path();
             let Ok(_lock) = lock(&dir) else { continue };
+            remove_trash(&dir);
             for (_, l) in entries(&dir).into_iter().rev() {
                 if l.has(REWINDING) {
-                    if let Some(ops) = promote::journal_ops(&l) {
-                        promote::undo(&l, &ops);
+                    let undone = match promote::journal_ops(&l) {
+                        Some(ops) => promote::undo(&l, &ops),
+                        None => Ok(()),
+                    };
+                    match undone {
+                        Ok(()) => remove_entry(&l),
+                        Err(e) => log::error!("finishing a rewind in {}: {e}", l.dir.display()),
                     }
-                    l.remove();
                 }
             }
         }
@@ -205,6 +216,15 @@ fn bytes_of(entry: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// What a crash left of removed layers.
+fn remove_trash(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_name().as_encoded_bytes().starts_with(b".trash-") {
+            crate::private_dir::remove_tree(&e.path());
+        }
+    }
+}
+
 /// A session's kept layers, oldest first.
 fn entries(dir: &Path) -> Vec<(PathBuf, RunLayer)> {
     let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -212,6 +232,7 @@ fn entries(dir: &Path) -> Vec<(PathBuf, RunLayer)> {
         .flatten()
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| !e.file_name().as_encoded_bytes().starts_with(b"."))
         .map(|e| e.path())
         .collect();
     names.sort();
@@ -244,9 +265,30 @@ fn make_private(dir: &Path) -> io::Result<()> {
     }
 }
 
-fn now_nanos() -> u128 {
-    std::time::SystemTime::now()
+/// When the layer was promoted (its mark's time; now, if it has none): a layer a dead host
+/// promoted and the next tool adds sorts where it was promoted, not where it was found.
+fn promoted_at(layer: &RunLayer) -> u128 {
+    std::fs::metadata(layer.dir.join(super::layer::PROMOTED))
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| std::time::SystemTime::now())
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or_default()
+}
+
+/// Removes a kept layer: renamed out of the listing first, so a crash while it is removed
+/// leaves no half layer that looks rewindable (recovery removes what is left).
+fn remove_entry(layer: &RunLayer) {
+    let trash = layer.dir.with_file_name(format!(
+        ".trash-{}",
+        layer
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
+    match std::fs::rename(&layer.dir, &trash) {
+        Ok(()) => crate::private_dir::remove_tree(&trash),
+        Err(_) => layer.remove(),
+    }
 }

@@ -274,9 +274,21 @@ impl Staging {
         options: StagingOptions,
     ) -> io::Result<Staging> {
         make_base(base)?;
-        let dir = crate::private_dir::PrivateDir::new_in(base, "tool-")?.keep();
-        let lock = crate::private_dir::lock_dir(&dir, "lock", true)?
+        // Made under a name the other tools' scan passes over, and named `tool-*` only once
+        // its lock is held: a directory without one would look dead to them.
+        let new = crate::private_dir::PrivateDir::new_in(base, ".new-")?;
+        let lock = crate::private_dir::lock_dir(new.path(), "lock", true)?
             .ok_or_else(|| io::Error::other("a new staging directory is locked already"))?;
+        let name = new
+            .path()
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix(".new-"))
+            .map(|id| format!("tool-{id}"))
+            .ok_or_else(|| io::Error::other("a new staging directory has no name"))?;
+        let dir = base.join(name);
+        std::fs::rename(new.path(), &dir)?;
+        let _ = new.keep();
         let staging = Staging {
             dir,
             _lock: lock,
@@ -290,6 +302,8 @@ impl Staging {
             recovered: Mutex::new(Vec::new()),
             busy: Mutex::new(Vec::new()),
         };
+        // Rewinds a dead host cut short first: trimming may not drop a layer half undone.
+        staging.history.recover();
         if let Ok(entries) = std::fs::read_dir(base) {
             let dirs = entries
                 .flatten()
@@ -300,7 +314,6 @@ impl Staging {
             let busy: Vec<PathBuf> = dirs.filter(|d| !staging.recover(d)).collect();
             *staging.busy.lock() = busy;
         }
-        staging.history.recover();
         Ok(staging)
     }
 

@@ -198,7 +198,8 @@ pub(crate) fn promote(
     super::seam("journaled");
     for (i, op) in set.ops.iter().enumerate() {
         if let Err(e) = apply(layer, i, op) {
-            undo(layer, &set.ops[..i]);
+            // The step's own error is the one to report; an undo's failure is logged.
+            let _ = undo(layer, &set.ops[..i]);
             let _ = std::fs::remove_file(&at);
             return Err(e);
         }
@@ -208,7 +209,7 @@ pub(crate) fn promote(
     }
     let done = layer.dir.join(layer::PROMOTED);
     layer.mark(layer::PROMOTED).map_err(|e| {
-        undo(layer, &set.ops);
+        let _ = undo(layer, &set.ops);
         let _ = std::fs::remove_file(&at);
         PromoteError::Io {
             path: done,
@@ -304,8 +305,11 @@ fn ino(p: &Path) -> Option<u64> {
 }
 
 /// Takes back each step of `ops` that was taken, last first. Each tells from the inodes
-/// whether it was: undoing twice, or a step never taken, changes nothing.
-pub(crate) fn undo(layer: &RunLayer, ops: &[Op]) {
+/// whether it was: undoing twice, or a step never taken, changes nothing. A placed file
+/// someone edited since (its modification time moved) is left as they made it. Every step
+/// is tried; the first that fails is the error.
+pub(crate) fn undo(layer: &RunLayer, ops: &[Op]) -> io::Result<()> {
+    let mut first = None;
     for (i, op) in ops.iter().enumerate().rev() {
         let r = match op {
             Op::Place {
@@ -313,10 +317,17 @@ pub(crate) fn undo(layer: &RunLayer, ops: &[Op]) {
                 rel,
                 replace,
                 ino: layer_ino,
+                mtime,
+                dir,
                 ..
             } => {
                 let (src, dst) = (layer.upper(*root).join(rel), real(layer, *root, rel));
-                if ino(&dst) != Some(*layer_ino) {
+                let Ok(now) = std::fs::symlink_metadata(&dst) else {
+                    continue;
+                };
+                // (0, 0): a journal of a version that did not record the time.
+                let edited = !*dir && *mtime != (0, 0) && (now.mtime(), now.mtime_nsec()) != *mtime;
+                if now.ino() != *layer_ino || edited {
                     continue;
                 }
                 if *replace {
@@ -354,8 +365,10 @@ pub(crate) fn undo(layer: &RunLayer, ops: &[Op]) {
         };
         if let Err(e) = r {
             log::error!("undoing a promotion step in {}: {e}", layer.dir.display());
+            first.get_or_insert(e);
         }
     }
+    first.map_or(Ok(()), Err)
 }
 
 /// The steps of a layer's journal (a promoted layer's: what taking it back undoes).
@@ -376,6 +389,9 @@ pub(crate) fn changed_since(
     ops: &[Op],
     seen: &mut std::collections::HashSet<PathBuf>,
 ) -> Vec<Conflict> {
+    let promoted = std::fs::metadata(layer.dir.join(layer::PROMOTED))
+        .and_then(|m| m.modified())
+        .ok();
     let mut out = Vec::new();
     for op in ops {
         let (root, rel) = match op {
@@ -408,9 +424,54 @@ pub(crate) fn changed_since(
                 path,
                 why: format!("{why} since the change set was promoted"),
             });
+            continue;
+        }
+        // A directory it made is taken back whole: nothing in it may be newer than it.
+        if let (Op::Place { dir: true, .. }, Some(promoted)) = (op, promoted) {
+            newer_beneath(&path, &path, promoted, seen, &mut out);
         }
     }
     out
+}
+
+/// What beneath `dir` (a directory a promotion placed) was made or edited after `promoted`,
+/// leaving out what a newer promotion answers for (`seen`, and what lies beneath it).
+/// Creation times (which renames keep) tell what someone made; modification times what
+/// someone edited; a directory's own modification time moves with what is made in it.
+fn newer_beneath(
+    top: &Path,
+    dir: &Path,
+    promoted: std::time::SystemTime,
+    seen: &std::collections::HashSet<PathBuf>,
+    out: &mut Vec<Conflict>,
+) {
+    let answered = |p: &Path| {
+        p.ancestors()
+            .take_while(|a| *a != top)
+            .any(|a| seen.contains(a))
+    };
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if answered(&p) {
+            continue;
+        }
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        let made = m.created().is_ok_and(|t| t > promoted);
+        let edited = !m.is_dir() && m.modified().is_ok_and(|t| t > promoted);
+        if made || edited {
+            out.push(Conflict {
+                path: p,
+                why: format!(
+                    "was {} since the change set that made its directory was promoted",
+                    if made { "made" } else { "changed" }
+                ),
+            });
+        } else if m.is_dir() {
+            newer_beneath(top, &p, promoted, seen, out);
+        }
+    }
 }
 
 /// What recovery does with a layer whose promotion a dead host left: finished (marked), it
@@ -426,7 +487,7 @@ pub(crate) fn recover(layer: &RunLayer) -> bool {
     };
     // A journal torn before its rename never existed: nothing was applied after it.
     if let Ok(j) = serde_json::from_slice::<Journal>(&bytes) {
-        undo(layer, &j.ops);
+        let _ = undo(layer, &j.ops);
     }
     let _ = std::fs::remove_file(&at);
     false
