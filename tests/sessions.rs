@@ -812,6 +812,21 @@ fn an_agent_killed_at_random_points_resumes_without_repeating_a_call_or_a_change
     Ok(())
 }
 
+/// Edits the log's one `session.step_completed` with `json_set(payload, <set>)`: its position.
+fn damage_step(db: &std::path::Path, set: &str) -> Result<i64, Box<dyn std::error::Error>> {
+    let conn = rusqlite::Connection::open(db)?;
+    let position = conn.query_row(
+        "SELECT position FROM events WHERE type_id = 'session.step_completed'",
+        [],
+        |r| r.get(0),
+    )?;
+    conn.execute(
+        &format!("UPDATE events SET payload = json_set(payload, {set}) WHERE position = ?1"),
+        [position],
+    )?;
+    Ok(position)
+}
+
 #[test]
 fn a_damaged_step_record_is_found_by_verify_and_refused_by_the_session() -> TestResult {
     let dir = TempDir::new("session-damaged");
@@ -824,20 +839,8 @@ fn a_damaged_step_record_is_found_by_verify_and_refused_by_the_session() -> Test
     }
     let db = dir.join("events.db");
     assert!(correx::verify_log(&db)?.problems.is_empty());
-    let position: i64 = {
-        let conn = rusqlite::Connection::open(&db)?;
-        let position = conn.query_row(
-            "SELECT position FROM events WHERE type_id = 'session.step_completed'",
-            [],
-            |r| r.get(0),
-        )?;
-        // The answer swapped for something that is not one.
-        conn.execute(
-            "UPDATE events SET payload = json_set(payload, '$.answer', 'edited') WHERE position = ?1",
-            [position],
-        )?;
-        position
-    };
+    // The answer swapped for something that is not one.
+    let position = damage_step(&db, "'$.answer', 'edited'")?;
     let report = correx::verify_log(&db)?;
     assert!(
         report
@@ -878,20 +881,7 @@ fn a_damaged_answer_is_named_by_its_records_position() -> TestResult {
         let s = rt.session("s1")?;
         s.infer("t1", &model, &ask("hello"), &none)?;
     }
-    let db = dir.join("events.db");
-    let position: i64 = {
-        let conn = rusqlite::Connection::open(&db)?;
-        let position = conn.query_row(
-            "SELECT position FROM events WHERE type_id = 'session.step_completed'",
-            [],
-            |r| r.get(0),
-        )?;
-        conn.execute(
-            "UPDATE events SET payload = json_set(payload, '$.answer.text', 5) WHERE position = ?1",
-            [position],
-        )?;
-        position
-    };
+    let position = damage_step(&dir.join("events.db"), "'$.answer.text', 5")?;
     assert!(position > 0);
     let rt = runtime(dir.path())?;
     match rt

@@ -7,7 +7,7 @@
 //! a conflict and nothing is applied. A host killed at any point of a run or a promote leaves
 //! the tree in one of its two states, and the next tool on the base leaves no layer behind.
 
-use crate::util::{child_test, is_child, TempDir};
+use crate::util::{child_test, is_child, write_wheel, TempDir};
 use correx::{EventStore, SessionId, ShellOptions, ShellTool, Tool, ToolRequest, ToolResult};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -207,25 +207,6 @@ fn project(tag: &str) -> Result<Project, Box<dyn std::error::Error>> {
     std::os::unix::fs::symlink("a", w("link"))?;
     std::fs::write(w("notes.txt"), "one\ntwo\nthree\n")?;
     Ok(Project { _dir: dir, work })
-}
-
-fn write_wheel(dir: &Path) -> TestResult {
-    let script = format!(
-        r#"
-import zipfile
-with zipfile.ZipFile("{}/tinypkg-1.0-py3-none-any.whl", "w") as z:
-    z.writestr("tinypkg.py", "X = 1\n")
-    z.writestr("tinypkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
-    z.writestr("tinypkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-    z.writestr("tinypkg-1.0.dist-info/RECORD", "")
-"#,
-        dir.display()
-    );
-    let out = std::process::Command::new("python3")
-        .args(["-c", &script])
-        .output()?;
-    assert!(out.status.success(), "{out:?}");
-    Ok(())
 }
 
 /// What each program does to the project, as one shell script run in the working dir.

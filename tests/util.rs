@@ -336,3 +336,23 @@ pub fn open_log(
 ) -> Result<std::sync::Arc<correx::EventLog>, correx::EventStoreError> {
     correx::EventLog::open(location, correx::StoreOptions::default()).map(std::sync::Arc::new)
 }
+
+/// A wheel pip can download from a local index: one module, its metadata and record.
+pub fn write_wheel(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let script = format!(
+        r#"
+import zipfile
+with zipfile.ZipFile("{}/tinypkg-1.0-py3-none-any.whl", "w") as z:
+    z.writestr("tinypkg.py", "X = 1\n")
+    z.writestr("tinypkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
+    z.writestr("tinypkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    z.writestr("tinypkg-1.0.dist-info/RECORD", "")
+"#,
+        dir.display()
+    );
+    let out = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .output()?;
+    assert!(out.status.success(), "{out:?}");
+    Ok(())
+}

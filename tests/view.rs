@@ -4,7 +4,7 @@
 //! run's own processes; concurrent runs each have their own temp directory. Each check that
 //! the view is what makes it so runs again with the view turned off (a test hook), and fails.
 
-use crate::util::{child_test, is_child, TempDir};
+use crate::util::{child_test, is_child, write_wheel, TempDir};
 use correx::{SessionId, ShellOptions, ShellTool, Tool, ToolExecutor, ToolRequest, ToolResult};
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
@@ -124,26 +124,6 @@ fn unprivileged_child() {
 }
 
 // ------------------------------------------------------------------ real programs
-
-/// A wheel pip can download from a local index: one module, its metadata and record.
-fn write_wheel(dir: &Path) -> TestResult {
-    let script = format!(
-        r#"
-import zipfile
-with zipfile.ZipFile("{}/tinypkg-1.0-py3-none-any.whl", "w") as z:
-    z.writestr("tinypkg.py", "X = 1\n")
-    z.writestr("tinypkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
-    z.writestr("tinypkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-    z.writestr("tinypkg-1.0.dist-info/RECORD", "")
-"#,
-        dir.display()
-    );
-    let out = std::process::Command::new("python3")
-        .args(["-c", &script])
-        .output()?;
-    assert!(out.status.success(), "{out:?}");
-    Ok(())
-}
 
 fn real_programs() -> TestResult {
     let p = project("view-programs")?;

@@ -199,11 +199,7 @@ impl Walk<'_> {
 
     /// A directory of both trees: what its upper side holds, entry by entry.
     fn merged(&mut self, rel: &Path) -> io::Result<()> {
-        let mut names: Vec<_> = std::fs::read_dir(self.upper.join(rel))?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()?;
-        names.sort();
-        for name in names {
+        for name in sorted_names(&self.upper.join(rel))? {
             let rel = rel.join(&name);
             let up = std::fs::symlink_metadata(self.upper.join(&rel))?;
             let low = lstat_opt(&self.real.join(&rel))?;
@@ -310,11 +306,7 @@ impl Walk<'_> {
 
     /// Every path beneath a new directory of the layer, as added.
     fn added_beneath(&mut self, rel: &Path) -> io::Result<()> {
-        let mut names: Vec<_> = std::fs::read_dir(self.upper.join(rel))?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()?;
-        names.sort();
-        for name in names {
+        for name in sorted_names(&self.upper.join(rel))? {
             let rel = rel.join(&name);
             let up = std::fs::symlink_metadata(self.upper.join(&rel))?;
             match EntryType::of(&up) {
@@ -407,6 +399,15 @@ fn change_at(path: PathBuf, kind: ChangeKind, m: &Metadata, at: &Path) -> Change
         },
         before_mode: None,
     }
+}
+
+/// The names in `dir`, sorted (a change set lists paths in tree order).
+fn sorted_names(dir: &Path) -> io::Result<Vec<std::ffi::OsString>> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()?;
+    names.sort();
+    Ok(names)
 }
 
 fn lstat_opt(p: &Path) -> io::Result<Option<Metadata>> {

@@ -83,15 +83,7 @@ impl std::fmt::Display for WorkspaceError {
             ),
             WorkspaceError::ChangedSince { conflicts } => {
                 write!(f, "not rewound: the real tree changed since: ")?;
-                for (i, c) in conflicts.iter().take(10).enumerate() {
-                    if i > 0 {
-                        write!(f, "; ")?;
-                    }
-                    write!(f, "{} {}", c.path.display(), c.why)?;
-                }
-                if conflicts.len() > 10 {
-                    write!(f, "; and {} more", conflicts.len() - 10)?;
-                }
+                promote::write_conflicts(f, conflicts)?;
                 write!(f, " (nothing was changed)")
             }
         }

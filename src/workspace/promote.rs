@@ -50,15 +50,7 @@ impl std::fmt::Display for PromoteError {
         match self {
             PromoteError::Conflict { conflicts } => {
                 write!(f, "not promoted: the real tree changed beneath the run: ")?;
-                for (i, c) in conflicts.iter().take(10).enumerate() {
-                    if i > 0 {
-                        write!(f, "; ")?;
-                    }
-                    write!(f, "{} {}", c.path.display(), c.why)?;
-                }
-                if conflicts.len() > 10 {
-                    write!(f, "; and {} more", conflicts.len() - 10)?;
-                }
+                write_conflicts(f, conflicts)?;
                 write!(f, " (nothing was applied)")
             }
             PromoteError::CrossDevice { root } => write!(
@@ -74,6 +66,23 @@ impl std::fmt::Display for PromoteError {
             ),
         }
     }
+}
+
+/// `conflicts` in a message: the first ten, and how many more.
+pub(crate) fn write_conflicts(
+    f: &mut std::fmt::Formatter<'_>,
+    conflicts: &[Conflict],
+) -> std::fmt::Result {
+    for (i, c) in conflicts.iter().take(10).enumerate() {
+        if i > 0 {
+            write!(f, "; ")?;
+        }
+        write!(f, "{} {}", c.path.display(), c.why)?;
+    }
+    if conflicts.len() > 10 {
+        write!(f, "; and {} more", conflicts.len() - 10)?;
+    }
+    Ok(())
 }
 
 impl std::error::Error for PromoteError {}
