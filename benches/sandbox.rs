@@ -105,6 +105,8 @@ fn two_appends(store: &SqliteEventStore, stream: &str, between: impl FnOnce()) {
             decided_by: "auto up to T2".into(),
             wait_ms: 0,
             reason: None,
+            answers_request: false,
+            identity: None,
         },
         DomainEvent::ToolExecutionStarted {
             session_id: session_id.clone(),

@@ -43,7 +43,7 @@
 //!   [`SandboxedToolExecutor`].
 //! - **Services**: background jobs ([`JobTable`]) and MCP servers ([`McpHub`]).
 //! - **Approvals**: [`ApprovalEngine`], [`AutoApprove`], [`CallbackApprover`],
-//!   [`ApprovalPolicy`].
+//!   [`ApprovalPolicy`]; durable requests any process decides: [`Approvals`], [`DeferAll`].
 //! - **Observability**: [`LogMetrics`] (Prometheus text) and [`OtlpExporter`].
 //! - **C and Java hosts**: [`ffi`], the `extern "C"` API of `include/correx.h`.
 
@@ -73,9 +73,10 @@ mod tools;
 mod workspace;
 
 pub use approvals::{
-    ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalMode, ApprovalPolicy,
-    ApprovalRequest, ApprovalRule, ApprovalsConfig, AutoApprove, CallbackApprover, Decided,
-    DenyAll, EngineChoice, RuleAction,
+    ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalError, ApprovalMode, ApprovalPolicy,
+    ApprovalRecord, ApprovalRequest, ApprovalRule, Approvals, ApprovalsConfig, AutoApprove,
+    CallbackApprover, Decided, DeferAll, DenyAll, EngineChoice, RecordedDecision, RuleAction,
+    Settled, MAX_IDENTITY,
 };
 pub use cancel::CancelToken;
 /// The layers of an [`AppliedPolicy`]: how a run was confined, as recorded.

@@ -56,6 +56,8 @@ fn write_log(path: &std::path::Path) -> Result<SqliteEventStore, Box<dyn std::er
             decided_by: "host".into(),
             wait_ms: 40,
             reason: None,
+            answers_request: false,
+            identity: None,
         },
         "session-s1",
     )?;

@@ -103,6 +103,8 @@ fn every_domain_event() -> Vec<DomainEvent> {
             decided_by: "rule: shell [\"rm\"] forbid".into(),
             wait_ms: 0,
             reason: Some("forbidden".into()),
+            answers_request: false,
+            identity: None,
         },
         DomainEvent::ToolExecutionStarted {
             session_id: "s".into(),

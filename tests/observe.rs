@@ -133,6 +133,8 @@ fn write_log(store: &dyn correx::EventStore) -> TestResult {
                 decided_by: "host".into(),
                 wait_ms,
                 reason: None,
+                answers_request: false,
+                identity: None,
             },
             "session-s1",
         )?;

@@ -5,6 +5,7 @@ mod stub;
 mod tools_util;
 mod util;
 
+mod approvals;
 mod cli;
 mod confined;
 mod docs;

@@ -16,6 +16,9 @@ pub enum EngineChoice {
     Auto,
     /// Deny everything that needs approval.
     Deny,
+    /// Record every request the rules leave open (`tool.approval_requested`) for a decision
+    /// from any process, later ([`super::Approvals::decide`], `correx approvals decide`).
+    Durable,
 }
 
 /// How approvals are decided (config `approvals`).
@@ -29,6 +32,9 @@ pub struct ApprovalsConfig {
     pub max_tier: Tier,
     /// Rules checked before the engine.
     pub rules: Vec<ApprovalRule>,
+    /// A durable request not decided within this many seconds is `expired` (denied); none:
+    /// it waits until decided.
+    pub deadline_secs: Option<u64>,
 }
 
 impl Default for ApprovalsConfig {
@@ -37,12 +43,18 @@ impl Default for ApprovalsConfig {
             engine: EngineChoice::Callback,
             max_tier: Tier::T2,
             rules: Vec::new(),
+            deadline_secs: None,
         }
     }
 }
 
 impl Section for ApprovalsConfig {
     fn validate(&self) -> Result<(), ConfigError> {
+        settings::check(
+            self.deadline_secs.is_none_or(|d| d > 0),
+            "deadline_secs",
+            "must be above 0; leave it out for requests that wait until decided",
+        )?;
         for (i, rule) in self.rules.iter().enumerate() {
             let at = |e: ConfigError| e.under(&format!("rules[{i}]"));
             settings::check(

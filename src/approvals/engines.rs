@@ -46,6 +46,26 @@ impl ApprovalEngine for DenyAll {
     }
 }
 
+/// Defers every request to a durable decision: each waits in the log
+/// (`tool.approval_requested`) until a process decides it through [`super::Approvals`] (the
+/// CLI's `correx approvals decide`, the C or Java call), or its deadline passes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeferAll;
+
+impl ApprovalEngine for DeferAll {
+    fn evaluate(&self, _request: &ApprovalRequest, _context: &ApprovalContext) -> ApprovalDecision {
+        ApprovalDecision::Deferred
+    }
+
+    fn name(&self) -> String {
+        "durable".into()
+    }
+
+    fn defers(&self) -> bool {
+        true
+    }
+}
+
 /// The host's own answer, as a boxed closure.
 type ApproverFn = dyn Fn(&ApprovalRequest, &ApprovalContext) -> Result<ApprovalDecision, String>
     + Send
@@ -56,6 +76,7 @@ type ApproverFn = dyn Fn(&ApprovalRequest, &ApprovalContext) -> Result<ApprovalD
 /// a panic inside the callback denies.
 pub struct CallbackApprover {
     callback: Box<ApproverFn>,
+    defers: bool,
 }
 
 impl CallbackApprover {
@@ -64,7 +85,7 @@ impl CallbackApprover {
     where
         F: Fn(&ApprovalRequest, &ApprovalContext) -> Result<bool, String> + Send + Sync + 'static,
     {
-        Self::with_answer(move |r, c| {
+        let mut engine = Self::with_answer(move |r, c| {
             callback(r, c).map(|yes| {
                 if yes {
                     ApprovalDecision::Approved
@@ -75,10 +96,15 @@ impl CallbackApprover {
                     ))
                 }
             })
-        })
+        });
+        // A yes-or-no callback never defers.
+        engine.defers = false;
+        engine
     }
 
-    /// Wraps `callback`, which answers with a decision (so it can approve for the session).
+    /// Wraps `callback`, which answers with a decision (so it can approve for the session,
+    /// or defer: [`ApprovalDecision::Deferred`] records the request for a durable decision,
+    /// and a request recorded earlier is answered from the log before the callback is asked).
     pub fn with_answer<F>(callback: F) -> Self
     where
         F: Fn(&ApprovalRequest, &ApprovalContext) -> Result<ApprovalDecision, String>
@@ -88,6 +114,7 @@ impl CallbackApprover {
     {
         CallbackApprover {
             callback: Box::new(callback),
+            defers: true,
         }
     }
 }
@@ -115,6 +142,10 @@ impl ApprovalEngine for CallbackApprover {
 
     fn name(&self) -> String {
         "host".into()
+    }
+
+    fn defers(&self) -> bool {
+        self.defers
     }
 }
 

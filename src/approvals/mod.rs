@@ -14,12 +14,18 @@
 //! ```
 
 mod config;
+mod durable;
 mod engines;
+mod ledger;
 mod policy;
 
 pub use config::{ApprovalsConfig, EngineChoice};
-pub use engines::{AutoApprove, CallbackApprover, DenyAll};
-pub use policy::{ApprovalPolicy, ApprovalRule, Decided, RuleAction};
+pub(crate) use durable::{decision_event, expired_reason};
+pub use durable::{ApprovalError, Approvals, MAX_IDENTITY};
+pub use engines::{AutoApprove, CallbackApprover, DeferAll, DenyAll};
+pub(crate) use ledger::{now_ms, Ledger};
+pub use ledger::{ApprovalRecord, RecordedDecision};
+pub use policy::{ApprovalPolicy, ApprovalRule, Decided, RuleAction, Settled};
 
 use crate::ids::{SessionId, StageId};
 use crate::tools::{Tier, ToolRequest};
@@ -110,6 +116,10 @@ pub enum ApprovalDecision {
         /// Why, for the event log and the model.
         reason: String,
     },
+    /// No answer now: the request is recorded (`tool.approval_requested`) and waits for a
+    /// decision from any process ([`Approvals::decide`]); the run starts when asked for again
+    /// after an approval. Only an engine answers this; the tool does not run.
+    Deferred,
 }
 
 impl ApprovalDecision {
@@ -128,12 +138,13 @@ impl ApprovalDecision {
         )
     }
 
-    /// How the log names it: `approved`, `approved_for_session` or `denied`.
+    /// How the log names it: `approved`, `approved_for_session`, `denied` or `deferred`.
     pub fn as_str(&self) -> &'static str {
         match self {
             ApprovalDecision::Approved => "approved",
             ApprovalDecision::ApprovedForSession => "approved_for_session",
             ApprovalDecision::Denied { .. } => "denied",
+            ApprovalDecision::Deferred => "deferred",
         }
     }
 }
@@ -146,5 +157,12 @@ pub trait ApprovalEngine: Send + Sync {
     /// How the log names this engine in `tool.approval_decided`'s `decided_by`.
     fn name(&self) -> String {
         "engine".into()
+    }
+
+    /// Whether it may answer [`ApprovalDecision::Deferred`]: then a request recorded earlier
+    /// is looked up (and its decision used) before the engine is asked again. An engine that
+    /// never defers is asked at once.
+    fn defers(&self) -> bool {
+        false
     }
 }

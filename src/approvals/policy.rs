@@ -86,6 +86,20 @@ pub struct Decided {
     pub wait_ms: u64,
 }
 
+/// What the rules and a session's earlier answers say of a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// It needs no decision (a T0 or T1 tool no rule names).
+    NotNeeded,
+    /// A rule or an earlier answer decided it.
+    Decided(Decided),
+    /// The engine decides: `asked_by` says why (`tier T2`, or the `ask` rule).
+    Ask {
+        /// Why it needs a decision.
+        asked_by: String,
+    },
+}
+
 /// A session's standing approval of a tool and argv prefix.
 #[derive(Clone, Debug)]
 struct Grant {
@@ -98,6 +112,7 @@ pub struct ApprovalPolicy {
     rules: Vec<ApprovalRule>,
     engine: std::sync::Arc<dyn ApprovalEngine>,
     grants: Mutex<HashMap<String, Vec<Grant>>>,
+    deadline: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for ApprovalPolicy {
@@ -116,65 +131,103 @@ impl ApprovalPolicy {
             rules,
             engine,
             grants: Mutex::new(HashMap::new()),
+            deadline: None,
         }
     }
 
+    /// As this policy, with durable requests expiring `deadline` after they are recorded.
+    pub fn with_deadline(mut self, deadline: Option<std::time::Duration>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// How long a durable request waits before it expires; none: until decided.
+    pub fn deadline(&self) -> Option<std::time::Duration> {
+        self.deadline
+    }
+
     /// Decides `request`; `None` when it needs no decision (a T0 or T1 tool no rule names).
-    /// May block while the engine asks a person.
+    /// May block while the engine asks a person. An engine's
+    /// [`ApprovalDecision::Deferred`] is returned as is (the caller records the request).
     pub fn decide(&self, request: &ApprovalRequest, context: &ApprovalContext) -> Option<Decided> {
+        match self.settle(request, context) {
+            Settled::NotNeeded => None,
+            Settled::Decided(d) => Some(d),
+            Settled::Ask { .. } => Some(self.ask(request, context)),
+        }
+    }
+
+    /// What the rules and the session's earlier answers say of `request`, without asking the
+    /// engine (steps 1, 2 and 4 of the order above).
+    pub fn settle(&self, request: &ApprovalRequest, context: &ApprovalContext) -> Settled {
         let strictest = self
             .rules
             .iter()
             .filter(|r| r.matches(request))
             .max_by_key(|r| r.action);
+        let described = || strictest.map(|r| r.describe()).unwrap_or_default();
         let by_rule = |decision| {
-            Some(Decided {
+            Settled::Decided(Decided {
                 decision,
-                decided_by: format!(
-                    "rule: {}",
-                    strictest.map(|r| r.describe()).unwrap_or_default()
-                ),
+                decided_by: format!("rule: {}", described()),
                 wait_ms: 0,
             })
         };
-        match strictest.map(|r| r.action) {
+        let asked_by = match strictest.map(|r| r.action) {
             Some(RuleAction::Forbid) => {
                 return by_rule(ApprovalDecision::denied(format!(
                     "{} is forbidden by the policy rule {}",
                     request.tool_name,
-                    strictest.map(|r| r.describe()).unwrap_or_default()
+                    described()
                 )))
             }
             Some(RuleAction::Allow) => return by_rule(ApprovalDecision::Approved),
-            Some(RuleAction::Ask) => {}
-            None if !request.tier.needs_approval() => return None,
-            None => {}
-        }
+            Some(RuleAction::Ask) => format!("rule: {}", described()),
+            None if !request.tier.needs_approval() => return Settled::NotNeeded,
+            None => format!("tier {}", request.tier),
+        };
         if self.granted(request, context) {
-            return Some(Decided {
+            return Settled::Decided(Decided {
                 decision: ApprovalDecision::Approved,
                 decided_by: "session".into(),
                 wait_ms: 0,
             });
         }
+        Settled::Ask { asked_by }
+    }
+
+    /// Asks the engine (step 3); an answer [`ApprovalDecision::ApprovedForSession`] is
+    /// remembered. May block while the engine asks a person.
+    pub fn ask(&self, request: &ApprovalRequest, context: &ApprovalContext) -> Decided {
         let started = Instant::now();
         let decision = self.engine.evaluate(request, context);
         let wait_ms = started.elapsed().as_millis() as u64;
         if decision == ApprovalDecision::ApprovedForSession {
-            self.grants
-                .lock()
-                .entry(context.session_id.to_string())
-                .or_default()
-                .push(Grant {
-                    tool: request.tool_name.clone(),
-                    argv_prefix: request.argv.clone(),
-                });
+            self.remember(request, context);
         }
-        Some(Decided {
+        Decided {
             decision,
             decided_by: self.engine.name(),
             wait_ms,
-        })
+        }
+    }
+
+    /// Remembers `request` as approved for the rest of its session (a durable decision
+    /// `approved_for_session` found in the log).
+    pub fn remember(&self, request: &ApprovalRequest, context: &ApprovalContext) {
+        self.grants
+            .lock()
+            .entry(context.session_id.to_string())
+            .or_default()
+            .push(Grant {
+                tool: request.tool_name.clone(),
+                argv_prefix: request.argv.clone(),
+            });
+    }
+
+    /// Whether the engine may defer (see [`ApprovalEngine::defers`]).
+    pub fn engine_defers(&self) -> bool {
+        self.engine.defers()
     }
 
     fn granted(&self, request: &ApprovalRequest, context: &ApprovalContext) -> bool {

@@ -100,9 +100,41 @@ pub enum DomainEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         port: Option<u16>,
     },
+    /// A tool run needs a decision that no rule, earlier session answer or engine gave at
+    /// once: it waits, as this record, for a decision from any process (a
+    /// `tool.approval_decided` with `answers_request`). The run starts when it is asked for
+    /// again after an approving decision; it never starts on its own.
+    #[serde(rename = "tool.approval_requested")]
+    ToolApprovalRequested {
+        /// The session.
+        session_id: String,
+        /// The invocation: the request's id (what a decision names).
+        invocation_id: String,
+        /// The tool.
+        tool_name: String,
+        /// The tool's tier, 0..=3.
+        tier: i32,
+        /// The request's parameters, as the approver would see them.
+        parameters: serde_json::Value,
+        /// The command line, for a tool that takes one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        argv: Option<Vec<String>>,
+        /// Every path the tool may change.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        paths: Vec<String>,
+        /// Why it needs a decision: `tier T2`, or the rule that asks (`rule: shell ["git"] ask`).
+        asked_by: String,
+        /// Who deferred it to a durable decision: the engine's name.
+        engine: String,
+        /// After this instant (milliseconds since the Unix epoch) the request is `expired`
+        /// (denied), decided by whoever reads it next; none: it waits until decided.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline_ms: Option<i64>,
+    },
     /// A policy rule, an earlier session answer or the approval engine decided whether a tool
     /// invocation may run; appended in one transaction with the start or the rejection it led
-    /// to.
+    /// to — or, for a decision on a `tool.approval_requested` (`answers_request`), alone, by
+    /// the process that decided.
     #[serde(rename = "tool.approval_decided")]
     ToolApprovalDecided {
         /// The session.
@@ -123,6 +155,13 @@ pub enum DomainEvent {
         /// A denial's reason.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        /// It decides the invocation's `tool.approval_requested` (`decision` may then be
+        /// `expired`, by `deadline`): the run has not started.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        answers_request: bool,
+        /// Who decided, as the host named them (a person, a service).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        identity: Option<String>,
     },
     /// A tool invocation passed approval and is about to run.
     #[serde(rename = "tool.execution_started")]
@@ -511,6 +550,7 @@ type_ids! {
     ModelLoaded => "model.loaded",
     ModelUnloaded => "model.unloaded",
     ModelEndpointFailover => "model.endpoint_failover",
+    ToolApprovalRequested => "tool.approval_requested",
     ToolApprovalDecided => "tool.approval_decided",
     ToolExecutionStarted => "tool.execution_started",
     ToolExecutionCompleted => "tool.execution_completed",
@@ -545,7 +585,8 @@ impl DomainEvent {
             | DomainEvent::ModelEndpointFailover { .. }
             | DomainEvent::ModelUnloaded { .. }
             | DomainEvent::InferenceCompleted { .. } => self.model_summary(),
-            DomainEvent::ToolApprovalDecided { .. }
+            DomainEvent::ToolApprovalRequested { .. }
+            | DomainEvent::ToolApprovalDecided { .. }
             | DomainEvent::ToolExecutionStarted { .. }
             | DomainEvent::ToolExecutionRejected { .. } => self.tool_start_summary(),
             DomainEvent::ToolExecutionCompleted { .. }
@@ -597,6 +638,32 @@ impl DomainEvent {
     /// [`DomainEvent::summary`] of a tool run's approval, start or rejection.
     fn tool_start_summary(&self) -> String {
         match self {
+            DomainEvent::ToolApprovalRequested {
+                tool_name,
+                tier,
+                invocation_id,
+                asked_by,
+                ..
+            } => {
+                format!("{tool_name} (T{tier}) waits for a decision ({asked_by}), request {invocation_id}")
+            }
+            DomainEvent::ToolApprovalDecided {
+                tool_name,
+                tier,
+                decision,
+                decided_by,
+                wait_ms,
+                invocation_id,
+                answers_request: true,
+                identity,
+                ..
+            } => {
+                let who = identity
+                    .as_deref()
+                    .map(|i| format!(" ({i})"))
+                    .unwrap_or_default();
+                format!("{tool_name} (T{tier}) request {invocation_id} {decision} by {decided_by}{who} after {wait_ms} ms")
+            }
             DomainEvent::ToolApprovalDecided {
                 tool_name,
                 tier,

@@ -113,6 +113,8 @@ impl LogMetrics {
             | DomainEvent::McpServerStarted { .. }
             | DomainEvent::McpServerExited { .. }
             | DomainEvent::ToolProgress { .. }
+            // Its decision is counted, with the time it waited.
+            | DomainEvent::ToolApprovalRequested { .. }
             | DomainEvent::SessionStepStarted { .. } => {}
         }
     }

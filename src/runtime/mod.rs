@@ -5,7 +5,9 @@ mod config;
 
 pub use config::{RuntimeConfig, CONFIG_VERSION};
 
-use crate::approvals::{ApprovalEngine, ApprovalPolicy, AutoApprove, DenyAll, EngineChoice};
+use crate::approvals::{
+    ApprovalEngine, ApprovalPolicy, Approvals, AutoApprove, DeferAll, DenyAll, EngineChoice,
+};
 use crate::domain::DomainEvent;
 use crate::events::ExpectedVersion;
 use crate::events::{EventLog, EventStore, EventStoreError, SealError, SealWriter, StoreOptions};
@@ -231,11 +233,17 @@ impl Runtime {
             EngineChoice::Callback => approvals,
             EngineChoice::Auto => Arc::new(AutoApprove::up_to(config.approvals.max_tier)),
             EngineChoice::Deny => Arc::new(DenyAll),
+            EngineChoice::Durable => Arc::new(DeferAll),
         };
         let executor = SandboxedToolExecutor::with_policy(
             Arc::new(DispatchingToolExecutor::new(registry.clone())),
             registry,
-            ApprovalPolicy::new(config.approvals.rules.clone(), engine),
+            ApprovalPolicy::new(config.approvals.rules.clone(), engine).with_deadline(
+                config
+                    .approvals
+                    .deadline_secs
+                    .map(std::time::Duration::from_secs),
+            ),
             store.clone(),
             work_root,
         )
@@ -276,6 +284,13 @@ impl Runtime {
     /// runtime is dropped, at the latest.
     pub fn jobs(&self) -> &Arc<JobTable> {
         &self.jobs
+    }
+
+    /// The durable approval requests of the log: list them, decide them (any process may;
+    /// the first decision wins). A step whose run waits for one returns
+    /// [`SessionError::Pending`] until then.
+    pub fn approvals(&self) -> &Approvals {
+        self.executor.approvals()
     }
 
     /// The MCP servers of the config (`mcp_servers`).

@@ -21,7 +21,10 @@ mod backup;
 mod journal;
 mod legacy;
 
-use crate::approvals::{ApprovalContext, ApprovalEngine, ApprovalPolicy, ApprovalRequest};
+use crate::approvals::{
+    expired_reason, now_ms, ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalError,
+    ApprovalPolicy, ApprovalRecord, ApprovalRequest, Approvals, Decided, Settled,
+};
 use crate::cancel::CancelToken;
 use crate::confine::AppliedPolicy;
 pub use crate::domain::session_stream;
@@ -107,6 +110,8 @@ pub struct SandboxedToolExecutor {
     work_root: PathBuf,
     journals: Journals,
     root_fds: backup::RootFds,
+    /// The durable approval requests of the log, read when the engine may defer.
+    approvals: Approvals,
     locks: Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
     recovered: Vec<Recovered>,
 }
@@ -177,6 +182,8 @@ fn run_state(
                 ) => closed = true,
                 Some(
                     EventType::ToolApprovalDecided
+                    // A request waits for a decision: the run has not started.
+                    | EventType::ToolApprovalRequested
                     | EventType::ToolNetworkDenied
                     // A change set, appended before the run's outcome (which closes it).
                     | EventType::WorkspaceStaged
@@ -203,6 +210,25 @@ fn run_state(
         from = last + 1;
     }
     Ok((tool, version, closed))
+}
+
+/// The result of a run that waits for a durable decision on `record`: nothing ran.
+fn pending_result(id: &ToolInvocationId, record: &ApprovalRecord) -> ToolResult {
+    ToolResult::failure_of(
+        id,
+        ToolErrorKind::Pending,
+        format!(
+            "waiting for approval: request {} of session {} needs a decision (`correx approvals \
+             decide`); ask for the run again after it",
+            record.request_id, record.session_id
+        ),
+        Recoverable::Yes,
+    )
+    .with_data(serde_json::json!({"approval": {
+        "request_id": record.request_id,
+        "state": "pending",
+        "deadline_ms": record.deadline_ms,
+    }}))
 }
 
 /// Drops a recovered run's backups without restoring them.
@@ -322,6 +348,7 @@ impl SandboxedToolExecutor {
                 path: work_root.clone(),
                 source,
             })?;
+        let events_for_approvals = events.clone();
         let journals = Journals::create(&work_root).map_err(|source| SandboxError::WorkRoot {
             path: work_root.clone(),
             source,
@@ -334,6 +361,7 @@ impl SandboxedToolExecutor {
             work_root,
             journals,
             root_fds: backup::RootFds::default(),
+            approvals: Approvals::new(events_for_approvals),
             locks: Mutex::new(HashMap::new()),
             recovered: Vec::new(),
         };
@@ -552,23 +580,41 @@ impl SandboxedToolExecutor {
             ));
         }
         let ask = ApprovalRequest::new(request, tool.tier(), paths.to_vec());
-        let decided = self.policy.decide(&ask, context);
-        let decided_event = decided.as_ref().map(|d| DomainEvent::ToolApprovalDecided {
-            session_id: log.session_id.clone(),
-            invocation_id: log.invocation_id.clone(),
-            tool_name: log.tool_name.clone(),
-            tier: log.tier,
-            decision: d.decision.as_str().to_owned(),
-            decided_by: d.decided_by.clone(),
-            wait_ms: d.wait_ms,
-            reason: match &d.decision {
-                crate::approvals::ApprovalDecision::Denied { reason } => Some(reason.clone()),
-                _ => None,
+        // `recorded`: the decision is in the log already (a durable one), not to record again.
+        let (decided, recorded) = match self.policy.settle(&ask, context) {
+            Settled::NotNeeded => (None, false),
+            Settled::Decided(d) => (Some(d), false),
+            Settled::Ask { asked_by } => match self.durable_decision(&ask, context, log)? {
+                Some(d) => (Some(d), true),
+                None => {
+                    let d = self.policy.ask(&ask, context);
+                    if d.decision == ApprovalDecision::Deferred {
+                        return Err(self.defer(&ask, asked_by, &d.decided_by, log));
+                    }
+                    (Some(d), false)
+                }
             },
-        });
-        if let Some(crate::approvals::ApprovalDecision::Denied { reason }) =
-            decided.as_ref().map(|d| &d.decision)
-        {
+        };
+        let decided_event =
+            decided
+                .as_ref()
+                .filter(|_| !recorded)
+                .map(|d| DomainEvent::ToolApprovalDecided {
+                    session_id: log.session_id.clone(),
+                    invocation_id: log.invocation_id.clone(),
+                    tool_name: log.tool_name.clone(),
+                    tier: log.tier,
+                    decision: d.decision.as_str().to_owned(),
+                    decided_by: d.decided_by.clone(),
+                    wait_ms: d.wait_ms,
+                    reason: match &d.decision {
+                        ApprovalDecision::Denied { reason } => Some(reason.clone()),
+                        _ => None,
+                    },
+                    answers_request: false,
+                    identity: None,
+                });
+        if let Some(ApprovalDecision::Denied { reason }) = decided.as_ref().map(|d| &d.decision) {
             let shown = format!("not approved: {reason}");
             return Err(log.reject(
                 decided_event,
@@ -588,6 +634,109 @@ impl SandboxedToolExecutor {
             ));
         }
         Ok(decided_event)
+    }
+
+    /// The decision a durable request of this run holds, when the engine may defer and the
+    /// run was asked about before: `None` when there is no request (ask the engine); a
+    /// request that still waits is `Pending` (an overdue one is recorded `expired` first).
+    fn durable_decision(
+        &self,
+        ask: &ApprovalRequest,
+        context: &ApprovalContext,
+        log: &RunLog<'_>,
+    ) -> Result<Option<Decided>, ToolResult> {
+        if !self.policy.engine_defers() {
+            return Ok(None);
+        }
+        let unreadable = |e: ApprovalError| {
+            ToolResult::failure_of(
+                log.id,
+                ToolErrorKind::Io,
+                format!("the run's approval request cannot be read from the log: {e}"),
+                Recoverable::Yes,
+            )
+        };
+        let Some(mut record) = self
+            .approvals
+            .get(&log.session_id, &log.invocation_id)
+            .map_err(unreadable)?
+        else {
+            return Ok(None);
+        };
+        if record.overdue(now_ms()) {
+            match self.approvals.expire(&log.session_id, &log.invocation_id) {
+                Ok(_)
+                | Err(ApprovalError::Expired { .. } | ApprovalError::AlreadyDecided { .. }) => {}
+                Err(e) => return Err(unreadable(e)),
+            }
+            record = self
+                .approvals
+                .get(&log.session_id, &log.invocation_id)
+                .map_err(unreadable)?
+                .unwrap_or(record);
+        }
+        let Some(d) = record.decision.clone() else {
+            return Err(pending_result(log.id, &record));
+        };
+        let decision = match d.decision.as_str() {
+            "approved" => ApprovalDecision::Approved,
+            "approved_for_session" => {
+                self.policy.remember(ask, context);
+                ApprovalDecision::ApprovedForSession
+            }
+            "expired" => ApprovalDecision::denied(expired_reason(&record)),
+            _ => ApprovalDecision::denied(d.reason.clone().unwrap_or_else(|| {
+                let who = d.identity.as_deref().unwrap_or(&d.decided_by);
+                format!("{} denied by {who}", record.tool_name)
+            })),
+        };
+        Ok(Some(Decided {
+            decision,
+            decided_by: d.decided_by,
+            wait_ms: 0,
+        }))
+    }
+
+    /// Records the run's request for a durable decision (the engine deferred); the `Pending`
+    /// result naming it.
+    fn defer(
+        &self,
+        ask: &ApprovalRequest,
+        asked_by: String,
+        engine: &str,
+        log: &RunLog<'_>,
+    ) -> ToolResult {
+        let deadline_ms = self
+            .policy
+            .deadline()
+            .map(|d| now_ms().saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)));
+        let event = DomainEvent::ToolApprovalRequested {
+            session_id: log.session_id.clone(),
+            invocation_id: log.invocation_id.clone(),
+            tool_name: log.tool_name.clone(),
+            tier: log.tier,
+            parameters: serde_json::Value::Object(ask.request.parameters.clone()),
+            argv: ask.argv.clone(),
+            paths: ask.paths.iter().map(|p| p.display().to_string()).collect(),
+            asked_by,
+            engine: engine.to_owned(),
+            deadline_ms,
+        };
+        match self.approvals.request(&event) {
+            Ok(record) => pending_result(log.id, &record),
+            // Not recorded, nothing waits: the run is refused, as a denial would be.
+            Err(e) => ToolResult::failure_of(
+                log.id,
+                ToolErrorKind::NotAllowed,
+                format!("not approved: the request for a decision could not be recorded: {e}"),
+                Recoverable::Yes,
+            ),
+        }
+    }
+
+    /// The durable approvals of this executor's log.
+    pub fn approvals(&self) -> &Approvals {
+        &self.approvals
     }
 
     /// The backup phase: the run's journal and the backups of `paths` it names.

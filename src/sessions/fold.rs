@@ -5,6 +5,7 @@
 //! session read once is kept current by reading only what was appended since.
 
 use super::SessionError;
+use crate::approvals::Ledger;
 use crate::domain::DomainEvent;
 use crate::events::RecordedEvent;
 use crate::inference::{ContextEntry, ContextPack, SourceType, ToolCall};
@@ -69,6 +70,8 @@ pub(super) struct Index {
     pub steps: HashMap<String, StepState>,
     /// The runs of claimed tool steps, by invocation id.
     pub runs: HashMap<String, RunSeen>,
+    /// The session's durable approval requests, by invocation id.
+    pub approvals: Ledger,
     /// The context of the last inference step, as its request gave it: what the next
     /// request's delta is taken against.
     pub context: ContextPack,
@@ -124,6 +127,13 @@ impl Index {
                 let tool = result.as_ref().zip(call_id.as_ref());
                 self.fold_step_completed(e, step, digest, answer.as_ref(), context.as_ref(), tool)?;
             }
+            // A request, or a decision on one, waits for the step to be asked for again: the
+            // run has not started.
+            DomainEvent::ToolApprovalRequested { .. }
+            | DomainEvent::ToolApprovalDecided {
+                answers_request: true,
+                ..
+            } => self.approvals.apply(e, &event),
             DomainEvent::ToolApprovalDecided { invocation_id, .. }
             | DomainEvent::ToolExecutionStarted { invocation_id, .. } => {
                 self.fold_run_started(&invocation_id);

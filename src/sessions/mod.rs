@@ -40,7 +40,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The longest step key, in bytes.
 pub const MAX_STEP_KEY: usize = 256;
@@ -74,6 +74,18 @@ pub enum SessionError {
         step: String,
         /// The run.
         invocation_id: String,
+    },
+    /// The step's tool run waits for a durable approval decision (request `request_id`, a
+    /// `tool.approval_requested` in the session's stream): nothing ran. Decide it from any
+    /// process ([`crate::Approvals::decide`], `correx approvals decide`), then call the step
+    /// again (same key, any process); the run happens once, after the decision.
+    Pending {
+        /// The key.
+        step: String,
+        /// The request that waits.
+        request_id: String,
+        /// When it expires (milliseconds since the Unix epoch); none: never.
+        deadline_ms: Option<i64>,
     },
     /// The inference failed; nothing was recorded as the step's result, and the next call
     /// with the key tries again.
@@ -116,6 +128,13 @@ impl fmt::Display for SessionError {
                 f,
                 "step {step:?}: its owner died while tool run {invocation_id} ran, and the run \
                  has no outcome yet; open a runtime on the sandbox root again to recover it"
+            ),
+            SessionError::Pending {
+                step, request_id, ..
+            } => write!(
+                f,
+                "step {step:?} waits for approval request {request_id:?} (`correx approvals \
+                 list` shows it); call the step again after a decision"
             ),
             SessionError::Inference(e) => write!(f, "inference failed: {e}"),
             SessionError::Cancelled => f.write_str("cancelled while waiting for the step"),
@@ -254,6 +273,10 @@ fn backoff(round: u32) -> Duration {
     Duration::from_millis(u64::from(round.min(25)) * 2 + 1)
 }
 
+/// How often a step waiting for an approval decision reads the log: a decision from another
+/// process starts the run within a few milliseconds (one short read per poll).
+const PENDING_POLL: Duration = Duration::from_millis(2);
+
 impl Session {
     /// Opens session `id` of `events`: reads its stream (`session-<id>`, where its tool runs
     /// are recorded too) once; later calls read only what was appended since.
@@ -328,12 +351,14 @@ impl Session {
 
     /// Finds the step's result, or claims it for this caller. `digest` is the request's;
     /// `also`, a digest an earlier version gave the same request, which a record may carry.
+    /// A step whose run waits for an approval waits for its decision until `until`.
     fn begin(
         &self,
         step: &str,
         kind: &'static str,
         (digest, also): (&str, Option<&str>),
         run: Option<(&str, Option<&str>)>,
+        until: Instant,
         cancel: &CancelToken,
     ) -> Result<Begun<'_>, SessionError> {
         check_key("step key", step)?;
@@ -363,6 +388,29 @@ impl Session {
                     continue;
                 }
                 NextTry::Claim(a) => a,
+                NextTry::Pending {
+                    request_id,
+                    deadline_ms,
+                } => {
+                    drop(ix);
+                    if cancel.is_cancelled() {
+                        return Err(SessionError::Cancelled);
+                    }
+                    if Instant::now() >= until {
+                        return Err(SessionError::Pending {
+                            step: step.to_owned(),
+                            request_id,
+                            deadline_ms,
+                        });
+                    }
+                    std::thread::sleep(PENDING_POLL.min(until - Instant::now()));
+                    continue;
+                }
+                NextTry::Expire(request_id) => {
+                    drop(ix);
+                    self.expire(&request_id)?;
+                    continue;
+                }
                 NextTry::Close {
                     attempt,
                     run: id,
@@ -531,19 +579,25 @@ impl Session {
     ) -> Result<Step<InferenceResponse>, SessionError> {
         let digest = digest::of_inference(model.id().as_str(), request);
         let legacy = digest::of_inference_without_model(request);
-        let mut guard =
-            match self.begin(step, digest::INFER, (&digest, Some(&legacy)), None, cancel)? {
-                Begun::Recorded(payload, at) => {
-                    let value = recorded_answer(&payload, at)?;
-                    replay_chunks(&value, on_chunk);
-                    return Ok(Step {
-                        value,
-                        replayed: true,
-                        attempt: attempt_of(&payload),
-                    });
-                }
-                Begun::Perform(guard) => guard,
-            };
+        let mut guard = match self.begin(
+            step,
+            digest::INFER,
+            (&digest, Some(&legacy)),
+            None,
+            Instant::now(),
+            cancel,
+        )? {
+            Begun::Recorded(payload, at) => {
+                let value = recorded_answer(&payload, at)?;
+                replay_chunks(&value, on_chunk);
+                return Ok(Step {
+                    value,
+                    replayed: true,
+                    attempt: attempt_of(&payload),
+                });
+            }
+            Begun::Perform(guard) => guard,
+        };
         let attempt = guard.attempt;
         let answer = match model.infer_stream(request, cancel, on_chunk) {
             Ok(a) => a,
@@ -613,16 +667,39 @@ impl Session {
     /// [`crate::SandboxedToolExecutor`] does (the runtime's); a run another executor left
     /// unrecorded looks never started, and runs again.
     ///
+    /// When the run needs a durable approval decision (the engine deferred), the step returns
+    /// [`SessionError::Pending`] at once; see [`Session::execute_waiting`] to wait for it.
+    ///
     /// # Errors
     /// [`SessionError::Conflict`] when the key was used for another request;
     /// [`SessionError::InvalidRequest`] for a request of another session;
-    /// [`SessionError::InDoubt`] when the run's owner died and no recovery has closed it yet.
+    /// [`SessionError::InDoubt`] when the run's owner died and no recovery has closed it yet;
+    /// [`SessionError::Pending`] while its run waits for an approval decision.
     pub fn execute(
         &self,
         step: &str,
         tools: &dyn ToolExecutor,
         request: &ToolRequest,
         call_id: Option<&str>,
+        cancel: &CancelToken,
+    ) -> Result<Step<ToolResult>, SessionError> {
+        self.execute_waiting(step, tools, request, call_id, Duration::ZERO, cancel)
+    }
+
+    /// As [`Session::execute`], waiting up to `wait` for an approval decision the run needs
+    /// (reading the log every few milliseconds; a decision from any process starts the run),
+    /// then [`SessionError::Pending`]. A request recorded by an earlier call of the step (any
+    /// process) is the one waited for: the run keeps that call's invocation id.
+    ///
+    /// # Errors
+    /// As [`Session::execute`]; [`SessionError::Cancelled`] when `cancel` ends the wait.
+    pub fn execute_waiting(
+        &self,
+        step: &str,
+        tools: &dyn ToolExecutor,
+        request: &ToolRequest,
+        call_id: Option<&str>,
+        wait: Duration,
         cancel: &CancelToken,
     ) -> Result<Step<ToolResult>, SessionError> {
         if request.session_id.as_str() != self.id {
@@ -632,34 +709,88 @@ impl Session {
                 self.id
             )));
         }
+        let until = Instant::now() + wait;
         let digest = digest::of_tool(request, call_id);
-        let run = Some((request.invocation_id.as_str(), call_id));
-        let guard = match self.begin(step, digest::TOOL, (&digest, None), run, cancel)? {
-            Begun::Recorded(payload, at) => {
-                return Ok(Step {
-                    value: recorded_result(&payload, at)?,
-                    replayed: true,
-                    attempt: attempt_of(&payload),
-                })
+        loop {
+            let request = self.asked_as(step, request)?;
+            let run = Some((request.invocation_id.as_str(), call_id));
+            let mut guard =
+                match self.begin(step, digest::TOOL, (&digest, None), run, until, cancel)? {
+                    Begun::Recorded(payload, at) => {
+                        return Ok(Step {
+                            value: recorded_result(&payload, at)?,
+                            replayed: true,
+                            attempt: attempt_of(&payload),
+                        })
+                    }
+                    Begun::Perform(guard) => guard,
+                };
+            let attempt = guard.attempt;
+            let result = tools.execute_cancellable(&request, cancel);
+            if result.error_kind() == Some(ToolErrorKind::Pending) {
+                // Nothing ran: the try ends (recorded), and the step waits for the decision.
+                guard.error = "waiting for an approval decision".into();
+                drop(guard);
+                continue;
             }
-            Begun::Perform(guard) => guard,
+            let recorded = serde_json::to_value(&result).unwrap_or(Value::Null);
+            let completed = |_: &Index| DomainEvent::SessionStepCompleted {
+                session_id: self.id.clone(),
+                step: step.to_owned(),
+                kind: digest::TOOL.into(),
+                digest: digest.clone(),
+                attempt,
+                answer: None,
+                context: None,
+                result: Some(recorded.clone()),
+                call_id: call_id.map(str::to_owned),
+                recovered: None,
+            };
+            return self.record(guard, step, completed, result, recorded_result);
+        }
+    }
+
+    /// `request` as the step's next try runs it: under the invocation id of an earlier try
+    /// that asked for an approval (the request, and its decision, belong to that id).
+    fn asked_as<'r>(
+        &self,
+        step: &str,
+        request: &'r ToolRequest,
+    ) -> Result<std::borrow::Cow<'r, ToolRequest>, SessionError> {
+        let mut ix = self.index.lock();
+        self.refresh(&mut ix)?;
+        let earlier = match ix.steps.get(step) {
+            Some(StepState::Claimed { invocation_id, .. })
+            | Some(StepState::Failed { invocation_id, .. }) => invocation_id.as_deref(),
+            _ => None,
         };
-        let attempt = guard.attempt;
-        let result = tools.execute_cancellable(request, cancel);
-        let recorded = serde_json::to_value(&result).unwrap_or(Value::Null);
-        let completed = |_: &Index| DomainEvent::SessionStepCompleted {
-            session_id: self.id.clone(),
-            step: step.to_owned(),
-            kind: digest::TOOL.into(),
-            digest: digest.clone(),
-            attempt,
-            answer: None,
-            context: None,
-            result: Some(recorded.clone()),
-            call_id: call_id.map(str::to_owned),
-            recovered: None,
-        };
-        self.record(guard, step, completed, result, recorded_result)
+        Ok(match earlier {
+            Some(id) if id != request.invocation_id.as_str() && ix.approvals.get(id).is_some() => {
+                let mut asked = request.clone();
+                asked.invocation_id = crate::ids::ToolInvocationId::from_string(id);
+                std::borrow::Cow::Owned(asked)
+            }
+            _ => std::borrow::Cow::Borrowed(request),
+        })
+    }
+
+    /// Records approval request `request_id` `expired` (its deadline passed), unless it was
+    /// decided meanwhile.
+    fn expire(&self, request_id: &str) -> Result<(), SessionError> {
+        self.append_at(|ix| {
+            let asked = ix.approvals.get(request_id)?;
+            asked.decision.is_none().then(|| {
+                crate::approvals::decision_event(
+                    asked,
+                    "expired",
+                    "deadline",
+                    Some(crate::approvals::expired_reason(asked)),
+                    None,
+                    crate::approvals::now_ms(),
+                )
+            })
+        })?;
+        Ok(())
     }
 
     /// The conversation as the log tells it: the last inference's context (its system prompt,
@@ -685,6 +816,13 @@ enum NextTry {
     Wait,
     /// This caller claims it, as this try.
     Claim(u32),
+    /// Its run waits for a decision on this approval request.
+    Pending {
+        request_id: String,
+        deadline_ms: Option<i64>,
+    },
+    /// Its run's approval request is past its deadline: record it `expired`, then go on.
+    Expire(String),
     /// Its owner died after its tool run started: close it from the run's outcome.
     Close {
         attempt: u32,
@@ -704,7 +842,16 @@ fn next_try(ix: &Index, step: &str, state: Option<StepState>) -> Result<NextTry,
             run: id,
             call_id: call,
         },
-        _ => NextTry::Claim(attempt.saturating_add(1)),
+        // Its run asked for a decision: it waits for one, and is tried again once there is.
+        Some(id) => match ix.approvals.get(&id) {
+            Some(asked) if asked.overdue(crate::approvals::now_ms()) => NextTry::Expire(id),
+            Some(asked) if asked.decision.is_none() => NextTry::Pending {
+                request_id: id,
+                deadline_ms: asked.deadline_ms,
+            },
+            _ => NextTry::Claim(attempt.saturating_add(1)),
+        },
+        None => NextTry::Claim(attempt.saturating_add(1)),
     };
     Ok(match state {
         None => NextTry::Claim(1),

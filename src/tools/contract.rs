@@ -163,6 +163,10 @@ pub enum ToolErrorKind {
     /// A staged run's change set was not promoted: paths it changed were changed in the real
     /// tree too while it ran (`data.workspace.conflicts` names them); nothing was applied.
     Conflict,
+    /// It waits for a durable approval decision (`data.approval.request_id` names the
+    /// request): nothing ran; ask for it again (same invocation id, or the same session step)
+    /// after a decision.
+    Pending,
     /// Anything else.
     #[default]
     Other,
@@ -186,6 +190,7 @@ impl ToolErrorKind {
             ToolErrorKind::Io => "io",
             ToolErrorKind::Interrupted => "interrupted",
             ToolErrorKind::Conflict => "conflict",
+            ToolErrorKind::Pending => "pending",
             ToolErrorKind::Other => "other",
         }
     }

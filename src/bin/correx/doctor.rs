@@ -438,6 +438,15 @@ fn approval_effects(c: &RuntimeConfig) {
             }
             correx::EngineChoice::Auto => format!("auto: tiers up to {} are approved", a.max_tier),
             correx::EngineChoice::Deny => "deny: every tool that needs approval is denied".into(),
+            correx::EngineChoice::Durable => match a.deadline_secs {
+                Some(d) => format!(
+                    "durable: each request waits in the log for a decision from any process \
+                     (`correx approvals decide`), expiring after {d} s"
+                ),
+                None => "durable: each request waits in the log for a decision from any \
+                         process (`correx approvals decide`)"
+                    .into(),
+            },
         },
     );
     say_effect(

@@ -482,6 +482,7 @@ impl History {
             | EventType::SessionStepCompleted
             | EventType::SessionStepFailed => self.add_step_event(ty, e, session),
             EventType::ToolApprovalDecided
+            | EventType::ToolApprovalRequested
             | EventType::ToolExecutionStarted
             | EventType::ToolExecutionCompleted
             | EventType::ToolExecutionFailed
@@ -666,6 +667,11 @@ fn record_tool_event(run: &mut Run, ty: EventType, e: &RecordedEvent) -> Option<
                     _ => "approved".into(),
                 });
             }
+        }
+        EventType::ToolApprovalRequested => {
+            run.tier = p["tier"].as_i64();
+            run.approval = Some(format!("requested ({}), waiting", s("asked_by")));
+            return Some(format!("{} waits for a decision", run.tool));
         }
         EventType::ToolApprovalDecided => {
             let by = p["decided_by"].as_str().unwrap_or("the approval engine");

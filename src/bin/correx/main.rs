@@ -1,9 +1,10 @@
 //! `correx`: read, follow and verify the event log, show a session or a staged run's changes,
-//! check the machine, try a tool.
+//! list and decide approval requests, check the machine, try a tool.
 //!
 //! Every failure is one line on stderr naming the problem, and a non-zero exit: 2 for a usage
 //! error, 1 for anything else (a missing file, a log that is not sound, a tool that failed).
 
+mod approvals;
 mod args;
 mod doctor;
 mod log;
@@ -27,6 +28,8 @@ usage:
   correx log trace DB [--session S] > trace.json
   correx session show DB S [--json]
   correx run diff DB INVOCATION [--json]
+  correx approvals list DB [--all] [--json]
+  correx approvals decide DB SESSION ID approve|deny [--remember] [--by NAME] [--reason R]
   correx metrics DB
   correx doctor [--config FILE] [--no-serve]
   correx tool run --config FILE [--session S] TOOL JSON
@@ -112,6 +115,15 @@ fn run(argv: &[String]) -> Result<(), Failure> {
         ["session", "show", rest @ ..] => session::show(Args::parse(rest, &[], &["--json"])?),
         ["run", "diff", rest @ ..] => run::diff(Args::parse(rest, &[], &["--json"])?),
         ["run", ..] => Err(Failure::Usage("`correx run` has one command: diff".into())),
+        ["approvals", "list", rest @ ..] => {
+            approvals::list(Args::parse(rest, &[], &["--all", "--json"])?)
+        }
+        ["approvals", "decide", rest @ ..] => {
+            approvals::decide(Args::parse(rest, &["--by", "--reason"], &["--remember"])?)
+        }
+        ["approvals", ..] => Err(Failure::Usage(
+            "`correx approvals` needs list or decide".into(),
+        )),
         ["session", ..] => Err(Failure::Usage(
             "`correx session` has one command: show".into(),
         )),

@@ -151,8 +151,8 @@ impl SpanFold {
             | DomainEvent::ToolExecutionStarted { .. }
             | DomainEvent::ToolNetworkDenied { .. }
             | DomainEvent::WorkspaceStaged { .. }) => self.on_tool_progress(e, d),
-            // After the run's span ended.
-            DomainEvent::WorkspaceSettled { .. } => {}
+            // After the run's span ended; or, for a request, before its run (if any) began.
+            DomainEvent::WorkspaceSettled { .. } | DomainEvent::ToolApprovalRequested { .. } => {}
             d @ (DomainEvent::ToolExecutionCompleted { .. }
             | DomainEvent::ToolExecutionCancelled { .. }) => self.on_tool_ended(e, d),
             d @ (DomainEvent::ToolExecutionFailed { .. }

@@ -645,6 +645,7 @@ fn close_interrupted(
                     | EventType::ModelUnloaded
                     | EventType::ModelEndpointFailover
                     | EventType::ToolApprovalDecided
+                    | EventType::ToolApprovalRequested
                     | EventType::ToolExecutionStarted
                     | EventType::ToolExecutionCompleted
                     | EventType::ToolExecutionFailed
