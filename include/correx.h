@@ -22,6 +22,11 @@
  */
 
 /**
+ * The longest identity a decision may carry, in bytes.
+ */
+#define MAX_IDENTITY 256
+
+/**
  * Success.
  */
 #define CORREX_OK 0
@@ -95,8 +100,19 @@
 #define CORREX_E_BUSY 13
 
 /**
- * An approval callback's answer that approves. Any value but this and
- * `CORREX_APPROVE_FOR_SESSION` denies.
+ * A session step's run waits for a durable approval decision: nothing ran. Decide the
+ * request (`correx_approvals_decide`, from any process), then call the step again.
+ */
+#define CORREX_E_PENDING 14
+
+/**
+ * The named record does not exist (an approval request the session never made).
+ */
+#define CORREX_E_NOT_FOUND 15
+
+/**
+ * An approval callback's answer that approves. Any value but this,
+ * `CORREX_APPROVE_FOR_SESSION` and `CORREX_DEFER` denies.
  */
 #define CORREX_APPROVE 1
 
@@ -111,6 +127,14 @@
  * An approval callback's answer that denies.
  */
 #define CORREX_DENY 0
+
+/**
+ * An approval callback's answer that defers the request to a durable decision: it is
+ * recorded (`tool.approval_requested`) and waits for `correx_approvals_decide` from any
+ * process; the run does not start now (a session step returns `CORREX_E_PENDING`). Asked
+ * again for the same run, the recorded decision answers before the callback is called.
+ */
+#define CORREX_DEFER 3
 
 /**
  * `correx_infer_stream`'s chunk callback: the piece is answer text.
@@ -150,7 +174,7 @@
 /**
  * The ABI's minor version: bumped when calls are added.
  */
-#define CORREX_ABI_VERSION_MINOR 3
+#define CORREX_ABI_VERSION_MINOR 4
 
 /**
  * The ABI's patch version: bumped for fixes that change no signature.
@@ -272,7 +296,10 @@ typedef int32_t (*correx_chunk_fn)(void *user_data, int32_t kind, const char *te
  * "tier":2,"paths":["/abs/path",..],"argv":[..]|null}}`, `paths` being every file the tool may
  * change and `argv` the shell's command line); both strings live only during the call.
  * Return `CORREX_APPROVE` to approve, `CORREX_APPROVE_FOR_SESSION` to approve it and the same
- * tool and argv prefix for the rest of the session; any other value denies. Rules in the
+ * tool and argv prefix for the rest of the session, `CORREX_DEFER` to record the request for
+ * a durable decision from any process (`correx_approvals_decide`; a session step returns
+ * `CORREX_E_PENDING`, and a run asked about again is answered from its recorded decision
+ * without calling back); any other value denies. Rules in the
  * config's `approvals.rules` are checked first: a request they allow or forbid never reaches
  * the callback. It runs
  * on the thread that called `correx_tool_execute`, with no correx lock held, so it may block
@@ -342,6 +369,71 @@ void correx_error_free(struct correx_error *error);
  * `s` is NULL or a string returned by correx not yet freed.
  */
 void correx_string_free(char *s);
+
+/**
+ * Decides durable approval request `request_id` of session `session_id` (a run whose
+ * approver deferred: the `CORREX_E_PENDING` of `correx_session_execute` names it). The first
+ * decision wins; the step that asked runs once, when it is called again after an approval.
+ *
+ * # Parameters
+ * - `session_id`, `request_id`: 1 to 256 bytes of UTF-8 without control characters.
+ * - `decision_json`: `{"v": 1, "decision": "approve"|"approve_for_session"|"deny",
+ *   "identity": "who decides, 1 to 256 bytes", "reason": "a denial's reason (optional)"}`.
+ * - `out_json`: receives the recorded decision: `{"decision", "decided_by": "api",
+ *   "identity", "reason", "at_ms", "position"}`.
+ *
+ * # Returns
+ * `CORREX_OK`; `CORREX_E_CONFLICT` when the request was decided already (the message names
+ * the first decision, which stands) or its deadline passed (it is now recorded expired);
+ * `CORREX_E_NOT_FOUND` when the session has no such request; `CORREX_E_INVALID_ARGUMENT`,
+ * `CORREX_E_EVENT_STORE`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Reads the session's stream and appends one event. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_approvals_decide(const struct correx_runtime *rt,
+                                const char *session_id,
+                                const char *request_id,
+                                const char *decision_json,
+                                char **out_json,
+                                struct correx_error **err);
+
+/**
+ * The durable approval requests: those of session `session_id`, decided or not, or (with a
+ * NULL `session_id`) every request of the log that waits (`all` nonzero: decided ones too).
+ * A request found past its deadline is recorded expired first.
+ *
+ * # Parameters
+ * - `out_json`: receives `{"v": 1, "requests": [{"session_id", "request_id", "tool_name",
+ *   "tier", "parameters", "argv", "paths", "asked_by", "requested_at_ms", "deadline_ms",
+ *   "position", "decision": null | {"decision", "decided_by", "identity", "reason", "at_ms",
+ *   "position"}}]}`, oldest first.
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_EVENT_STORE`, `CORREX_E_NULL`,
+ * `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * With a session: reads what its stream appended since the last call. Without: reads the
+ * whole log. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_approvals_list(const struct correx_runtime *rt,
+                              const char *session_id,
+                              int32_t all,
+                              char **out_json,
+                              struct correx_error **err);
 
 /**
  * Creates a cancellation flag.
@@ -1060,15 +1152,20 @@ int32_t correx_session_infer(const struct correx_runtime *rt,
  * - `session_id`, `step`: as `correx_session_infer`.
  * - `request_json`: `{"v": 1, "tool_name": "file_write", "parameters": {...},
  *   "call_id": "the model's tool call this answers (optional; the result joins the
- *   transcript under it)", "invocation_id": "optional, generated when absent"}`. The
- *   step's digest covers the tool name, the parameters and the call id.
+ *   transcript under it)", "invocation_id": "optional, generated when absent",
+ *   "wait_ms": 0}`. The step's digest covers the tool name, the parameters and the call
+ *   id. `wait_ms`: how long to wait for a durable approval decision the run needs (0: do
+ *   not wait).
  * - `cancel`: NULL, or a token that stops the run (as `correx_tool_execute_with_cancel`) or
  *   ends a wait for another caller's run.
  * - `out_json`: receives `correx_tool_execute`'s result plus `"replayed"` and `"attempt"`.
  *
  * # Returns
- * `CORREX_OK` (a tool that failed is still OK: the result says so); `CORREX_E_CONFLICT`
- * when the step was recorded for another request; `CORREX_E_BUSY` when its owner died
+ * `CORREX_OK` (a tool that failed is still OK: the result says so); `CORREX_E_PENDING` when
+ * the run waits for a durable approval decision (the message names the request; nothing
+ * ran: decide it with `correx_approvals_decide` from any process, then call the step again);
+ * `CORREX_E_CONFLICT` when the step was recorded for another request; `CORREX_E_BUSY` when
+ * its owner died
  * mid-run and no recovery has closed the run yet (open a runtime on the sandbox root again),
  * or a process in another pid namespace holds it; `CORREX_E_CANCELLED` (a wait cancelled),
  * `CORREX_E_EVENT_STORE`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
@@ -1077,7 +1174,8 @@ int32_t correx_session_infer(const struct correx_runtime *rt,
  * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
  *
  * # Blocking and threads
- * As `correx_tool_execute`, or while another caller performs the step. Any thread.
+ * As `correx_tool_execute`, or while another caller performs the step, or up to `wait_ms`
+ * for an approval decision. Any thread.
  *
  * # Safety
  * Pointers are NULL or valid as documented; `cancel` is NULL or live for the whole call.

@@ -391,6 +391,14 @@ fn a_waiting_step_runs_on_an_approval_and_a_denial_is_its_recorded_result() -> T
         matches!(short, Err(SessionError::Pending { .. })),
         "{short:?}"
     );
+    // Waiting reads the log; it claims the step once, not once per look.
+    let claims = rt
+        .events()
+        .read_stream("session-w3", 1, 1000)?
+        .iter()
+        .filter(|e| e.type_id == "session.step_started")
+        .count();
+    assert_eq!(claims, 1, "one try asked; the wait appended nothing");
     let cancel = CancelToken::new();
     cancel.cancel();
     let cancelled = s.execute_waiting(
@@ -490,5 +498,205 @@ fn approve_for_the_session_covers_the_next_request_and_bad_decisions_are_typed()
             json!("tool.approval_decided")
         ]
     );
+    Ok(())
+}
+
+// ---- The kill battery: SIGKILLs between asking and running, the asker and the decider. ----
+
+const BATTERY_STEPS: usize = 30;
+
+/// The agent: `BATTERY_STEPS` tool steps, each waiting for a decision; a step a crash
+/// interrupted (its file restored) is tried again under a new key. Prints `ALLDONE`.
+#[test]
+#[ignore = "a child of the kill battery; run by it"]
+fn approval_agent_child() -> TestResult {
+    if !is_child() {
+        return Ok(());
+    }
+    let dir = std::path::PathBuf::from(std::env::var("CORREX_CHILD_DIR")?);
+    let rt = runtime(&dir, None)?;
+    let s = rt.session("k")?;
+    let none = CancelToken::new();
+    for i in 0..BATTERY_STEPS {
+        for t in 0.. {
+            let request = append("k", &dir, &format!("line {i}\n"));
+            let step = s.execute_waiting(
+                &format!("step-{i}-{t}"),
+                rt.executor(),
+                &request,
+                None,
+                Duration::from_secs(120),
+                &none,
+            )?;
+            let state = step
+                .value
+                .data()
+                .and_then(|d| d["state"].as_str())
+                .map(str::to_owned);
+            match step.value.error_kind() {
+                None => break,
+                Some(ToolErrorKind::Interrupted) if state.as_deref() == Some("completed") => break,
+                Some(ToolErrorKind::Interrupted) => continue,
+                Some(other) => return Err(format!("step {i}: {other:?}: {:?}", step.value).into()),
+            }
+        }
+    }
+    println!("\nALLDONE");
+    Ok(())
+}
+
+/// The decider: approves every request that waits, again and again.
+#[test]
+#[ignore = "a child of the kill battery; run by it"]
+fn approval_decider_child() -> TestResult {
+    if !is_child() {
+        return Ok(());
+    }
+    let dir = std::path::PathBuf::from(std::env::var("CORREX_CHILD_DIR")?);
+    let store: Arc<dyn EventStore> = Arc::new(correx::EventLog::open(
+        dir.join("events.db"),
+        correx::StoreOptions::default(),
+    )?);
+    let approvals = correx::Approvals::new(store);
+    loop {
+        for r in approvals.of_session("k")? {
+            if r.decision.is_none() {
+                match approvals.decide("k", &r.request_id, &ApprovalDecision::Approved, "decider") {
+                    Ok(_) | Err(ApprovalError::AlreadyDecided { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn killed_at_random_between_asking_and_running_no_request_is_lost_and_each_run_is_approved_once(
+) -> TestResult {
+    let dir = TempDir::new("approval-battery");
+    drop(runtime(dir.path(), None)?);
+    let spawn = |name: &str| {
+        child_test(&format!("approvals::{name}"))
+            .env("CORREX_CHILD_DIR", dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+    };
+    let mut rng = crate::util::Rng::from_clock();
+    println!("seed {}", rng.0);
+    let (mut agent, mut decider) = (
+        spawn("approval_agent_child")?,
+        spawn("approval_decider_child")?,
+    );
+    let mut kills = 0;
+    let mut round = 0u64;
+    while kills < 200 {
+        round += 1;
+        std::thread::sleep(Duration::from_millis(1 + rng.below(60)));
+        let victim = if rng.below(2) == 0 {
+            &mut agent
+        } else {
+            &mut decider
+        };
+        if victim.try_wait()?.is_none() {
+            victim.kill()?;
+            kills += 1;
+        }
+        victim.wait()?;
+        if agent.try_wait()?.is_some() {
+            let out =
+                std::mem::replace(&mut agent, spawn("approval_agent_child")?).wait_with_output()?;
+            let text = crate::util::both_streams(&out);
+            assert!(
+                out.status.code().is_none() || out.status.success(),
+                "the agent failed: {text}"
+            );
+        }
+        if decider.try_wait()?.is_some() {
+            decider = spawn("approval_decider_child")?;
+        }
+        assert!(round < 5000, "the battery makes no progress");
+    }
+    // Left alone, the agent finishes.
+    let out = agent.wait_with_output()?;
+    let _ = decider.kill();
+    let _ = decider.wait();
+    let text = crate::util::both_streams(&out);
+    assert!(out.status.success() && text.contains("ALLDONE"), "{text}");
+
+    let expected: String = (0..BATTERY_STEPS).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("work/marker.txt"))?,
+        expected,
+        "each step's change once, none lost"
+    );
+    let rt = runtime(dir.path(), None)?;
+    let events = rt.events().read_stream("session-k", 1, 100_000)?;
+    let mut approved = std::collections::HashMap::new();
+    let mut requested = std::collections::HashSet::new();
+    let mut starts = 0;
+    for e in &events {
+        let id = e.payload["invocation_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        match e.type_id.as_str() {
+            "tool.approval_requested" => {
+                assert!(requested.insert(id), "a run asked once");
+            }
+            "tool.approval_decided" => {
+                assert_eq!(e.payload["answers_request"], true);
+                assert_eq!(e.payload["decision"], "approved");
+                assert!(approved.insert(id, e.position).is_none(), "decided once");
+            }
+            "tool.execution_started" => {
+                starts += 1;
+                assert!(
+                    approved.get(&id).is_some_and(|at| *at < e.position),
+                    "run {id} started without an approving decision before it"
+                );
+            }
+            _ => {}
+        }
+    }
+    assert!(requested.len() >= BATTERY_STEPS);
+    assert!(
+        requested.iter().all(|id| approved.contains_key(id)),
+        "every request was decided: none lost"
+    );
+    assert!(rt.approvals().list(false)?.is_empty(), "nothing waits");
+    println!(
+        "kills: {kills}, requests: {}, runs started: {starts}",
+        requested.len()
+    );
+    Ok(())
+}
+
+#[test]
+fn a_plain_run_asked_again_before_its_decision_stays_pending_and_runs_after_it() -> TestResult {
+    let dir = TempDir::new("approval-plain");
+    let rt = runtime(dir.path(), None)?;
+    use correx::ToolExecutor;
+    let request = append("p1", dir.path(), "p\n");
+    for _ in 0..2 {
+        let r = rt.executor().execute(&request);
+        assert_eq!(r.error_kind(), Some(ToolErrorKind::Pending), "{r:?}");
+        let data = r.data().ok_or("data")?;
+        assert_eq!(
+            data["approval"]["request_id"],
+            request.invocation_id.as_str()
+        );
+    }
+    assert_eq!(std::fs::read_to_string(dir.join("work/marker.txt"))?, "");
+    assert_eq!(rt.approvals().list(false)?.len(), 1, "asked once");
+    rt.approvals().decide(
+        "p1",
+        request.invocation_id.as_str(),
+        &ApprovalDecision::Approved,
+        "alice",
+    )?;
+    assert!(rt.executor().execute(&request).is_success());
+    assert_eq!(std::fs::read_to_string(dir.join("work/marker.txt"))?, "p\n");
     Ok(())
 }

@@ -295,3 +295,156 @@ fn a_panic_is_caught_and_leaves_the_handle_unusable() -> TestResult {
     assert_eq!((rc, out.is_null()), (CORREX_E_UNUSABLE, true));
     Ok(())
 }
+
+/// Calls a JSON-answering export: its code, and its JSON (or its error's message).
+fn call_json(
+    f: impl FnOnce(*mut *mut std::ffi::c_char, *mut *mut correx_error) -> i32,
+) -> (i32, String) {
+    let mut out = ptr::null_mut();
+    let mut err = ptr::null_mut();
+    let rc = f(&mut out, &mut err);
+    // SAFETY: out and err are NULL or made by the call above, read and freed once here.
+    let text = unsafe {
+        let text = if out.is_null() {
+            let m = correx_error_message(err);
+            if m.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(m).to_string_lossy().into_owned()
+            }
+        } else {
+            CStr::from_ptr(out).to_string_lossy().into_owned()
+        };
+        correx_string_free(out);
+        correx_error_free(err);
+        text
+    };
+    (rc, text)
+}
+
+/// The C approver that defers every request.
+unsafe extern "C" fn defer_all(
+    _user_data: *mut std::ffi::c_void,
+    _tool: *const std::ffi::c_char,
+    _tier: i32,
+    _request_json: *const std::ffi::c_char,
+) -> i32 {
+    CORREX_DEFER
+}
+
+#[test]
+fn a_deferred_run_is_pending_through_the_abi_and_runs_once_after_a_decision() -> TestResult {
+    let dir = TempDir::new("ffi-approvals");
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work)?;
+    std::fs::write(work.join("m.txt"), "")?;
+    let config = serde_json::json!({
+        "v": 1,
+        "event_log": dir.join("events.db"),
+        "sandbox_root": dir.join("sb"),
+        "tools": {"file_edit": {"enabled": true, "allowed_paths": [&work]}},
+    })
+    .to_string();
+    let config = CString::new(config)?;
+    let mut raw = ptr::null_mut();
+    // SAFETY: valid string and out-params.
+    assert_eq!(
+        unsafe { correx_runtime_new(config.as_ptr(), &mut raw, ptr::null_mut()) },
+        CORREX_OK
+    );
+    let rt = Rt(raw);
+    // SAFETY: a valid runtime and a callback that needs no user data.
+    let rc = unsafe {
+        correx_runtime_set_approver(
+            rt.0,
+            Some(defer_all),
+            ptr::null_mut(),
+            None,
+            ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, CORREX_OK);
+    let (session, step) = (CString::new("c1")?, CString::new("edit")?);
+    let request = CString::new(
+        serde_json::json!({"v": 1, "tool_name": "file_edit", "parameters":
+            {"operation": "append", "path": work.join("m.txt"), "content": "c\n"}})
+        .to_string(),
+    )?;
+    let execute = || {
+        call_json(|out, err| {
+            // SAFETY: valid runtime, strings and out-params; no cancel token.
+            unsafe {
+                correx_session_execute(
+                    rt.0,
+                    session.as_ptr(),
+                    step.as_ptr(),
+                    request.as_ptr(),
+                    ptr::null(),
+                    out,
+                    err,
+                )
+            }
+        })
+    };
+    let (rc, message) = execute();
+    assert_eq!(rc, CORREX_E_PENDING, "{message}");
+    assert_eq!(std::fs::read_to_string(work.join("m.txt"))?, "");
+
+    let (rc, listed) = call_json(|out, err| {
+        // SAFETY: valid runtime, string and out-params.
+        unsafe { correx_approvals_list(rt.0, session.as_ptr(), 0, out, err) }
+    });
+    assert_eq!(rc, CORREX_OK, "{listed}");
+    let listed: serde_json::Value = serde_json::from_str(&listed)?;
+    let id = listed["requests"][0]["request_id"]
+        .as_str()
+        .ok_or("a request")?
+        .to_owned();
+    assert!(
+        message.contains(&id),
+        "the pending error names the request: {message}"
+    );
+    let id = CString::new(id)?;
+
+    let decide = |json: &str| {
+        let json = CString::new(json).unwrap_or_default();
+        call_json(|out, err| {
+            // SAFETY: valid runtime, strings and out-params.
+            unsafe {
+                correx_approvals_decide(
+                    rt.0,
+                    session.as_ptr(),
+                    id.as_ptr(),
+                    json.as_ptr(),
+                    out,
+                    err,
+                )
+            }
+        })
+    };
+    // A wrong shape is invalid; an unknown request is not found.
+    assert_eq!(
+        decide(r#"{"v": 1, "decision": ["approve"], "identity": "a"}"#).0,
+        CORREX_E_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        decide(r#"{"v": 1, "decision": "approve", "identity": ""}"#).0,
+        CORREX_E_INVALID_ARGUMENT
+    );
+    let (rc, decided) = decide(r#"{"v": 1, "decision": "approve", "identity": "alice"}"#);
+    assert_eq!(rc, CORREX_OK, "{decided}");
+    assert!(decided.contains("\"identity\":\"alice\""), "{decided}");
+    let (rc, second) = decide(r#"{"v": 1, "decision": "deny", "identity": "bob"}"#);
+    assert_eq!(rc, CORREX_E_CONFLICT);
+    assert!(second.contains("alice"), "{second}");
+
+    // Asked again: answered from the recorded decision (the callback would defer again).
+    let (rc, done) = execute();
+    assert_eq!(rc, CORREX_OK, "{done}");
+    assert!(done.contains("\"status\":\"success\""), "{done}");
+    let (rc, again) = execute();
+    assert_eq!(rc, CORREX_OK);
+    assert!(again.contains("\"replayed\":true"), "{again}");
+    assert_eq!(std::fs::read_to_string(work.join("m.txt"))?, "c\n");
+    Ok(())
+}

@@ -5,7 +5,7 @@
 //! again, completes every session with no model call repeated outside a cut-off try, no file
 //! change applied twice, and the transcript of an uninterrupted run.
 
-use crate::util::{child_test, is_child, llama_install, TempDir, TestServer};
+use crate::util::{child_test, is_child, llama_install, Rng, TempDir, TestServer};
 use correx::{
     CancelToken, CapabilityScore, ContextEntry, ContextPack, EventStore, GenerationConfig,
     InferenceError, InferenceProvider, InferenceRequest, InferenceResponse, ModelDescriptor,
@@ -617,18 +617,6 @@ impl CallCounter {
             }
         });
         Ok(CallCounter { port, calls })
-    }
-}
-
-/// A small deterministic generator: the battery prints its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
     }
 }
 

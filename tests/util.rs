@@ -356,3 +356,24 @@ with zipfile.ZipFile("{}/tinypkg-1.0-py3-none-any.whl", "w") as z:
     assert!(out.status.success(), "{out:?}");
     Ok(())
 }
+
+/// A small deterministic generator: a battery prints its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A generator seeded from the clock (never 0).
+    pub fn from_clock() -> Rng {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        Rng(nanos | 1)
+    }
+
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}

@@ -666,6 +666,33 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_sessionExecute(JNIEnv *env, 
     return answer(env, rc, err, out);
 }
 
+JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_approvalsDecide(JNIEnv *env, jclass cls, jlong rt,
+                                                                   jbyteArray session, jbyteArray request,
+                                                                   jbyteArray decision) {
+    (void)cls;
+    IN(s, session, NULL);
+    IN(q, request, (free(s), NULL));
+    IN(d, decision, (free(s), free(q), NULL));
+    char *out = NULL;
+    correx_error *err = NULL;
+    int32_t rc = correx_approvals_decide(RT(rt), s, q, d, &out, &err);
+    free(s);
+    free(q);
+    free(d);
+    return answer(env, rc, err, out);
+}
+
+JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_approvalsList(JNIEnv *env, jclass cls, jlong rt,
+                                                                 jbyteArray session, jint all) {
+    (void)cls;
+    IN(s, session, NULL); /* a null session is NULL: every session */
+    char *out = NULL;
+    correx_error *err = NULL;
+    int32_t rc = correx_approvals_list(RT(rt), s, (int32_t)all, &out, &err);
+    free(s);
+    return answer(env, rc, err, out);
+}
+
 JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_sessionTranscript(JNIEnv *env, jclass cls,
                                                                      jlong rt, jbyteArray session) {
     (void)cls;

@@ -508,6 +508,48 @@ public final class LibraryTest {
                 check(n.get() == 3, "another session asks again");
             });
 
+            test("a deferred run is pending, decided through approvals(), and runs once after", () -> {
+                AtomicInteger deferred = new AtomicInteger();
+                rt.setApprover(r -> {
+                    deferred.incrementAndGet();
+                    return Decision.DEFER;
+                });
+                Session s = rt.session("java-defer");
+                Map<String, Object> p = params("operation", "write", "path", "deferred.txt", "content", "d");
+                String message = null;
+                try {
+                    s.execute("w", "file_write", p, null);
+                } catch (PendingException e) {
+                    message = e.getMessage();
+                }
+                check(message != null, "the step waits for a decision");
+                String listed = rt.approvals().listJson("java-defer", false);
+                Map<String, Object> first = Json.parseObject(listed);
+                @SuppressWarnings("unchecked")
+                List<Object> requests = (List<Object>) first.get("requests");
+                check(requests.size() == 1, "one request " + listed);
+                @SuppressWarnings("unchecked")
+                String id = (String) ((Map<String, Object>) requests.get(0)).get("request_id");
+                check(message.contains(id), "the exception names the request: " + message);
+                try {
+                    rt.approvals().decideJson("java-defer", "no-such", true, false, "alice", null);
+                    check(false, "an unknown request is refused");
+                } catch (NotFoundException expected) {
+                }
+                String decided = rt.approvals().decideJson("java-defer", id, true, false, "alice", null);
+                check(decided.contains("\"identity\":\"alice\""), decided);
+                try {
+                    rt.approvals().decideJson("java-defer", id, false, false, "bob", "no");
+                    check(false, "a second decision is refused");
+                } catch (ConflictException e) {
+                    check(e.getMessage().contains("alice"), "it names the first: " + e.getMessage());
+                }
+                SessionStep<ToolResult> done = s.execute("w", "file_write", p, null, 1000, null);
+                check(done.value().success(), "ran after the decision " + done.value());
+                check(deferred.get() == 1, "the approver was asked once: " + deferred.get());
+                check(s.execute("w", "file_write", p, null).replayed(), "replayed after");
+            });
+
             test("a cancellation stops a running shell from another thread", () -> {
                 rt.setApprover(r -> Decision.APPROVE);
                 try (Cancellation c = new Cancellation()) {

@@ -18,6 +18,7 @@
 
 #![allow(non_camel_case_types)]
 
+mod approvals;
 mod cancel;
 mod convert;
 mod events;
@@ -31,6 +32,7 @@ mod sessions;
 mod subscription;
 mod tools;
 
+pub use approvals::*;
 pub use cancel::*;
 pub use events::*;
 pub use jobs::*;
@@ -39,6 +41,7 @@ pub use mcp::*;
 pub use metrics::*;
 pub use models::*;
 pub use runtime::*;
+pub use sessions::*;
 pub use subscription::*;
 pub use tools::*;
 
@@ -76,9 +79,14 @@ pub const CORREX_E_TOOL_SETUP: i32 = 12;
 /// A model could not be replaced or unloaded because inferences were still running on it
 /// after the drain timeout; nothing was changed.
 pub const CORREX_E_BUSY: i32 = 13;
+/// A session step's run waits for a durable approval decision: nothing ran. Decide the
+/// request (`correx_approvals_decide`, from any process), then call the step again.
+pub const CORREX_E_PENDING: i32 = 14;
+/// The named record does not exist (an approval request the session never made).
+pub const CORREX_E_NOT_FOUND: i32 = 15;
 
-/// An approval callback's answer that approves. Any value but this and
-/// `CORREX_APPROVE_FOR_SESSION` denies.
+/// An approval callback's answer that approves. Any value but this,
+/// `CORREX_APPROVE_FOR_SESSION` and `CORREX_DEFER` denies.
 pub const CORREX_APPROVE: i32 = 1;
 /// An approval callback's answer that approves this request and, for the rest of its session,
 /// every request of the same tool whose argv starts with this one's (every request of a tool
@@ -86,6 +94,11 @@ pub const CORREX_APPROVE: i32 = 1;
 pub const CORREX_APPROVE_FOR_SESSION: i32 = 2;
 /// An approval callback's answer that denies.
 pub const CORREX_DENY: i32 = 0;
+/// An approval callback's answer that defers the request to a durable decision: it is
+/// recorded (`tool.approval_requested`) and waits for `correx_approvals_decide` from any
+/// process; the run does not start now (a session step returns `CORREX_E_PENDING`). Asked
+/// again for the same run, the recorded decision answers before the callback is called.
+pub const CORREX_DEFER: i32 = 3;
 
 /// `correx_infer_stream`'s chunk callback: the piece is answer text.
 pub const CORREX_CHUNK_TEXT: i32 = 0;
@@ -104,7 +117,7 @@ pub const CORREX_EXPECT_EXACT: i32 = 2;
 /// The ABI's major version: bumped on incompatible changes.
 pub const CORREX_ABI_VERSION_MAJOR: i32 = 0;
 /// The ABI's minor version: bumped when calls are added.
-pub const CORREX_ABI_VERSION_MINOR: i32 = 3;
+pub const CORREX_ABI_VERSION_MINOR: i32 = 4;
 /// The ABI's patch version: bumped for fixes that change no signature.
 pub const CORREX_ABI_VERSION_PATCH: i32 = 0;
 /// The ABI version as one number: `MAJOR << 16 | MINOR << 8 | PATCH`; compare it with

@@ -5,7 +5,8 @@ use super::convert::{out_arg, str_arg, write_json};
 use super::tools::tool_request_json;
 use super::{
     correx_error, guard, Failure, FfiResult, CORREX_APPROVE, CORREX_APPROVE_FOR_SESSION,
-    CORREX_E_CONFIG, CORREX_E_EVENT_STORE, CORREX_E_NULL, CORREX_E_TOOL_SETUP, CORREX_E_UNUSABLE,
+    CORREX_DEFER, CORREX_E_CONFIG, CORREX_E_EVENT_STORE, CORREX_E_NULL, CORREX_E_TOOL_SETUP,
+    CORREX_E_UNUSABLE,
 };
 use crate::approvals::{ApprovalContext, ApprovalDecision, ApprovalEngine, ApprovalRequest};
 use crate::inference::ModelDescriptor;
@@ -25,7 +26,10 @@ use std::sync::Arc;
 /// "tier":2,"paths":["/abs/path",..],"argv":[..]|null}}`, `paths` being every file the tool may
 /// change and `argv` the shell's command line); both strings live only during the call.
 /// Return `CORREX_APPROVE` to approve, `CORREX_APPROVE_FOR_SESSION` to approve it and the same
-/// tool and argv prefix for the rest of the session; any other value denies. Rules in the
+/// tool and argv prefix for the rest of the session, `CORREX_DEFER` to record the request for
+/// a durable decision from any process (`correx_approvals_decide`; a session step returns
+/// `CORREX_E_PENDING`, and a run asked about again is answered from its recorded decision
+/// without calling back); any other value denies. Rules in the
 /// config's `approvals.rules` are checked first: a request they allow or forbid never reaches
 /// the callback. It runs
 /// on the thread that called `correx_tool_execute`, with no correx lock held, so it may block
@@ -92,6 +96,7 @@ impl ApprovalEngine for SwitchApprover {
         match answer {
             CORREX_APPROVE => ApprovalDecision::Approved,
             CORREX_APPROVE_FOR_SESSION => ApprovalDecision::ApprovedForSession,
+            CORREX_DEFER => ApprovalDecision::Deferred,
             other => {
                 ApprovalDecision::denied(format!("denied by the host approver (answer {other})"))
             }
@@ -100,6 +105,12 @@ impl ApprovalEngine for SwitchApprover {
 
     fn name(&self) -> String {
         "host".into()
+    }
+
+    // A registered callback may answer CORREX_DEFER: a run asked about before is answered
+    // from its recorded request first.
+    fn defers(&self) -> bool {
+        self.0.read().is_some()
     }
 }
 

@@ -8,7 +8,7 @@ use super::runtime::{answer_json, correx_runtime};
 use super::tools::tool_request;
 use super::{
     correx_error, Failure, FfiResult, CORREX_E_BUSY, CORREX_E_CANCELLED, CORREX_E_CONFLICT,
-    CORREX_E_EVENT_STORE, CORREX_E_INVALID_ARGUMENT,
+    CORREX_E_EVENT_STORE, CORREX_E_INVALID_ARGUMENT, CORREX_E_PENDING,
 };
 use crate::ids::SessionId;
 use crate::inference::InferenceRequest;
@@ -26,6 +26,7 @@ pub(super) fn session_failure(e: SessionError) -> Failure {
         SessionError::Conflict { .. } => CORREX_E_CONFLICT,
         SessionError::InProgress { .. } | SessionError::InDoubt { .. } => CORREX_E_BUSY,
         SessionError::Cancelled => CORREX_E_CANCELLED,
+        SessionError::Pending { .. } => CORREX_E_PENDING,
         _ => CORREX_E_EVENT_STORE,
     };
     Failure::new(code, e.to_string())
@@ -78,6 +79,8 @@ struct ToolStepIn {
     parameters: serde_json::Map<String, Value>,
     #[serde(default)]
     call_id: Option<String>,
+    #[serde(default)]
+    wait_ms: u64,
 }
 
 /// Performs inference step `step` of session `session_id` once: the first call asks the
@@ -158,15 +161,20 @@ pub unsafe extern "C" fn correx_session_infer(
 /// - `session_id`, `step`: as `correx_session_infer`.
 /// - `request_json`: `{"v": 1, "tool_name": "file_write", "parameters": {...},
 ///   "call_id": "the model's tool call this answers (optional; the result joins the
-///   transcript under it)", "invocation_id": "optional, generated when absent"}`. The
-///   step's digest covers the tool name, the parameters and the call id.
+///   transcript under it)", "invocation_id": "optional, generated when absent",
+///   "wait_ms": 0}`. The step's digest covers the tool name, the parameters and the call
+///   id. `wait_ms`: how long to wait for a durable approval decision the run needs (0: do
+///   not wait).
 /// - `cancel`: NULL, or a token that stops the run (as `correx_tool_execute_with_cancel`) or
 ///   ends a wait for another caller's run.
 /// - `out_json`: receives `correx_tool_execute`'s result plus `"replayed"` and `"attempt"`.
 ///
 /// # Returns
-/// `CORREX_OK` (a tool that failed is still OK: the result says so); `CORREX_E_CONFLICT`
-/// when the step was recorded for another request; `CORREX_E_BUSY` when its owner died
+/// `CORREX_OK` (a tool that failed is still OK: the result says so); `CORREX_E_PENDING` when
+/// the run waits for a durable approval decision (the message names the request; nothing
+/// ran: decide it with `correx_approvals_decide` from any process, then call the step again);
+/// `CORREX_E_CONFLICT` when the step was recorded for another request; `CORREX_E_BUSY` when
+/// its owner died
 /// mid-run and no recovery has closed the run yet (open a runtime on the sandbox root again),
 /// or a process in another pid namespace holds it; `CORREX_E_CANCELLED` (a wait cancelled),
 /// `CORREX_E_EVENT_STORE`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
@@ -175,7 +183,8 @@ pub unsafe extern "C" fn correx_session_infer(
 /// `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
 ///
 /// # Blocking and threads
-/// As `correx_tool_execute`, or while another caller performs the step. Any thread.
+/// As `correx_tool_execute`, or while another caller performs the step, or up to `wait_ms`
+/// for an approval decision. Any thread.
 ///
 /// # Safety
 /// Pointers are NULL or valid as documented; `cancel` is NULL or live for the whole call.
@@ -199,11 +208,12 @@ pub unsafe extern "C" fn correx_session_execute(
             input.parameters,
         );
         let done = session
-            .execute(
+            .execute_waiting(
                 step,
                 r.runtime.executor(),
                 &request,
                 input.call_id.as_deref(),
+                std::time::Duration::from_millis(input.wait_ms),
                 &token(cancel),
             )
             .map_err(session_failure)?;

@@ -731,6 +731,17 @@ impl Session {
                 // Nothing ran: the try ends (recorded), and the step waits for the decision.
                 guard.error = "waiting for an approval decision".into();
                 drop(guard);
+                if Instant::now() >= until {
+                    let approval = result.data().map(|d| &d["approval"]);
+                    return Err(SessionError::Pending {
+                        step: step.to_owned(),
+                        request_id: approval
+                            .and_then(|a| a["request_id"].as_str())
+                            .unwrap_or(request.invocation_id.as_str())
+                            .to_owned(),
+                        deadline_ms: approval.and_then(|a| a["deadline_ms"].as_i64()),
+                    });
+                }
                 continue;
             }
             let recorded = serde_json::to_value(&result).unwrap_or(Value::Null);

@@ -35,6 +35,10 @@ public class CorrexException extends RuntimeException {
     public static final int E_TOOL_SETUP = 12;
     /** Inferences still ran after the drain timeout; nothing changed. */
     public static final int E_BUSY = 13;
+    /** A session step's run waits for a durable approval decision. */
+    public static final int E_PENDING = 14;
+    /** The named record does not exist. */
+    public static final int E_NOT_FOUND = 15;
     /** Java side: the handle was closed. */
     public static final int E_CLOSED = -1;
 
@@ -78,6 +82,10 @@ public class CorrexException extends RuntimeException {
                 return new UnusableException(code, message);
             case E_TOOL_SETUP:
                 return new ToolSetupException(code, message);
+            case E_PENDING:
+                return new PendingException(code, message);
+            case E_NOT_FOUND:
+                return new NotFoundException(code, message);
             default:
                 return new CorrexException(code, message);
         }

@@ -191,5 +191,9 @@ final class Native {
 
     static native void sessionEnd(long rt, byte[] session);
 
+    static native byte[] approvalsDecide(long rt, byte[] session, byte[] request, byte[] decision);
+
+    static native byte[] approvalsList(long rt, byte[] session, int all);
+
     static native void setLogger(LogBridge bridge, int maxLevel);
 }

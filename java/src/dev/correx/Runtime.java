@@ -27,6 +27,7 @@ public final class Runtime implements AutoCloseable {
     private final Models models = new Models(this);
     private final Tools tools = new Tools(this);
     private final Jobs jobs = new Jobs(this);
+    private final Approvals approvals = new Approvals(this);
     private final Set<Subscription> subscriptions = ConcurrentHashMap.newKeySet();
     private final AtomicReference<Throwable> callbackError = new AtomicReference<>();
 
@@ -80,6 +81,11 @@ public final class Runtime implements AutoCloseable {
     /** The sandboxed tools. */
     public Tools tools() {
         return tools;
+    }
+
+    /** The durable approval requests: list them, decide them. */
+    public Approvals approvals() {
+        return approvals;
     }
 
     /** The background jobs the shell started. */

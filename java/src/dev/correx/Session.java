@@ -105,9 +105,20 @@ public final class Session {
      * @throws ConflictException when the key was recorded for another request
      * @throws BusyException when the step's host died mid-run and no recovery has closed the
      *     run yet (open a runtime on the sandbox root again)
+     * @throws PendingException when the run waits for a durable approval decision
      */
     public SessionStep<ToolResult> execute(String step, String toolName, Map<String, Object> parameters,
                                            String callId, Cancellation cancel) {
+        return execute(step, toolName, parameters, callId, 0, cancel);
+    }
+
+    /**
+     * As {@link #execute(String, String, Map, String, Cancellation)}, waiting up to
+     * {@code waitMillis} for a durable approval decision the run needs (a decision from any
+     * process starts it), then {@link PendingException}.
+     */
+    public SessionStep<ToolResult> execute(String step, String toolName, Map<String, Object> parameters,
+                                           String callId, long waitMillis, Cancellation cancel) {
         if (toolName == null) {
             throw new InvalidArgumentException(CorrexException.E_NULL, "toolName is null");
         }
@@ -116,6 +127,7 @@ public final class Session {
         m.put("tool_name", toolName);
         m.put("parameters", parameters == null ? Map.of() : parameters);
         if (callId != null) m.put("call_id", callId);
+        if (waitMillis > 0) m.put("wait_ms", waitMillis);
         byte[] s = Native.utf8(id, "session");
         byte[] k = Native.utf8(step, "step");
         byte[] r = Native.utf8(Json.write(m), "request");
