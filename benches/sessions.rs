@@ -5,6 +5,13 @@
 //! - `step_overhead_vs_floor`: `session.infer` on the real model against its floor, the same
 //!   bare `infer()` plus one durable append, in paired rounds (alternating which goes first).
 //! - `replayed_step_us_p50`: a step answered from the log.
+//! - `pending_step_us_p50`: a tool step whose approver defers, from the call to its
+//!   `Pending` (the claim, the request and the end of the try: three appends).
+//! - `decision_to_start_ms_p50`: a decision appended by another process (this binary, run
+//!   again as the decider) until the step waiting for it has run its tool (a `file_edit`
+//!   append) and returned.
+//!
+//! `cargo bench --bench sessions -- approvals` runs the last two only.
 
 use correx::{
     CancelToken, CapabilityScore, ContextEntry, ContextPack, EventStore, ExpectedVersion,
@@ -96,13 +103,117 @@ fn config(dir: &std::path::Path) -> Result<RuntimeConfig, Box<dyn std::error::Er
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if let Ok(db) = std::env::var("CORREX_BENCH_DECIDER") {
+        return decider(&db);
+    }
     let dir = std::env::temp_dir().join(format!("correx-bench-sessions-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("work"))?;
     std::fs::write(dir.join("work/notes.txt"), "the plan: read, change, test\n")?;
-    let result = run(&dir);
+    let only_approvals = std::env::args().any(|a| a == "approvals");
+    let result = approvals(&dir).and_then(|()| if only_approvals { Ok(()) } else { run(&dir) });
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// The deciding process: for each `SESSION REQUEST` line on stdin, waits a few ms (the step
+/// is waiting by then), notes the wall clock, approves, and prints the noted time in ns.
+fn decider(db: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::{BufRead, Write};
+    let store: Arc<dyn EventStore> =
+        Arc::new(correx::EventLog::open(db, correx::StoreOptions::default())?);
+    let approvals = correx::Approvals::new(store);
+    let mut out = std::io::stdout().lock();
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let Some((session, id)) = line.split_once(' ') else {
+            continue;
+        };
+        std::thread::sleep(Duration::from_millis(5));
+        let at = wall_ns();
+        approvals.decide(session, id, &correx::ApprovalDecision::Approved, "bench")?;
+        writeln!(out, "{at}")?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+fn wall_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// `pending_step_us_p50` and `decision_to_start_ms_p50`.
+fn approvals(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = dir.join("approvals");
+    std::fs::create_dir_all(dir.join("work"))?;
+    std::fs::write(dir.join("work/m.txt"), "")?;
+    let config = RuntimeConfig::from_json(
+        &json!({
+            "v": 1,
+            "event_log": dir.join("events.db"),
+            "sandbox_root": dir.join("sandbox"),
+            "tools": {"file_edit": {"enabled": true, "allowed_paths": [dir.join("work")]}},
+            "approvals": {"engine": "durable"}
+        })
+        .to_string(),
+    )?;
+    let rt = Runtime::new(&config, Arc::new(correx::DenyAll))?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .env("CORREX_BENCH_DECIDER", dir.join("events.db"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut to = child.stdin.take().ok_or("the decider's stdin")?;
+    let mut from = BufReader::new(child.stdout.take().ok_or("the decider's stdout")?);
+    let none = CancelToken::new();
+    let (mut pending, mut latency) = (Vec::new(), Vec::new());
+    let s = rt.session("bench-approvals")?;
+    for i in 0..60 {
+        let request = ToolRequest::json(
+            "bench-approvals",
+            "file_edit",
+            json!({"operation": "append", "path": dir.join("work/m.txt"), "content": "x"}),
+        )?;
+        let step = format!("a{i}");
+        let t = Instant::now();
+        let id = match s.execute(&step, rt.executor(), &request, None, &none) {
+            Err(correx::SessionError::Pending { request_id, .. }) => request_id,
+            other => return Err(format!("a deferred step is pending, not {other:?}").into()),
+        };
+        pending.push(t.elapsed());
+        writeln!(to, "bench-approvals {id}")?;
+        to.flush()?;
+        let done = s.execute_waiting(
+            &step,
+            rt.executor(),
+            &request,
+            None,
+            Duration::from_secs(30),
+            &none,
+        )?;
+        let end = wall_ns();
+        assert!(done.value.is_success(), "{:?}", done.value);
+        let mut line = String::new();
+        from.read_line(&mut line)?;
+        let decided: u128 = line.trim().parse()?;
+        latency.push(Duration::from_nanos(u64::try_from(
+            end.saturating_sub(decided),
+        )?));
+    }
+    drop(to);
+    let _ = child.wait();
+    println!(
+        "pending_step_us_p50: {:.1}",
+        p50(pending).as_secs_f64() * 1e6
+    );
+    println!(
+        "decision_to_start_ms_p50: {:.3}",
+        p50(latency).as_secs_f64() * 1e3
+    );
+    Ok(())
 }
 
 fn run(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
