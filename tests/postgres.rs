@@ -600,3 +600,31 @@ fn connections_the_server_ended_while_idle_are_replaced() -> TestResult {
     }
     Ok(())
 }
+
+#[test]
+fn a_verified_read_names_an_edited_database_row_and_passes_the_rest() -> TestResult {
+    let Some(url) = fresh_pg("verified-read") else {
+        return Ok(());
+    };
+    let log = open_log(&url)?;
+    for i in 0..6 {
+        log.append(
+            &format!("s{}", i % 2),
+            ExpectedVersion::Any,
+            &[NewEvent::new("note.added", 1, json!({"i": i}))],
+        )?;
+    }
+    assert_eq!(log.read_stream_verified("s0", 1, 100)?.len(), 3);
+    // Position 3 is s0's second event: one byte of its payload changed by hand.
+    admin(&url)
+        .batch_execute("UPDATE correx_events SET payload = '{\"i\": 3}' WHERE position = 3")?;
+    match log.read_stream_verified("s0", 1, 100) {
+        Err(EventStoreError::CorruptEvent { position: 3, .. }) => {}
+        other => return Err(format!("the edited row is corrupt, not {other:?}").into()),
+    }
+    // The other stream, and reads past it (s0's version 3 is position 5), are untouched.
+    assert_eq!(log.read_stream_verified("s1", 1, 100)?.len(), 3);
+    assert!(log.read_stream_verified("s0", 2, 100).is_err());
+    assert_eq!(log.read_stream_verified("s0", 3, 100)?.len(), 1);
+    Ok(())
+}

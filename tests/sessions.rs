@@ -916,3 +916,99 @@ fn the_same_step_asked_of_another_model_is_a_conflict() -> TestResult {
     assert_eq!(b.calls.load(Ordering::SeqCst), 0);
     Ok(())
 }
+
+/// A runtime on the log at `db`, with the tools of [`runtime`] on `work`.
+fn runtime_on(
+    db: &std::path::Path,
+    sandbox: &std::path::Path,
+    work: &std::path::Path,
+) -> Result<Runtime, Box<dyn std::error::Error>> {
+    let config = RuntimeConfig::from_json(
+        &json!({
+            "v": 1, "event_log": db, "sandbox_root": sandbox,
+            "tools": {"file_edit": {"enabled": true, "allowed_paths": [work]}},
+            "approvals": {"engine": "auto", "max_tier": 3}
+        })
+        .to_string(),
+    )?;
+    Ok(Runtime::new(&config, Arc::new(correx::DenyAll))?)
+}
+
+#[test]
+fn one_byte_changed_anywhere_in_a_step_record_is_corrupt_at_its_position_never_run_again(
+) -> TestResult {
+    let dir = TempDir::new("session-byte");
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work)?;
+    let marker = work.join("marker.txt");
+    std::fs::write(&marker, "")?;
+    let model = double();
+    let none = CancelToken::new();
+    let edit = append("s1", &marker, "x\n");
+    let (answer, result) = {
+        let rt = runtime_on(&dir.join("events.db"), &dir.join("sandbox"), &work)?;
+        let s = rt.session("s1")?;
+        let a = s.infer("t1", &model, &ask("hello"), &none)?.value;
+        let r = s
+            .execute("e1", rt.executor(), &edit, Some("call-1"), &none)?
+            .value;
+        (a, r)
+    };
+    let conn = rusqlite::Connection::open(dir.join("events.db"))?;
+    let records: Vec<(i64, String)> = conn
+        .prepare("SELECT position, payload FROM events WHERE type_id = 'session.step_completed'")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    drop(conn);
+    assert_eq!(records.len(), 2);
+    let mut copies = 0;
+    for (position, payload) in &records {
+        // Every 5th byte of each record (both records, every field), one at a time.
+        for i in (0..payload.len()).step_by(5) {
+            if !payload.as_bytes()[i].is_ascii() {
+                continue;
+            }
+            let copy = dir.join(format!("copy-{position}-{i}"));
+            std::fs::create_dir_all(&copy)?;
+            std::fs::copy(dir.join("events.db"), copy.join("events.db"))?;
+            let mut bytes = payload.clone().into_bytes();
+            bytes[i] ^= 0x01;
+            let damaged = String::from_utf8(bytes)?;
+            rusqlite::Connection::open(copy.join("events.db"))?.execute(
+                "UPDATE events SET payload = ?1 WHERE position = ?2",
+                rusqlite::params![damaged, position],
+            )?;
+            let rt = runtime_on(&copy.join("events.db"), &copy.join("sandbox"), &work)?;
+            let resumed = rt.session("s1").and_then(|s| {
+                let a = s.infer("t1", &model, &ask("hello"), &none)?;
+                let r = s.execute("e1", rt.executor(), &edit, Some("call-1"), &none)?;
+                Ok((a, r))
+            });
+            match resumed {
+                Err(SessionError::Corrupt { position: p, .. }) => {
+                    assert_eq!(p, *position as u64, "byte {i}")
+                }
+                Ok((a, r)) => {
+                    assert!(a.replayed && r.replayed, "byte {i}: replayed");
+                    assert_eq!(
+                        (a.value, r.value),
+                        (answer.clone(), result.clone()),
+                        "byte {i}"
+                    );
+                }
+                Err(other) => panic!("byte {i} of the record at {position}: {other:?}"),
+            }
+            drop(rt);
+            let _ = std::fs::remove_dir_all(&copy);
+            copies += 1;
+        }
+    }
+    assert!(copies > 50, "{copies} copies tried");
+    assert_eq!(model.calls.load(Ordering::SeqCst), 1, "no model call again");
+    assert_eq!(
+        std::fs::read_to_string(&marker)?,
+        "x\n",
+        "no tool run again"
+    );
+    Ok(())
+}

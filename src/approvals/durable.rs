@@ -198,7 +198,7 @@ impl Approvals {
         loop {
             let page = self
                 .events
-                .read_stream(&stream, ledger.version + 1, 1000)
+                .read_stream_verified(&stream, ledger.version + 1, 1000)
                 .map_err(ApprovalError::Events)?;
             for e in &page {
                 read_into(ledger, e).map_err(ApprovalError::Events)?;

@@ -224,6 +224,15 @@ impl EventStore for EventLog {
         self.store().read_stream(stream, from_version, max)
     }
 
+    fn read_stream_verified(
+        &self,
+        stream: &str,
+        from_version: u64,
+        max: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        self.store().read_stream_verified(stream, from_version, max)
+    }
+
     fn read_all(&self, from_position: u64, max: usize) -> Result<Vec<RecordedEvent>> {
         self.store().read_all(from_position, max)
     }

@@ -181,6 +181,23 @@ pub trait EventStore: Send + Sync {
         max: usize,
     ) -> Result<Vec<RecordedEvent>>;
 
+    /// As [`EventStore::read_stream`], each event checked against the log's hash chain
+    /// where the store keeps one: an event whose stored bytes no longer match its hash (a
+    /// changed byte anywhere in the row) is [`EventStoreError::CorruptEvent`] at its position.
+    /// An event the chain does not cover (appended before it, or by a store without one) is
+    /// returned unchecked. The default checks nothing.
+    ///
+    /// # Errors
+    /// As [`EventStore::read_stream`]; [`EventStoreError::CorruptEvent`] for a damaged event.
+    fn read_stream_verified(
+        &self,
+        stream: &str,
+        from_version: u64,
+        max: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        self.read_stream(stream, from_version, max)
+    }
+
     /// Up to `max` events with position `>= from_position`, in position order.
     ///
     /// # Errors

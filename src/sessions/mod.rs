@@ -303,10 +303,17 @@ impl Session {
 
     fn refresh(&self, ix: &mut Index) -> Result<(), SessionError> {
         loop {
+            // Checked against the chain: a damaged record is Corrupt at its position, never
+            // replayed altered nor taken for a step that is not there.
             let page = self
                 .events
-                .read_stream(&self.stream, ix.version + 1, 1000)
-                .map_err(SessionError::Events)?;
+                .read_stream_verified(&self.stream, ix.version + 1, 1000)
+                .map_err(|e| match e {
+                    EventStoreError::CorruptEvent { position, detail } => {
+                        SessionError::Corrupt { position, detail }
+                    }
+                    other => SessionError::Events(other),
+                })?;
             for e in &page {
                 ix.apply(e)?;
             }

@@ -627,6 +627,20 @@ impl EventStore for PostgresEventStore {
         self.with_conn(|c| c.read_stream(stream, from, max))
     }
 
+    fn read_stream_verified(
+        &self,
+        stream: &str,
+        from_version: u64,
+        max: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        if stream.contains('\0') {
+            return Ok(Vec::new());
+        }
+        let from = from_version.min(i64::MAX as u64) as i64;
+        let max = max.min(MAX_PAGE) as i64;
+        self.with_conn(|c| c.read_stream_verified(stream, from, max))
+    }
+
     fn read_all(&self, from_position: u64, max: usize) -> Result<Vec<RecordedEvent>> {
         let from = from_position.min(i64::MAX as u64) as i64;
         let max = max.min(MAX_PAGE) as i64;

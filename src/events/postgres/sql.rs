@@ -156,6 +156,7 @@ pub(super) struct Conn {
     existing: Statement,
     read_all: Statement,
     read_stream: Statement,
+    read_stream_verified: Statement,
 }
 
 /// The events of one append, column by column, as the insert binds them.
@@ -308,6 +309,14 @@ impl Conn {
             "SELECT {COLUMNS} FROM correx_events WHERE stream_id = $1 AND stream_version >= $2 \
              ORDER BY stream_version LIMIT $3"
         ))?;
+        // Each row with the previous row's hash (none for the first): checked on reading.
+        let read_stream_verified = prepare(&format!(
+            "SELECT {COLUMNS}, \
+             (SELECT p.hash FROM correx_events p WHERE p.position < correx_events.position \
+              ORDER BY p.position DESC LIMIT 1) \
+             FROM correx_events WHERE stream_id = $1 AND stream_version >= $2 \
+             ORDER BY stream_version LIMIT $3"
+        ))?;
         Ok(Conn {
             client,
             in_transaction: false,
@@ -321,6 +330,7 @@ impl Conn {
             existing,
             read_all,
             read_stream,
+            read_stream_verified,
         })
     }
 
@@ -556,6 +566,47 @@ impl Conn {
         rows.iter().map(decode).collect()
     }
 
+    /// As [`Conn::read_stream`], each row checked against the chain: its stored hash must be
+    /// its row's hash following the previous row's (the genesis for the first).
+    pub(super) fn read_stream_verified(
+        &mut self,
+        stream: &str,
+        from: i64,
+        max: i64,
+    ) -> Result<Vec<RecordedEvent>> {
+        let rows = self
+            .client
+            .query(&self.read_stream_verified, &[&stream, &from, &max])
+            .map_err(pg_error("read"))?;
+        rows.iter()
+            .map(|r| {
+                let event = decode(r)?;
+                let corrupt = |detail: String| EventStoreError::CorruptEvent {
+                    position: event.position,
+                    detail,
+                };
+                let previous = match r.try_get::<_, Option<&[u8]>>(11) {
+                    Ok(None) => Some(GENESIS),
+                    Ok(Some(b)) => ChainHash::try_from(b).ok(),
+                    Err(e) => return Err(corrupt(e.to_string())),
+                };
+                let stored = r
+                    .try_get::<_, &[u8]>(10)
+                    .ok()
+                    .and_then(|b| ChainHash::try_from(b).ok());
+                let link = link_of(r).map_err(corrupt)?;
+                match (previous, stored) {
+                    (Some(p), Some(h)) if link.hash(&p) == h => Ok(event),
+                    _ => Err(corrupt(
+                        "its stored bytes do not match its hash in the log's chain (it changed \
+                         after it was appended); `correx log verify` names the damage"
+                            .into(),
+                    )),
+                }
+            })
+            .collect()
+    }
+
     pub(super) fn last_position(&mut self) -> Result<u64> {
         // The head is the last committed position (and needs no scan of the table).
         self.head().map(|(p, _)| p)
@@ -658,6 +709,28 @@ pub(super) fn verify(
     Ok(walk.finish())
 }
 
+/// What the chain covers of a row selected as [`COLUMNS`], or what keeps it from being read.
+fn link_of(r: &postgres::Row) -> std::result::Result<Link<'_>, String> {
+    let text = |i: usize| r.try_get::<_, &str>(i).map_err(|e| e.to_string());
+    let opt = |i: usize| r.try_get::<_, Option<&str>>(i).map_err(|e| e.to_string());
+    Ok(Link {
+        position: r.try_get::<_, i64>(0).unwrap_or(0).max(0) as u64,
+        event_id: text(1)?,
+        stream_id: text(2)?,
+        stream_version: r.try_get::<_, i64>(3).unwrap_or(-1).max(0) as u64,
+        type_id: text(4)?,
+        schema_version: r
+            .try_get::<_, i64>(5)
+            .ok()
+            .and_then(|v| u32::try_from(v).ok())
+            .ok_or("schema_version is out of range")?,
+        timestamp_ms: r.try_get::<_, i64>(6).unwrap_or(0),
+        correlation_id: opt(7)?,
+        causation_id: opt(8)?,
+        payload: text(9)?,
+    })
+}
+
 fn walk_row(walk: &mut Walk<'_>, r: &postgres::Row) {
     let text = |i: usize| r.try_get::<_, &str>(i).map_err(|e| e.to_string());
     let opt = |i: usize| r.try_get::<_, Option<&str>>(i).map_err(|e| e.to_string());
@@ -668,20 +741,7 @@ fn walk_row(walk: &mut Walk<'_>, r: &postgres::Row) {
         .ok()
         .and_then(|v| u32::try_from(v).ok());
     let timestamp_ms = r.try_get::<_, i64>(6).unwrap_or(0);
-    let link = (|| {
-        Ok::<_, String>(Link {
-            position: position.max(0) as u64,
-            event_id: text(1)?,
-            stream_id: text(2)?,
-            stream_version: version.max(0) as u64,
-            type_id: text(4)?,
-            schema_version: schema_version.ok_or("schema_version is out of range")?,
-            timestamp_ms,
-            correlation_id: opt(7)?,
-            causation_id: opt(8)?,
-            payload: text(9)?,
-        })
-    })();
+    let link = link_of(r);
     let stored = match r.try_get::<_, Option<&[u8]>>(10) {
         Ok(Some(b)) => Stored::of_bytes(b),
         Ok(None) => Stored::Missing,

@@ -482,6 +482,16 @@ impl EventStore for SqliteEventStore {
         self.read_query(&sql, &[&stream, &from, &page(max)])
     }
 
+    fn read_stream_verified(
+        &self,
+        stream: &str,
+        from_version: u64,
+        max: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        let from = from_version.min(i64::MAX as u64) as i64;
+        self.with_reader(|conn| sql::query_verified(conn, stream, from, page(max)))
+    }
+
     fn read_all(&self, from_position: u64, max: usize) -> Result<Vec<RecordedEvent>> {
         let sql =
             format!("SELECT {COLUMNS} FROM events WHERE position >= ?1 ORDER BY position LIMIT ?2");

@@ -185,6 +185,71 @@ pub(super) fn query_events(
     Ok(out)
 }
 
+/// Up to `max` events of `stream` from version `from`, each checked against the chain: its
+/// stored hash must be the hash of its row following the previous row's stored hash (the
+/// genesis for the first row). A row without a hash, or after one without, predates the chain
+/// (or came from an older correx) and is returned unchecked, as `verify` chains it in passing.
+pub(super) fn query_verified(
+    conn: &Connection,
+    stream: &str,
+    from: i64,
+    max: i64,
+) -> Result<Vec<RecordedEvent>> {
+    let sqlite = |source| EventStoreError::Sqlite {
+        operation: "read",
+        source,
+    };
+    if !has_hash_column(conn).map_err(sqlite)? {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM events WHERE stream_id = ?1 AND stream_version >= ?2 \
+             ORDER BY stream_version LIMIT ?3"
+        );
+        return query_events(conn, &sql, &[&stream, &from, &max]);
+    }
+    // The previous row's hash, and whether there is a previous row at all.
+    let sql = format!(
+        "SELECT {COLUMNS}, hash, \
+         (SELECT p.hash FROM events p WHERE p.position < events.position \
+          ORDER BY p.position DESC LIMIT 1), \
+         EXISTS (SELECT 1 FROM events p WHERE p.position < events.position) \
+         FROM events WHERE stream_id = ?1 AND stream_version >= ?2 \
+         ORDER BY stream_version LIMIT ?3"
+    );
+    let mut stmt = conn.prepare_cached(&sql).map_err(sqlite)?;
+    let mut rows = stmt
+        .query(rusqlite::params![stream, from, max])
+        .map_err(sqlite)?;
+    let mut out = Vec::new();
+    let hash_of = |v: rusqlite::types::ValueRef<'_>| match v {
+        rusqlite::types::ValueRef::Blob(b) => ChainHash::try_from(b).ok(),
+        _ => None,
+    };
+    while let Some(row) = rows.next().map_err(sqlite)? {
+        let event = decode_row(row)?;
+        let stored = hash_of(row.get_ref(10).map_err(sqlite)?);
+        let has_previous: bool = row.get(12).map_err(sqlite)?;
+        let previous = if has_previous {
+            hash_of(row.get_ref(11).map_err(sqlite)?)
+        } else {
+            Some(GENESIS)
+        };
+        if let (Some(stored), Some(previous)) = (stored, previous) {
+            let link = link_of(row).map_err(sqlite)?;
+            if link.hash(&previous) != stored {
+                return Err(EventStoreError::CorruptEvent {
+                    position: event.position,
+                    detail: "its stored bytes do not match its hash in the log's chain (it \
+                             changed after it was appended); `correx log verify` names the \
+                             damage"
+                        .into(),
+                });
+            }
+        }
+        out.push(event);
+    }
+    Ok(out)
+}
+
 pub(super) fn page(max: usize) -> i64 {
     max.min(MAX_PAGE) as i64
 }
