@@ -1158,7 +1158,9 @@ int32_t correx_session_infer(const struct correx_runtime *rt,
  *   not wait).
  * - `cancel`: NULL, or a token that stops the run (as `correx_tool_execute_with_cancel`) or
  *   ends a wait for another caller's run.
- * - `out_json`: receives `correx_tool_execute`'s result plus `"replayed"` and `"attempt"`.
+ * - `out_json`: receives `correx_tool_execute`'s result plus `"replayed"`, `"attempt"` and
+ *   `"recovered"` (true when the result is a dead run's recorded outcome: kind `interrupted`,
+ *   `data.state` saying where its files are).
  *
  * # Returns
  * `CORREX_OK` (a tool that failed is still OK: the result says so); `CORREX_E_PENDING` when

@@ -1012,3 +1012,103 @@ fn one_byte_changed_anywhere_in_a_step_record_is_corrupt_at_its_position_never_r
     );
     Ok(())
 }
+
+/// A runtime on `dir` whose shell may run `sleep`.
+fn sleepy_runtime(dir: &std::path::Path) -> Result<Runtime, Box<dyn std::error::Error>> {
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work)?;
+    let config = RuntimeConfig::from_json(
+        &json!({
+            "v": 1, "event_log": dir.join("events.db"), "sandbox_root": dir.join("sandbox"),
+            "tools": {"shell": {"enabled": true, "allowed_executables": ["sleep"],
+                                "working_dirs": [&work]}},
+            "approvals": {"engine": "auto", "max_tier": 3}
+        })
+        .to_string(),
+    )?;
+    Ok(Runtime::new(&config, Arc::new(correx::DenyAll))?)
+}
+
+fn sleep_step(dir: &std::path::Path) -> ToolRequest {
+    ToolRequest::json(
+        "s1",
+        "shell",
+        json!({"argv": ["sleep", "30"], "cwd": dir.join("work")}),
+    )
+    .expect("an object")
+}
+
+/// Runs the step `long` (a 30 s sleep) until it is killed.
+#[test]
+#[ignore = "a child of the dead-owner test; run by it"]
+fn session_sleeper_child() -> TestResult {
+    if !is_child() {
+        return Ok(());
+    }
+    let dir = std::path::PathBuf::from(std::env::var("CORREX_CHILD_DIR")?);
+    let rt = sleepy_runtime(&dir)?;
+    let s = rt.session("s1")?;
+    s.execute(
+        "long",
+        rt.executor(),
+        &sleep_step(&dir),
+        None,
+        &CancelToken::new(),
+    )?;
+    Ok(())
+}
+
+#[test]
+fn a_step_whose_owner_died_mid_run_is_closed_by_a_runtime_opened_before_the_death() -> TestResult {
+    let dir = TempDir::new("session-dead-owner");
+    // This runtime is open before the owner dies: its own opening recovered nothing.
+    let rt = sleepy_runtime(dir.path())?;
+    let mut child = child_test("sessions::session_sleeper_child")
+        .env("CORREX_CHILD_DIR", dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let started = Instant::now();
+    loop {
+        let events = rt.events().read_stream("session-s1", 1, 100)?;
+        if events.iter().any(|e| e.type_id == "tool.execution_started") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the run never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill()?;
+    child.wait()?;
+    let s = rt.session("s1")?;
+    let step = s.execute(
+        "long",
+        rt.executor(),
+        &sleep_step(dir.path()),
+        None,
+        &CancelToken::new(),
+    )?;
+    assert!(step.recovered && !step.replayed, "{step:?}");
+    assert_eq!(
+        step.value.error_kind(),
+        Some(correx::ToolErrorKind::Interrupted)
+    );
+    let again = s.execute(
+        "long",
+        rt.executor(),
+        &sleep_step(dir.path()),
+        None,
+        &CancelToken::new(),
+    )?;
+    assert!(again.recovered && again.replayed, "{again:?}");
+    let starts = rt
+        .events()
+        .read_stream("session-s1", 1, 100)?
+        .iter()
+        .filter(|e| e.type_id == "tool.execution_started")
+        .count();
+    assert_eq!(starts, 1, "the run was not started again");
+    Ok(())
+}

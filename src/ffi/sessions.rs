@@ -66,6 +66,7 @@ fn step_json<T>(step: &Step<T>, value: impl FnOnce(&T) -> Value) -> Value {
     let mut v = value(&step.value);
     v["replayed"] = json!(step.replayed);
     v["attempt"] = json!(step.attempt);
+    v["recovered"] = json!(step.recovered);
     v
 }
 
@@ -167,7 +168,9 @@ pub unsafe extern "C" fn correx_session_infer(
 ///   not wait).
 /// - `cancel`: NULL, or a token that stops the run (as `correx_tool_execute_with_cancel`) or
 ///   ends a wait for another caller's run.
-/// - `out_json`: receives `correx_tool_execute`'s result plus `"replayed"` and `"attempt"`.
+/// - `out_json`: receives `correx_tool_execute`'s result plus `"replayed"`, `"attempt"` and
+///   `"recovered"` (true when the result is a dead run's recorded outcome: kind `interrupted`,
+///   `data.state` saying where its files are).
 ///
 /// # Returns
 /// `CORREX_OK` (a tool that failed is still OK: the result says so); `CORREX_E_PENDING` when

@@ -1139,4 +1139,10 @@ impl ToolExecutor for SandboxedToolExecutor {
             cancel,
         )
     }
+
+    fn recover_dead(&self) {
+        if let Err(e) = self.recover() {
+            log::warn!("recovering the runs of a dead host: {e}");
+        }
+    }
 }

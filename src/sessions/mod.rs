@@ -37,7 +37,6 @@ use fold::{Index, StepState};
 use owner::{Claim, Liveness};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -165,12 +164,17 @@ pub struct Step<T> {
     pub replayed: bool,
     /// The try that produced it (above 1 after a try failed or its owner died first).
     pub attempt: u32,
+    /// True when the result is a dead run's recorded outcome (its host died while the tool
+    /// ran; recovery closed the run): closed in this call (`replayed` false) or before.
+    pub recovered: bool,
 }
 
 /// What a step call does next.
 enum Begun<'a> {
     /// The step has a result: the `session.step_completed` payload, and its position.
     Recorded(Value, u64),
+    /// This call closed it from its dead run's outcome: the record it appended, and where.
+    Closed(Value, u64),
     /// This caller performs it.
     Perform(Guard<'a>),
 }
@@ -539,7 +543,7 @@ impl Session {
             });
         }
         match payload {
-            Some((p, at)) => Ok(Begun::Recorded(p, at)),
+            Some((p, at)) => Ok(Begun::Closed(p, at)),
             // Closed meanwhile by another caller: its record answers.
             None => self
                 .recorded(step)
@@ -594,13 +598,14 @@ impl Session {
             Instant::now(),
             cancel,
         )? {
-            Begun::Recorded(payload, at) => {
+            Begun::Recorded(payload, at) | Begun::Closed(payload, at) => {
                 let value = recorded_answer(&payload, at)?;
                 replay_chunks(&value, on_chunk);
                 return Ok(Step {
                     value,
                     replayed: true,
                     attempt: attempt_of(&payload),
+                    recovered: false,
                 });
             }
             Begun::Perform(guard) => guard,
@@ -652,6 +657,7 @@ impl Session {
                     value: read(&payload, at)?,
                     replayed: true,
                     attempt: attempt_of(&payload),
+                    recovered: payload["recovered"].is_string(),
                 });
             }
         }
@@ -659,6 +665,7 @@ impl Session {
             value,
             replayed: false,
             attempt,
+            recovered: false,
         })
     }
 
@@ -718,19 +725,38 @@ impl Session {
         }
         let until = Instant::now() + wait;
         let digest = digest::of_tool(request, call_id);
+        let mut recovered_once = false;
         loop {
             let request = self.asked_as(step, request)?;
             let run = Some((request.invocation_id.as_str(), call_id));
             let mut guard =
-                match self.begin(step, digest::TOOL, (&digest, None), run, until, cancel)? {
-                    Begun::Recorded(payload, at) => {
+                match self.begin(step, digest::TOOL, (&digest, None), run, until, cancel) {
+                    Ok(Begun::Recorded(payload, at)) => {
                         return Ok(Step {
                             value: recorded_result(&payload, at)?,
                             replayed: true,
                             attempt: attempt_of(&payload),
+                            recovered: payload["recovered"].is_string(),
                         })
                     }
-                    Begun::Perform(guard) => guard,
+                    Ok(Begun::Closed(payload, at)) => {
+                        return Ok(Step {
+                            value: recorded_result(&payload, at)?,
+                            replayed: false,
+                            attempt: attempt_of(&payload),
+                            recovered: true,
+                        })
+                    }
+                    Ok(Begun::Perform(guard)) => guard,
+                    // The run's owner died and no recovery has closed it: the executor
+                    // recovers dead runs now (their journals' locks are free), then the step
+                    // is closed from the outcome that recorded.
+                    Err(SessionError::InDoubt { .. }) if !recovered_once => {
+                        recovered_once = true;
+                        tools.recover_dead();
+                        continue;
+                    }
+                    Err(e) => return Err(e),
                 };
             let attempt = guard.attempt;
             let result = tools.execute_cancellable(&request, cancel);
@@ -955,12 +981,17 @@ fn result_from_outcome(run: &str, outcome: &DomainEvent, staged: Option<&str>) -
     // for the host), `unknown`.
     let data = |state: &str| json!({"recovered_from": outcome.type_id(), "state": state});
     match outcome {
-        DomainEvent::ToolExecutionCompleted { .. } => ToolResult::Success {
-            invocation_id: id.clone(),
-            output: String::new(),
-            metadata: BTreeMap::from([("recovered".to_owned(), lost.to_owned())]),
-            data: Some(data("completed")),
-        },
+        // One shape for a run whose change is in place but whose output died with the host,
+        // whether its completion was recorded or recovery found it committed.
+        DomainEvent::ToolExecutionCompleted { .. } => ToolResult::failure_of(
+            &id,
+            ToolErrorKind::Interrupted,
+            format!(
+                "interrupted by a crash after it completed: its change is in place, but {lost}"
+            ),
+            Recoverable::Yes,
+        )
+        .with_data(data("completed")),
         _ => {
             let (kind, reason, recoverable, state) = failure_from_outcome(outcome, staged, lost);
             ToolResult::failure_of(&id, kind, reason, recoverable).with_data(data(state))

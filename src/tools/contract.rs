@@ -445,6 +445,10 @@ pub trait ToolExecutor: Send + Sync {
         }
         self.execute(request)
     }
+
+    /// Closes the runs a dead host left unfinished (restoring their files and recording their
+    /// outcome), as opening the executor does; the default has none to close.
+    fn recover_dead(&self) {}
 }
 
 /// The answer to a request cancelled before its tool started.

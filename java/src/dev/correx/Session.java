@@ -88,7 +88,7 @@ public final class Session {
     private static SessionStep<InferenceResult> step(String json) {
         Map<String, Object> o = Json.parseObject(json);
         return new SessionStep<>(InferenceResult.from(json), Json.bool(o, "replayed"),
-                (int) Json.num(o, "attempt", 1));
+                (int) Json.num(o, "attempt", 1), Json.bool(o, "recovered"));
     }
 
     /** As {@link #execute(String, String, Map, String, Cancellation)} without a cancellation. */
@@ -138,7 +138,7 @@ public final class Session {
         String json = Native.text(out);
         Map<String, Object> o = Json.parseObject(json);
         return new SessionStep<>(ToolResult.from(json), Json.bool(o, "replayed"),
-                (int) Json.num(o, "attempt", 1));
+                (int) Json.num(o, "attempt", 1), Json.bool(o, "recovered"));
     }
 
     /**
