@@ -318,10 +318,12 @@ impl Runtime {
             .clone())
     }
 
-    /// Drops this runtime's copy of session `id` (its memory; nothing in the log). A later
+    /// Drops this runtime's copy of session `id` (its memory, its approval requests' too;
+    /// nothing in the log). A later
     /// [`Runtime::session`] reads it again.
     pub fn forget_session(&self, id: &str) {
         self.sessions.lock().remove(id);
+        self.executor.approvals().forget(id);
     }
 
     /// The Prometheus text exposition (format 0.0.4) of what the log records (tool runs by
