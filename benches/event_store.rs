@@ -22,6 +22,10 @@ const CHAIN_SINGLES: usize = 600;
 const MT_ROUNDS: usize = 9;
 /// Rounds of the checkpoint latency comparison, each mode once per round.
 const LAT_ROUNDS: usize = 4;
+/// The session's events in the million-event log of the bundle figures.
+const SESSION_EVENTS: usize = 1000;
+/// Rounds of checking its bundle: odd.
+const BUNDLE_ROUNDS: usize = 11;
 
 fn event(i: usize) -> NewEvent {
     NewEvent::new(
@@ -233,6 +237,55 @@ fn fill(store: &SqliteEventStore, upto: usize) {
     }
 }
 
+/// Fills `store` up to `upto` events, one in every `upto / SESSION_EVENTS` of them an event of
+/// session `bench` (its stream's and, every other one, a tool run's that names it).
+fn fill_with_session(store: &SqliteEventStore, upto: usize) {
+    let have = store.last_position().expect("pos") as usize;
+    let step = (upto - have) / SESSION_EVENTS;
+    for k in 0..SESSION_EVENTS {
+        let e = NewEvent::new("bench.step", 1, json!({"session_id": "bench", "k": k}));
+        let stream = if k % 2 == 0 {
+            "session-bench".to_owned()
+        } else {
+            format!("tool-{k}")
+        };
+        store
+            .append(&stream, ExpectedVersion::Any, &[e])
+            .expect("session event");
+        fill(store, have + (k + 1) * step);
+    }
+    fill(store, upto);
+}
+
+/// The session bundle figures on a log of about a million events: exporting it, and checking
+/// it with only the public key (reading its text included), the median of `BUNDLE_ROUNDS`.
+fn bundle_figures(dir: &Path, db: &Path) {
+    use correx::evidence::{export_session, verify_bundle, SigningKey};
+    let key = SigningKey::generate(&dir.join("bench.key")).expect("key");
+    let t = Instant::now();
+    let bundle = export_session(db, "bench", &key).expect("export");
+    let export_ms = t.elapsed().as_secs_f64() * 1e3;
+    let text = bundle.to_string();
+    let public = key.public();
+    let times: Vec<f64> = (0..BUNDLE_ROUNDS)
+        .map(|_| {
+            let t = Instant::now();
+            let v: serde_json::Value = serde_json::from_str(&text).expect("parse");
+            let r = verify_bundle(&v, &public, None).expect("verify");
+            assert_eq!(r.events, SESSION_EVENTS);
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    println!(
+        "bundle_log_events: {}",
+        bundle["checkpoint"]["tree_size"].as_u64().unwrap_or(0)
+    );
+    println!("bundle_events: {SESSION_EVENTS}");
+    println!("bundle_bytes: {}", text.len());
+    println!("export_session_ms: {export_ms:.0}");
+    println!("verify_bundle_ms: {:.1}", median(times));
+}
+
 fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -384,6 +437,15 @@ fn main() {
     }
     let dir = std::env::temp_dir().join(format!("correx-bench-events-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bench dir");
+    if args.iter().any(|a| a == "bundle") {
+        // `cargo bench --bench event_store -- bundle`: the bundle figures alone.
+        let store = SqliteEventStore::open(fresh(&dir, "big.db")).expect("open big");
+        fill_with_session(&store, 1_000_000);
+        drop(store);
+        bundle_figures(&dir, &dir.join("big.db"));
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     println!("durability: FULL (synchronous=2, WAL)");
 
     // Alternate ours and raw so drift in the disk's flush latency hits both alike.
@@ -504,7 +566,7 @@ fn main() {
         "read_all_events_per_s: {:.0}",
         read as f64 / t.elapsed().as_secs_f64()
     );
-    fill(&store, 1_000_000);
+    fill_with_session(&store, 1_000_000);
     let p50_1m = p50_append_latency_us(&store, 300);
     println!("append_p50_us_at_10k: {p50_10k:.0}");
     println!("append_p50_us_at_1m: {p50_1m:.0}");
@@ -517,6 +579,7 @@ fn main() {
         "verify_events_per_s: {:.0}",
         report.events as f64 / t.elapsed().as_secs_f64()
     );
+    bundle_figures(&dir, &dir.join("big.db"));
 
     let live = Arc::new(SqliteEventStore::open(fresh(&dir, "live.db")).expect("open live"));
     let writer_store = Arc::clone(&live);

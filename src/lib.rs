@@ -89,11 +89,13 @@ pub use domain::{
     UnloadReason,
 };
 pub use events::chain;
+pub use events::evidence;
+pub use events::merkle;
 pub use events::{
     format_rfc3339_ms, verify_log_with, AppendResult, Checkpoints, Durability, EventLog,
     EventStore, EventStoreError, ExpectedVersion, LatencySnapshot, LogProblem, LogReport, NewEvent,
     RecordedEvent, Seal, SealConfig, SealError, SealKey, SealOptions, SealWriter, SqliteEventStore,
-    StoreOptions, Subscription,
+    StoreOptions, Subscription, CHAIN_BREAK,
 };
 #[cfg(feature = "postgres")]
 pub use events::{is_postgres_url, PostgresEventStore};

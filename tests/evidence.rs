@@ -62,7 +62,7 @@ fn sql(db: &Path, statements: &str) -> TestResult {
 
 /// What an attacker who knows the algorithm does after an edit: recompute every hash from
 /// `from` on, so the chain holds again.
-fn recompute_chain(db: &Path, from: u64) -> TestResult {
+pub(crate) fn recompute_chain(db: &Path, from: u64) -> TestResult {
     let conn = Connection::open(db)?;
     let previous: Vec<u8> = conn.query_row(
         "SELECT hash FROM events WHERE position = ?1",

@@ -6,6 +6,7 @@ mod tools_util;
 mod util;
 
 mod approvals;
+mod bundles;
 mod cli;
 mod confined;
 mod docs;

@@ -22,8 +22,10 @@
 
 pub mod chain;
 mod error;
+pub mod evidence;
 mod latency;
 mod log;
+pub mod merkle;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rows;
@@ -42,7 +44,7 @@ pub use seal::{Seal, SealConfig, SealError, SealKey, SealOptions, SealWriter};
 pub use sqlite::{Checkpoints, Durability, SqliteEventStore, StoreOptions};
 pub use subscription::Subscription;
 pub use time::format_rfc3339_ms;
-pub use verify::{verify_log_with, LogProblem, LogReport};
+pub use verify::{verify_log_with, LogProblem, LogReport, CHAIN_BREAK};
 
 use crate::ids::EventId;
 use serde::{Deserialize, Serialize};

@@ -10,6 +10,9 @@ use rusqlite::{Connection, OpenFlags};
 use std::collections::HashMap;
 use std::path::Path;
 
+/// How every problem that is a break of the hash chain begins.
+pub const CHAIN_BREAK: &str = "the hash chain breaks here";
+
 /// One thing wrong with a log.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct LogProblem {
@@ -47,7 +50,7 @@ pub struct LogReport {
 /// # Errors
 /// [`EventStoreError::Open`] when the file cannot be opened (a missing file is not created);
 /// [`EventStoreError::NotALog`] when it is not SQLite or has no correx `events` table.
-pub(super) fn open_log_read_only(path: &Path) -> Result<Connection> {
+pub(crate) fn open_log_read_only(path: &Path) -> Result<Connection> {
     if !path.is_file() {
         return Err(EventStoreError::NotALog {
             path: path.to_path_buf(),
@@ -352,7 +355,7 @@ impl Stored {
 
 /// Where the log says its chain starts (`correx_chain`); `None` for a log no chained correx
 /// has opened.
-fn chain_start(conn: &Connection) -> Option<u64> {
+pub(crate) fn chain_start(conn: &Connection) -> Option<u64> {
     conn.query_row("SELECT chain_from FROM correx_chain", [], |r| {
         r.get::<_, i64>(0)
     })
@@ -410,9 +413,10 @@ impl Chain {
         self.previous = Some(stored);
         self.last_stored = Some(stored);
         (passing != stored).then(|| {
-            "the hash chain breaks here: this event was changed, or an event before it was \
-             deleted, inserted or moved"
-                .to_owned()
+            format!(
+                "{CHAIN_BREAK}: this event was changed, or an event before it was deleted, \
+                 inserted or moved"
+            )
         })
     }
 }

@@ -301,6 +301,15 @@ pub fn seal(args: Args) -> Result<(), Failure> {
     let [db] = args.positionals(&["DB"])?[..] else {
         unreachable!("positionals returns exactly one")
     };
+    if let Some(signing) = args.value("--signing-key") {
+        if args.value("--key-file").is_some() {
+            return Err(Failure::Usage(
+                "--key-file signs an HMAC seal, --signing-key an Ed25519 checkpoint: give one"
+                    .into(),
+            ));
+        }
+        return crate::evidence::seal(db, signing, args.value("--append-to"));
+    }
     let key = key(&args)?;
     // A file is read without being opened for writing; a database through the store.
     let seal = if is_url(db) {
@@ -322,28 +331,56 @@ pub fn verify(args: Args) -> Result<(), Failure> {
         unreachable!("positionals returns exactly one")
     };
     let key = key(&args)?;
+    let public = crate::evidence::public_key(&args)?;
+    if key.is_some() && public.is_some() {
+        return Err(Failure::Usage(
+            "--key-file checks HMAC seals, --public-key Ed25519 checkpoints: give one".into(),
+        ));
+    }
+    let checkpoints = match (args.value("--seal"), &public) {
+        (Some(file), Some(public)) => {
+            let text =
+                std::fs::read_to_string(file).map_err(|e| Failure::Run(format!("{file}: {e}")))?;
+            correx::evidence::Checkpoint::parse_all(&text, public)
+                .map_err(|e| Failure::Run(format!("{file}: {e}")))?
+        }
+        _ => Vec::new(),
+    };
     let seals = match args.value("--seal") {
+        Some(_) if public.is_some() => checkpoints.iter().map(|c| c.seal()).collect(),
         Some(file) => Seal::read_file(Path::new(file), key.as_ref())
             .map_err(|e| Failure::Run(format!("{file}: {e}")))?,
-        None if key.is_some() => {
+        None if key.is_some() || public.is_some() => {
             return Err(Failure::Usage(
-                "--key-file checks seals: give --seal FILE".into(),
+                "--key-file and --public-key check seals: give --seal FILE".into(),
             ))
         }
         None => Vec::new(),
     };
-    let report = if is_url(db) {
+    let mut report = if is_url(db) {
+        if !checkpoints.is_empty() {
+            return Err(Failure::Run(format!(
+                "{db}: Ed25519 checkpoints are checked on SQLite log files; a PostgreSQL log \
+                 does not have them yet"
+            )));
+        }
         open(db)?.verify(&correx::check_domain_event, &seals)
     } else {
         verify_log_sealed(Path::new(db), &seals)
     }
     .map_err(store_failure)?;
-    for p in &report.problems {
-        match p.position {
-            Some(pos) => line(&format!("position {pos}: {}", p.detail)),
-            None => line(&p.detail),
+    if !checkpoints.is_empty() {
+        match correx::evidence::check_checkpoints(Path::new(db), &checkpoints) {
+            Ok(found) => report.problems.extend(found),
+            Err(e) => report.problems.push(correx::LogProblem {
+                position: None,
+                detail: format!("the checkpoints cannot be checked: {e}"),
+            }),
         }
+        report.problems.sort_by_key(|p| p.position);
     }
+    let last = report.head.as_ref().map(|(p, _)| *p);
+    print_problems(&report.problems, last, args.switch(&["--all"]));
     if report.problems.is_empty() {
         let chain = match (report.chained_from, report.unchained) {
             (None, 0) => "nothing to chain".to_owned(),
@@ -374,6 +411,63 @@ pub fn verify(args: Args) -> Result<(), Failure> {
             report.events
         );
         Err(Failure::Found)
+    }
+}
+
+/// Prints each problem on a line, but a run of chain breaks at consecutive positions up to the
+/// log's `last` (what one event inserted or deleted with the positions after it moved does:
+/// every later event breaks) once: its first break, and how many events after it no longer
+/// link (each on its own line with `all`).
+fn print_problems(problems: &[correx::LogProblem], last: Option<u64>, all: bool) {
+    let is_break = |p: &correx::LogProblem| p.detail.starts_with(correx::CHAIN_BREAK);
+    let mut i = 0;
+    while i < problems.len() {
+        let p = &problems[i];
+        // The breaks at the positions right after this one.
+        let mut run = 0;
+        if is_break(p) && !all {
+            let mut at = p.position;
+            for q in problems[i + 1..].iter().filter(|q| is_break(q)) {
+                if at.map(|a| a + 1) != q.position {
+                    break;
+                }
+                at = q.position;
+                run += 1;
+            }
+            if at != last {
+                run = 0;
+            }
+        }
+        let more = match run {
+            0 => String::new(),
+            n => format!(
+                "; after it {n} more events no longer link (to position {}; --all lists them)",
+                p.position.unwrap_or(0) + n
+            ),
+        };
+        match p.position {
+            Some(pos) => line(&format!("position {pos}: {}{more}", p.detail)),
+            None => line(&format!("{}{more}", p.detail)),
+        }
+        // Skip the run's breaks, keeping every other problem at their positions.
+        let end = p.position.map_or(0, |x| x + run);
+        i += 1;
+        while run > 0 && i < problems.len() {
+            if is_break(&problems[i]) && problems[i].position.is_some_and(|x| x <= end) {
+                i += 1;
+                continue;
+            }
+            if problems[i].position.is_some_and(|x| x > end) {
+                break;
+            }
+            let q = &problems[i];
+            line(&format!(
+                "position {}: {}",
+                q.position.unwrap_or(0),
+                q.detail
+            ));
+            i += 1;
+        }
     }
 }
 

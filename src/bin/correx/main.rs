@@ -7,6 +7,7 @@
 mod approvals;
 mod args;
 mod doctor;
+mod evidence;
 mod log;
 mod run;
 mod session;
@@ -21,8 +22,13 @@ const USAGE: &str = "\
 usage:
   correx log show DB [--stream S] [--type T] [--after POS] [--since TIME] [--limit N] [--json]
   correx log tail DB [-f] [-n N] [--json]
-  correx log verify DB [--seal FILE [--key-file KEY]]
-  correx log seal DB [--key-file KEY] [--append-to FILE]
+  correx log verify DB [--seal FILE [--key-file KEY | --public-key PUB]] [--all]
+  correx log seal DB [--key-file KEY | --signing-key KEY] [--append-to FILE]
+  correx log keygen KEYFILE
+  correx log export-session DB SESSION --bundle FILE --signing-key KEY
+  correx log verify-bundle FILE --public-key PUB [--checkpoint FILE]
+  correx log prove-consistency DB --from FILE --to FILE --public-key PUB > proof.json
+  correx log verify-consistency PROOF --public-key PUB
   correx log export DB --otlp URL [--service NAME]
   correx log audit DB [--session S]
   correx log trace DB [--session S] > trace.json
@@ -100,14 +106,31 @@ fn run(argv: &[String]) -> Result<(), Failure> {
         ["log", "tail", rest @ ..] => {
             log::tail(Args::parse(rest, &["-n"], &["-f", "--follow", "--json"])?)
         }
-        ["log", "verify", rest @ ..] => {
-            log::verify(Args::parse(rest, &["--seal", "--key-file"], &[])?)
-        }
+        ["log", "verify", rest @ ..] => log::verify(Args::parse(
+            rest,
+            &["--seal", "--key-file", "--public-key"],
+            &["--all"],
+        )?),
         ["log", "export", rest @ ..] => {
             log::export(Args::parse(rest, &["--otlp", "--service"], &[])?)
         }
-        ["log", "seal", rest @ ..] => {
-            log::seal(Args::parse(rest, &["--key-file", "--append-to"], &[])?)
+        ["log", "seal", rest @ ..] => log::seal(Args::parse(
+            rest,
+            &["--key-file", "--signing-key", "--append-to"],
+            &[],
+        )?),
+        ["log", "keygen", rest @ ..] => evidence::keygen(Args::parse(rest, &[], &[])?),
+        ["log", "export-session", rest @ ..] => {
+            evidence::export(Args::parse(rest, &["--bundle", "--signing-key"], &[])?)
+        }
+        ["log", "verify-bundle", rest @ ..] => {
+            evidence::verify(Args::parse(rest, &["--public-key", "--checkpoint"], &[])?)
+        }
+        ["log", "prove-consistency", rest @ ..] => {
+            evidence::prove(Args::parse(rest, &["--from", "--to", "--public-key"], &[])?)
+        }
+        ["log", "verify-consistency", rest @ ..] => {
+            evidence::verify_consistency(Args::parse(rest, &["--public-key"], &[])?)
         }
         ["log", "audit", rest @ ..] => log::audit(Args::parse(rest, &["--session"], &[])?),
         ["log", "trace", rest @ ..] => trace::trace(Args::parse(rest, &["--session"], &[])?),
