@@ -26,6 +26,8 @@ const LAT_ROUNDS: usize = 4;
 const SESSION_EVENTS: usize = 1000;
 /// Rounds of checking its bundle: odd.
 const BUNDLE_ROUNDS: usize = 11;
+/// Payloads erased for `erase_ms`: odd.
+const ERASE_ROUNDS: usize = 5;
 
 fn event(i: usize) -> NewEvent {
     NewEvent::new(
@@ -284,6 +286,22 @@ fn bundle_figures(dir: &Path, db: &Path) {
     println!("bundle_bytes: {}", text.len());
     println!("export_session_ms: {export_ms:.0}");
     println!("verify_bundle_ms: {:.1}", median(times));
+    // Erasing: the record appended, the payload replaced, the WAL emptied; each of a few of
+    // the session's events in turn, on the million-event log.
+    let store = SqliteEventStore::open(db).expect("open to erase");
+    let erase: Vec<f64> = bundle["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .take(ERASE_ROUNDS)
+        .map(|e| {
+            let position = e["position"].as_u64().expect("position");
+            let t = Instant::now();
+            store.erase(position, "bench", None).expect("erase");
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    println!("erase_ms: {:.1}", median(erase));
 }
 
 fn now_ns() -> u64 {

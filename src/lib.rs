@@ -92,10 +92,11 @@ pub use events::chain;
 pub use events::evidence;
 pub use events::merkle;
 pub use events::{
-    format_rfc3339_ms, verify_log_with, AppendResult, Checkpoints, Durability, EventLog,
-    EventStore, EventStoreError, ExpectedVersion, LatencySnapshot, LogProblem, LogReport, NewEvent,
-    RecordedEvent, Seal, SealConfig, SealError, SealKey, SealOptions, SealWriter, SqliteEventStore,
-    StoreOptions, Subscription, CHAIN_BREAK,
+    format_rfc3339_ms, verify_log_with, AppendResult, Checkpoints, Durability, EraseError, Erased,
+    EventLog, EventStore, EventStoreError, ExpectedVersion, LatencySnapshot, LogProblem, LogReport,
+    NewEvent, RecordedEvent, Seal, SealConfig, SealError, SealKey, SealOptions, SealWriter,
+    SqliteEventStore, StoreOptions, Subscription, CHAIN_BREAK, ERASED_TYPE, ERASURE_STREAM,
+    TOMBSTONE,
 };
 #[cfg(feature = "postgres")]
 pub use events::{is_postgres_url, PostgresEventStore};

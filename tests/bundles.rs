@@ -439,3 +439,245 @@ fn one_inserted_event_is_one_line_of_verify_and_all_lists_every_position() -> Te
     );
     Ok(())
 }
+
+const SECRET: &str = "hunter2-pasted-by-mistake";
+
+/// Appends an event of session `s1` holding the secret; its position.
+fn secret_event(store: &SqliteEventStore, n: u64) -> Result<u64, Box<dyn std::error::Error>> {
+    let e = NewEvent::new(
+        "note.step",
+        1,
+        json!({"session_id": "s1", "pasted": SECRET, "n": n}),
+    );
+    Ok(store
+        .append("session-s1", ExpectedVersion::Any, &[e])?
+        .first_position)
+}
+
+fn holds_secret(db: &Path) -> bool {
+    ["", "-wal"].iter().any(|suffix| {
+        std::fs::read(format!("{}{suffix}", db.display()))
+            .map(|b| b.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()))
+            .unwrap_or(false)
+    })
+}
+
+#[test]
+fn a_log_erased_at_three_positions_still_verifies_and_a_payload_put_back_is_found() -> TestResult {
+    use correx::{verify_log_sealed, EraseError};
+    let tmp = TempDir::new("erase");
+    let dir = tmp.path();
+    let db = dir.join("events.db");
+    write_log(&db)?;
+    let store = SqliteEventStore::open(&db)?;
+    let mut secrets = Vec::new();
+    for n in 0..3 {
+        secrets.push(secret_event(&store, n)?);
+        store.append(
+            "notes",
+            ExpectedVersion::Any,
+            &[NewEvent::new("note.added", 1, json!({}))],
+        )?;
+    }
+    let seals = vec![store.seal()?];
+    let signing = key(dir, "k")?;
+    let checkpoint = correx::evidence::checkpoint_of_log(&db)?;
+    let before = export_session(&db, "s1", &signing)?;
+    for &p in &secrets {
+        let done = store.erase(p, "a secret pasted into a prompt", Some("ops@example"))?;
+        assert_eq!(done.position, p);
+    }
+    assert!(
+        !holds_secret(&db),
+        "the secret's bytes are still in the file or its WAL"
+    );
+    // The log, its seal made before, and its checkpoint made before all verify.
+    let report = verify_log_sealed(&db, &seals)?;
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+    assert_eq!(report.erased, secrets);
+    assert!(
+        correx::evidence::check_checkpoints(&db, std::slice::from_ref(&checkpoint))?.is_empty()
+    );
+    // The session's bundle proves the erased events by their digests.
+    let after = export_session(&db, "s1", &signing)?;
+    let r = verify_bundle(&after, &signing.public(), None)?;
+    assert_eq!(r.erased, secrets);
+    assert_eq!(r.events, events(&before).len());
+    assert!(!after.to_string().contains(SECRET));
+    // A digest changed in the bundle, or the payload put back beside it, is refused.
+    let ev = events(&after);
+    let i = ev.iter().position(|e| e["payload"].is_null()).unwrap_or(0);
+    let mut changed = ev.clone();
+    changed[i]["payload_digest"] = json!("33".repeat(32));
+    assert!(verify_bundle(&with_events(&after, changed), &signing.public(), None).is_err());
+    // What cannot be erased says why.
+    let record = store.last_position()?;
+    for (p, reason, want) in [
+        (secrets[0], "again", "AlreadyErased"),
+        (record, "the record", "ErasureRecord"),
+        (99_999, "none", "NotFound"),
+        (1, " ", "NoReason"),
+    ] {
+        let got = format!("{:?}", store.erase(p, reason, None).err());
+        assert!(got.contains(want), "erase {p}: want {want}, got {got}");
+    }
+    drop(store);
+    // The payload put back over its tombstone is found; so is it with its erasure undone.
+    let conn = rusqlite::Connection::open(&db)?;
+    let original = events(&before)
+        .into_iter()
+        .find(|e| e["position"] == json!(secrets[1]))
+        .and_then(|e| e["payload"].as_str().map(str::to_owned))
+        .ok_or("the secret event in the bundle made before")?;
+    conn.execute(
+        "UPDATE events SET payload = ?1 WHERE position = ?2",
+        rusqlite::params![original, secrets[1] as i64],
+    )?;
+    let found = verify_log_sealed(&db, &seals)?.problems;
+    assert!(
+        found
+            .iter()
+            .any(|p| p.position == Some(secrets[1]) && p.detail.contains("put back")),
+        "{found:#?}"
+    );
+    conn.execute(
+        "DELETE FROM correx_erased WHERE position = ?1",
+        [secrets[1] as i64],
+    )?;
+    let found = verify_log_sealed(&db, &seals)?.problems;
+    assert!(
+        found
+            .iter()
+            .any(|p| p.position == Some(secrets[1]) && p.detail.contains("not in effect")),
+        "{found:#?}"
+    );
+    // An event changed after it was appended is not erased (that would hide the change).
+    conn.execute(
+        "UPDATE events SET payload = '{\"session_id\":\"s1\",\"n\":7}' WHERE position = 1",
+        [],
+    )?;
+    drop(conn);
+    let store = SqliteEventStore::open(&db)?;
+    assert!(matches!(
+        store.erase(1, "hide it", None),
+        Err(EraseError::Tampered { position: 1 })
+    ));
+    Ok(())
+}
+
+#[test]
+fn a_chained_log_from_before_digests_keeps_every_old_seal_and_checkpoint_verifying() -> TestResult {
+    use correx::chain::{Link, GENESIS};
+    use correx::{verify_log_sealed, EraseError, SealKey};
+    let tmp = TempDir::new("digest-upgrade");
+    let dir = tmp.path();
+    let db = dir.join("events.db");
+    write_log(&db)?;
+    // The log as the previous schema (2) wrote it: no digests, every hash over the bytes.
+    let conn = rusqlite::Connection::open(&db)?;
+    conn.execute_batch(
+        "DROP TABLE correx_erased; ALTER TABLE correx_chain DROP COLUMN digest_from; \
+         PRAGMA user_version = 2;",
+    )?;
+    let rows: Vec<(i64, Vec<u8>)> = {
+        let mut st = conn.prepare(
+            "SELECT position, event_id, stream_id, stream_version, type_id, schema_version, \
+             timestamp_ms, correlation_id, causation_id, payload FROM events ORDER BY position",
+        )?;
+        let mut previous = GENESIS;
+        let mapped = st.query_map([], |r| {
+            previous = Link {
+                position: r.get::<_, i64>(0)? as u64,
+                event_id: &r.get::<_, String>(1)?,
+                stream_id: &r.get::<_, String>(2)?,
+                stream_version: r.get::<_, i64>(3)? as u64,
+                type_id: &r.get::<_, String>(4)?,
+                schema_version: r.get(5)?,
+                timestamp_ms: r.get(6)?,
+                correlation_id: r.get::<_, Option<String>>(7)?.as_deref(),
+                causation_id: r.get::<_, Option<String>>(8)?.as_deref(),
+                payload: &r.get::<_, String>(9)?,
+            }
+            .hash(&previous);
+            Ok((r.get(0)?, previous.to_vec()))
+        })?;
+        mapped.collect::<Result<_, _>>()?
+    };
+    for (p, h) in &rows {
+        conn.execute(
+            "UPDATE events SET hash = ?1 WHERE position = ?2",
+            rusqlite::params![h, p],
+        )?;
+    }
+    drop(conn);
+    let old_last = rows.len() as u64;
+    let hmac = SealKey::new(b"k".to_vec(), &dir.join("k"))?;
+    let hmac_seal = correx::Seal::parse_all(
+        &correx::Seal::of_log(&db)?.to_line(Some(&hmac)),
+        Some(&hmac),
+    )?;
+    let old_checkpoint = correx::evidence::checkpoint_of_log(&db)?;
+    assert!(verify_log_sealed(&db, &hmac_seal)?.problems.is_empty());
+    // This build opens it (migrating to digests from the next append) and appends.
+    let store = SqliteEventStore::open(&db)?;
+    let secret = secret_event(&store, 0)?;
+    assert_eq!(secret, old_last + 1);
+    let report = verify_log_sealed(&db, &hmac_seal)?;
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+    assert!(
+        correx::evidence::check_checkpoints(&db, std::slice::from_ref(&old_checkpoint))?.is_empty()
+    );
+    // An old event's hash covers its bytes: it cannot be erased; a new one can.
+    assert!(matches!(
+        store.erase(2, "old", None),
+        Err(EraseError::PredatesDigests { position: 2, digest_from }) if digest_from == secret
+    ));
+    store.erase(secret, "pasted", None)?;
+    let report = verify_log_sealed(&db, &hmac_seal)?;
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+    assert_eq!(report.erased, vec![secret]);
+    assert!(correx::evidence::check_checkpoints(&db, &[old_checkpoint])?.is_empty());
+    // A bundle spanning both forms verifies.
+    let signing = key(dir, "signing")?;
+    let b = export_session(&db, "s1", &signing)?;
+    assert_eq!(
+        verify_bundle(&b, &signing.public(), None)?.erased,
+        vec![secret]
+    );
+    Ok(())
+}
+
+#[test]
+fn correx_log_erase_erases_a_payload_and_verify_reports_it_erased() -> TestResult {
+    let tmp = TempDir::new("erase-cli");
+    let db = tmp.path().join("events.db");
+    write_log(&db)?;
+    let store = SqliteEventStore::open(&db)?;
+    let p = secret_event(&store, 0)?;
+    drop(store);
+    let (dbs, ps) = (db.to_string_lossy().into_owned(), p.to_string());
+    let (code, out, err) = correx(&["log", "erase", &dbs, "--position", &ps])?;
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("--reason"), "{err}");
+    let (code, out, err) = correx(&[
+        "log",
+        "erase",
+        &dbs,
+        "--position",
+        &ps,
+        "--reason",
+        "pasted",
+        "--by",
+        "ops",
+    ])?;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("position {p}")), "{out}");
+    assert!(!holds_secret(&db));
+    let (code, out, err) = correx(&["log", "verify", &dbs])?;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("1 payload(s) erased"), "{out}");
+    let (code, _, err) = correx(&["log", "erase", &dbs, "--position", &ps, "--reason", "again"])?;
+    assert_eq!(code, 1);
+    assert!(err.contains("erased already"), "{err}");
+    Ok(())
+}

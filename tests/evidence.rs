@@ -64,6 +64,14 @@ fn sql(db: &Path, statements: &str) -> TestResult {
 /// `from` on, so the chain holds again.
 pub(crate) fn recompute_chain(db: &Path, from: u64) -> TestResult {
     let conn = Connection::open(db)?;
+    // In the form each position takes (digested from `digest_from` on), as the writer hashes.
+    let digest_from: u64 = conn
+        .query_row("SELECT digest_from FROM correx_chain", [], |r| {
+            r.get::<_, Option<i64>>(0)
+        })
+        .ok()
+        .flatten()
+        .map_or(u64::MAX, |p| p as u64);
     let previous: Vec<u8> = conn.query_row(
         "SELECT hash FROM events WHERE position = ?1",
         [from as i64 - 1],
@@ -90,7 +98,7 @@ pub(crate) fn recompute_chain(db: &Path, from: u64) -> TestResult {
                 causation_id: r.get::<_, Option<String>>(8)?.as_deref(),
                 payload: &r.get::<_, String>(9)?,
             }
-            .hash(&previous);
+            .hash_at(&previous, digest_from, None);
             Ok((position, previous))
         })?
         .collect::<Result<_, _>>()?;
@@ -226,7 +234,7 @@ fn battery() -> TestResult {
                 causation_id: None,
                 payload: "{}",
             };
-            let hash = link.hash(&ChainHash::try_from(previous.as_slice())?);
+            let hash = link.hash_at(&ChainHash::try_from(previous.as_slice())?, 1, None);
             conn.execute(
                 "INSERT INTO events (position, event_id, stream_id, stream_version, type_id, \
                  schema_version, timestamp_ms, payload, hash) \

@@ -195,7 +195,7 @@ fn a_log_and_journals_of_an_older_correx_are_migrated_recovered_and_resumed() ->
     );
 
     let rt = runtime()?;
-    assert_eq!(schema(&db)?, (2, true), "the log was not migrated");
+    assert_eq!(schema(&db)?, (3, true), "the log was not migrated");
     let mut recovered: Vec<(String, Vec<std::path::PathBuf>)> = rt
         .executor()
         .recovered()
@@ -298,6 +298,6 @@ fn a_log_and_journals_of_an_older_correx_are_migrated_recovered_and_resumed() ->
     let rt = runtime()?;
     assert!(rt.executor().recovered().is_empty());
     assert_eq!(rt.events().last_position()?, count);
-    assert_eq!(schema(&db)?, (2, true));
+    assert_eq!(schema(&db)?, (3, true));
     Ok(())
 }

@@ -17,6 +17,12 @@
 //! | correlation_id, causation_id | each: byte 0 when absent, else byte 1, length and bytes |
 //! | payload | length and bytes, the JSON text exactly as stored |
 //!
+//! From the position a log's `correx_chain.digest_from` names on (every event of a log made
+//! since #52, every event appended after an older log was opened by it), the chain commits to
+//! the payload's SHA-256 rather than its bytes, so that a payload can be erased while its
+//! digest, and so the chain, stays: the same encoding with the tag `correx.event.v2\0` and, in
+//! the payload's place, its 32-byte digest (no length).
+//!
 //! Anyone can recompute it from the rows with any SHA-256; `correx log verify` does.
 
 use sha2::{Digest, Sha256};
@@ -28,6 +34,12 @@ pub type ChainHash = [u8; 32];
 pub const GENESIS: ChainHash = [0; 32];
 
 const TAG: &[u8; 16] = b"correx.event.v1\0";
+const TAG_DIGESTED: &[u8; 16] = b"correx.event.v2\0";
+
+/// A payload's SHA-256: what a digested link commits to.
+pub fn payload_digest(payload: &str) -> ChainHash {
+    Sha256::digest(payload.as_bytes()).into()
+}
 
 /// What of a stored event the chain covers: every column but the hash.
 #[derive(Clone, Copy, Debug)]
@@ -57,9 +69,41 @@ pub struct Link<'a> {
 impl Link<'_> {
     /// This event's hash, following `previous`.
     pub fn hash(&self, previous: &ChainHash) -> ChainHash {
+        let mut h = self.fields(previous, TAG);
+        text(&mut h, self.payload);
+        h.finalize().into()
+    }
+
+    /// This event's hash in the digested form, following `previous`, where `digest` is its
+    /// payload's SHA-256 (as [`payload_digest`] makes it, or as kept for an erased payload).
+    pub fn hash_digested(&self, previous: &ChainHash, digest: &ChainHash) -> ChainHash {
+        let mut h = self.fields(previous, TAG_DIGESTED);
+        h.update(digest);
+        h.finalize().into()
+    }
+
+    /// This event's hash in the form its position takes in a log digested from `digest_from`:
+    /// digested there and after (with `erased`, the kept digest of an erased payload, in place
+    /// of the payload's), whole before.
+    pub fn hash_at(
+        &self,
+        previous: &ChainHash,
+        digest_from: u64,
+        erased: Option<&ChainHash>,
+    ) -> ChainHash {
+        if self.position < digest_from {
+            return self.hash(previous);
+        }
+        match erased {
+            Some(d) => self.hash_digested(previous, d),
+            None => self.hash_digested(previous, &payload_digest(self.payload)),
+        }
+    }
+
+    fn fields(&self, previous: &ChainHash, tag: &[u8; 16]) -> Sha256 {
         let mut h = Sha256::new();
         h.update(previous);
-        h.update(TAG);
+        h.update(tag);
         h.update(self.position.to_be_bytes());
         text(&mut h, self.event_id);
         text(&mut h, self.stream_id);
@@ -69,8 +113,7 @@ impl Link<'_> {
         h.update(self.timestamp_ms.to_be_bytes());
         optional(&mut h, self.correlation_id);
         optional(&mut h, self.causation_id);
-        text(&mut h, self.payload);
-        h.finalize().into()
+        h
     }
 }
 
@@ -142,6 +185,29 @@ mod tests {
         (a.event_id, a.stream_id) = ("ab", "c");
         (b.event_id, b.stream_id) = ("a", "bc");
         assert_ne!(a.hash(&GENESIS), b.hash(&GENESIS));
+    }
+
+    #[test]
+    fn the_digested_form_commits_to_the_payload_through_its_digest_alone() {
+        let l = link("{\"a\":1}");
+        let d = payload_digest(l.payload);
+        assert_eq!(l.hash_at(&GENESIS, 7, None), l.hash_digested(&GENESIS, &d));
+        assert_eq!(l.hash_at(&GENESIS, 8, None), l.hash(&GENESIS));
+        assert_ne!(l.hash(&GENESIS), l.hash_digested(&GENESIS, &d));
+        // An erased payload's kept digest stands in for it; another digest does not.
+        let erased = link("{\"correx_erased\":true}");
+        assert_eq!(
+            erased.hash_at(&GENESIS, 1, Some(&d)),
+            l.hash_at(&GENESIS, 1, None)
+        );
+        assert_ne!(
+            erased.hash_at(&GENESIS, 1, Some(&[0; 32])),
+            l.hash_at(&GENESIS, 1, None)
+        );
+        assert_ne!(
+            link("{ }").hash_at(&GENESIS, 1, None),
+            l.hash_at(&GENESIS, 1, None)
+        );
     }
 
     #[test]

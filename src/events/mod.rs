@@ -21,6 +21,7 @@
 //! ```
 
 pub mod chain;
+mod erase;
 mod error;
 pub mod evidence;
 mod latency;
@@ -35,6 +36,7 @@ mod subscription;
 mod time;
 pub(crate) mod verify;
 
+pub use erase::{EraseError, Erased, ERASED_TYPE, ERASURE_STREAM, TOMBSTONE};
 pub use error::EventStoreError;
 pub use latency::LatencySnapshot;
 pub use log::EventLog;

@@ -40,6 +40,9 @@ pub struct LogReport {
     pub head: Option<(u64, String)>,
     /// How many seals the log was checked against.
     pub seals: u64,
+    /// The positions whose payloads were erased (`correx log erase`): their digests stay in
+    /// the chain, so they are not problems.
+    pub erased: Vec<u64>,
     /// Everything wrong, in position order after SQLite's own findings; empty when the log is
     /// sound.
     pub problems: Vec<LogProblem>,
@@ -121,7 +124,8 @@ pub fn verify_log_with(
         operation: "verify",
         source,
     };
-    let mut walk = Walk::new(check, seals, chain_start(&conn));
+    let mut walk = Walk::new(check, seals, chain_start(&conn))
+        .with_digests(digest_start(&conn), erased_digests(&conn));
     let integrity: Vec<String> = conn
         .prepare("PRAGMA integrity_check")
         .and_then(|mut st| {
@@ -200,6 +204,10 @@ pub(crate) struct Walk<'a> {
     chain: Chain,
     last_position: u64,
     versions: HashMap<String, u64>,
+    digest_from: u64,
+    erased: HashMap<u64, ChainHash>,
+    /// Where each recorded erasure says a payload was erased, and where it is recorded.
+    erasures: Vec<(u64, u64)>,
 }
 
 impl<'a> Walk<'a> {
@@ -222,7 +230,22 @@ impl<'a> Walk<'a> {
             },
             last_position: 0,
             versions: HashMap::new(),
+            digest_from: u64::MAX,
+            erased: HashMap::new(),
+            erasures: Vec::new(),
         }
+    }
+
+    /// The walk of a log whose chain commits to digests from `digest_from` on, with the kept
+    /// digests of its `erased` payloads.
+    pub(crate) fn with_digests(
+        mut self,
+        digest_from: u64,
+        erased: HashMap<u64, ChainHash>,
+    ) -> Self {
+        self.digest_from = digest_from;
+        self.erased = erased;
+        self
     }
 
     /// The last position walked.
@@ -255,9 +278,14 @@ impl<'a> Walk<'a> {
             ));
         }
         self.last_position = position.max(0) as u64;
+        let erased = self.erased.get(&self.last_position).copied();
         match &row.link {
             Ok(link) => {
-                if let Some(p) = self.chain.follow(link, &row.stored) {
+                let form = Form {
+                    digest_from: self.digest_from,
+                    erased: erased.as_ref(),
+                };
+                if let Some(p) = self.chain.follow(link, &row.stored, form) {
                     problem(p);
                 }
             }
@@ -285,6 +313,18 @@ impl<'a> Walk<'a> {
         self.versions
             .insert(row.stream.clone(), row.version.max(0) as u64);
         let type_id = row.type_id;
+        if erased.is_some() {
+            self.report.erased.push(self.last_position);
+            if row.payload.as_deref() != Ok(super::erase::TOMBSTONE) {
+                self.report.problems.push(LogProblem {
+                    position: Some(self.last_position),
+                    detail: "this payload was erased, but the event holds a payload again: it \
+                             was put back, or the tombstone was changed"
+                        .into(),
+                });
+            }
+            return;
+        }
         let payload_text = match row.payload {
             Ok(t) => t,
             Err(e) => {
@@ -311,8 +351,14 @@ impl<'a> Walk<'a> {
             causation_id: row.causation_id,
             payload,
         };
+        if let Some(erased) = super::erase::erasure_of(&event) {
+            self.erasures.push((erased, event.position));
+        }
         if let Some(p) = (self.check)(&event) {
-            problem(p);
+            self.report.problems.push(LogProblem {
+                position: Some(event.position),
+                detail: p,
+            });
         }
     }
 
@@ -327,6 +373,18 @@ impl<'a> Walk<'a> {
             .last_stored
             .map(|h| (self.last_position, to_hex(&h)));
         report.seals = self.seals.len() as u64;
+        for (erased, at) in &self.erasures {
+            if !self.erased.contains_key(erased) {
+                report.problems.push(LogProblem {
+                    position: Some(*erased),
+                    detail: format!(
+                        "the erasure recorded at position {at} is not in effect: the payload \
+                         was put back (or the erasure did not finish: run `correx log erase` \
+                         again)"
+                    ),
+                });
+            }
+        }
         report
             .problems
             .extend(check_seals(self.seals, self.last_position, &self.stored_at));
@@ -363,6 +421,41 @@ pub(crate) fn chain_start(conn: &Connection) -> Option<u64> {
     .map(|p| p.max(1) as u64)
 }
 
+/// Where the log's chain starts committing to payload digests (`correx_chain.digest_from`);
+/// never (`u64::MAX`) for a log no digesting correx has opened.
+pub(crate) fn digest_start(conn: &Connection) -> u64 {
+    conn.query_row("SELECT digest_from FROM correx_chain", [], |r| {
+        r.get::<_, Option<i64>>(0)
+    })
+    .ok()
+    .flatten()
+    .map_or(u64::MAX, |p| p.max(1) as u64)
+}
+
+/// The kept digests of erased payloads, by position (none for a log without erasures).
+pub(crate) fn erased_digests(conn: &Connection) -> HashMap<u64, ChainHash> {
+    let read = || -> rusqlite::Result<HashMap<u64, ChainHash>> {
+        let mut st = conn.prepare("SELECT position, digest FROM correx_erased")?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))?;
+        let mut out = HashMap::new();
+        for row in rows {
+            let (p, d) = row?;
+            if let Ok(d) = ChainHash::try_from(d.as_slice()) {
+                out.insert(p.max(0) as u64, d);
+            }
+        }
+        Ok(out)
+    };
+    read().unwrap_or_default()
+}
+
+/// How one event enters the chain.
+#[derive(Clone, Copy)]
+struct Form<'a> {
+    digest_from: u64,
+    erased: Option<&'a ChainHash>,
+}
+
 /// The chain as `verify` walks it.
 #[derive(Default)]
 struct Chain {
@@ -380,11 +473,15 @@ struct Chain {
 impl Chain {
     /// Checks one event's stored hash; the problem, if any. After a broken link the walk goes
     /// on from the stored hash, so one edit is one problem, at its own position.
-    fn follow(&mut self, link: &Link<'_>, stored: &Stored) -> Option<String> {
+    fn follow(&mut self, link: &Link<'_>, stored: &Stored, form: Form<'_>) -> Option<String> {
         self.last_stored = None;
         // An event without a (well-formed) hash is still chained in passing, as the writer
         // does: the next stored hash covers every event before it.
-        let passing = link.hash(&self.previous.unwrap_or(GENESIS));
+        let passing = link.hash_at(
+            &self.previous.unwrap_or(GENESIS),
+            form.digest_from,
+            form.erased,
+        );
         let stored = match stored {
             Stored::Hash(h) => *h,
             Stored::Missing => {

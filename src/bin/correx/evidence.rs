@@ -191,3 +191,32 @@ pub fn verify_consistency(args: Args) -> Result<(), Failure> {
         }
     }
 }
+
+/// `correx log erase DB --position N --reason R [--by NAME]`.
+pub fn erase(args: Args) -> Result<(), Failure> {
+    let [db] = args.positionals(&["DB"])?[..] else {
+        unreachable!("positionals returns exactly one")
+    };
+    let Some(position) = args.number("--position")? else {
+        return Err(Failure::Usage("--position N is required".into()));
+    };
+    let reason = required(&args, "--reason", "TEXT")?;
+    let path = file_only(db)?;
+    let store = correx::SqliteEventStore::open_existing(path, correx::StoreOptions::default())
+        .map_err(|e| Failure::Run(e.to_string()))?;
+    let done = store
+        .erase(position, reason, args.value("--by"))
+        .map_err(|e| Failure::Run(format!("{db}: {e}")))?;
+    line(&format!(
+        "erased the payload at position {} (digest {} kept; recorded at position {}){}",
+        done.position,
+        correx::chain::to_hex(&done.digest),
+        done.recorded_at,
+        if done.wal_cleared {
+            ""
+        } else {
+            "; a reader holds the WAL, so its copy of the old bytes goes at the next checkpoint"
+        }
+    ));
+    Ok(())
+}

@@ -391,13 +391,17 @@ pub fn verify(args: Args) -> Result<(), Failure> {
                 from.saturating_sub(1)
             ),
         };
+        let erased = match report.erased.len() {
+            0 => String::new(),
+            n => format!(", {n} payload(s) erased (their digests hold)"),
+        };
         let sealed = match (report.seals, &report.head) {
             (0, _) => String::new(),
             (n, _) => format!(", {n} seal(s) match"),
         };
         line(&format!(
             "ok: {} events in {} streams, every stream gapless, every payload readable, \
-             {chain}{sealed}",
+             {chain}{erased}{sealed}",
             report.events, report.streams
         ));
         if let Some((position, hash)) = &report.head {

@@ -24,6 +24,7 @@ usage:
   correx log tail DB [-f] [-n N] [--json]
   correx log verify DB [--seal FILE [--key-file KEY | --public-key PUB]] [--all]
   correx log seal DB [--key-file KEY | --signing-key KEY] [--append-to FILE]
+  correx log erase DB --position N --reason R [--by NAME]
   correx log keygen KEYFILE
   correx log export-session DB SESSION --bundle FILE --signing-key KEY
   correx log verify-bundle FILE --public-key PUB [--checkpoint FILE]
@@ -119,6 +120,9 @@ fn run(argv: &[String]) -> Result<(), Failure> {
             &["--key-file", "--signing-key", "--append-to"],
             &[],
         )?),
+        ["log", "erase", rest @ ..] => {
+            evidence::erase(Args::parse(rest, &["--position", "--reason", "--by"], &[])?)
+        }
         ["log", "keygen", rest @ ..] => evidence::keygen(Args::parse(rest, &[], &[])?),
         ["log", "export-session", rest @ ..] => {
             evidence::export(Args::parse(rest, &["--bundle", "--signing-key"], &[])?)

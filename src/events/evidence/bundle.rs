@@ -7,11 +7,15 @@
 //!  "events": [{"leaf_index": I, "previous": "<64 hex>", "position": N, "event_id": ..,
 //!              "stream_id": .., "stream_version": .., "type_id": .., "schema_version": ..,
 //!              "timestamp_ms": .., "correlation_id": .. | null, "causation_id": .. | null,
-//!              "payload": "<the JSON text as stored>", "proof": ["<64 hex>", ...]}, ...],
+//!              "payload": "<the JSON text as stored>", "proof": ["<64 hex>", ...],
+//!              "digested": true}, ...],
 //!  "ed25519": "<128 hex>"}
 //! ```
 //!
-//! Each event's chain hash is recomputed from its fields and `previous`; its leaf must be in
+//! `digested` marks an event whose chain hash commits to its payload's digest (see
+//! [`chain`](crate::events::chain)); an erased event has `"payload": null` and its kept
+//! `"payload_digest"` instead. Each event's chain hash is recomputed from its fields and
+//! `previous`; its leaf must be in
 //! the checkpoint's tree at `leaf_index` (so a changed event is found), and the statement
 //! `correx.bundle.v1\n{log_id}\n{session}\n{tree_size}\n{root}\n` followed by one line
 //! `{leaf_index} {chain hash}\n` per event must carry the key's signature (so an event removed
@@ -22,9 +26,9 @@ use super::checkpoint::Checkpoint;
 use super::keys::{PublicKey, SigningKey};
 use super::leaves::{hashes, Leaves};
 use super::EvidenceError;
-use crate::events::chain::{from_hex, to_hex, ChainHash, Link, GENESIS};
+use crate::events::chain::{from_hex, payload_digest, to_hex, ChainHash, Link, GENESIS};
 use crate::events::merkle::{leaf_hash, verify_inclusion};
-use crate::events::verify::open_log_read_only;
+use crate::events::verify::{digest_start, erased_digests, open_log_read_only};
 use rusqlite::Connection;
 use std::path::Path;
 
@@ -37,6 +41,8 @@ pub struct BundleReport {
     pub events: usize,
     /// The checkpoint they were proved against.
     pub checkpoint: Checkpoint,
+    /// The positions of the events whose payloads were erased (their digests proved).
+    pub erased: Vec<u64>,
 }
 
 fn belongs(session: &str, stream: &str, payload: &serde_json::Value) -> bool {
@@ -58,7 +64,11 @@ fn prefix_hash(conn: &Connection, chain_from: u64) -> Result<ChainHash, Evidence
     let mut rows = st.query([chain_from as i64]).map_err(sqlite)?;
     let mut h = GENESIS;
     while let Some(r) = rows.next().map_err(sqlite)? {
-        h = crate::events::sqlite::link_of(r).map_err(sqlite)?.hash(&h);
+        h = crate::events::sqlite::link_of(r).map_err(sqlite)?.hash_at(
+            &h,
+            digest_start(conn),
+            None,
+        );
     }
     Ok(h)
 }
@@ -94,11 +104,18 @@ pub fn export_session(
         .map_err(sqlite)?;
     let mut events = Vec::new();
     let mut statement = statement_head(&checkpoint, session);
+    let (digest_from, erased) = (digest_start(&conn), erased_digests(&conn));
     while let Some(r) = rows.next().map_err(sqlite)? {
         let link = crate::events::sqlite::link_of(r).map_err(sqlite)?;
-        let payload: serde_json::Value = serde_json::from_str(link.payload)
-            .map_err(|e| EvidenceError::Log(format!("position {}: {e}", link.position)))?;
-        if !belongs(session, link.stream_id, &payload) {
+        let kept = erased.get(&link.position);
+        if kept.is_none() {
+            let payload: serde_json::Value = serde_json::from_str(link.payload)
+                .map_err(|e| EvidenceError::Log(format!("position {}: {e}", link.position)))?;
+            if !belongs(session, link.stream_id, &payload) {
+                continue;
+            }
+        } else if link.stream_id != stream {
+            // An erased payload no longer says whose it was: only its stream does.
             continue;
         }
         let Ok(index) = leaves.positions.binary_search(&link.position) else {
@@ -117,7 +134,7 @@ pub fn export_session(
         let proof = tree
             .inclusion(index as u64, tree.size())
             .unwrap_or_default();
-        events.push(serde_json::json!({
+        let mut event = serde_json::json!({
             "leaf_index": index,
             "previous": to_hex(&previous),
             "position": link.position,
@@ -131,7 +148,15 @@ pub fn export_session(
             "causation_id": link.causation_id,
             "payload": link.payload,
             "proof": proof.iter().map(to_hex).collect::<Vec<_>>(),
-        }));
+        });
+        if link.position >= digest_from {
+            event["digested"] = true.into();
+        }
+        if let Some(d) = kept {
+            event["payload"] = serde_json::Value::Null;
+            event["payload_digest"] = to_hex(d).into();
+        }
+        events.push(event);
     }
     if events.is_empty() {
         return Err(EvidenceError::Log(format!(
@@ -215,6 +240,7 @@ pub fn verify_bundle(
         .and_then(|v| v.as_array())
         .ok_or_else(|| bad("\"events\" is not a list".into()))?;
     let mut statement = statement_head(&checkpoint, session);
+    let mut erased = Vec::new();
     let mut last_index = None;
     let mut version = 0u64;
     let stream = crate::domain::session_stream(session);
@@ -227,7 +253,7 @@ pub fn verify_bundle(
             ));
         }
         last_index = Some(event.leaf_index);
-        let hash = event.link().hash(&event.previous);
+        let hash = event.hash().map_err(|d| refuse(Some(i), d))?;
         if !verify_inclusion(
             event.leaf_index,
             checkpoint.tree_size,
@@ -244,9 +270,16 @@ pub fn verify_bundle(
                 ),
             ));
         }
-        let payload: serde_json::Value = serde_json::from_str(&event.payload)
-            .map_err(|e| refuse(Some(i), format!("the payload is not JSON: {e}")))?;
-        if !belongs(session, &event.stream_id, &payload) {
+        let member = match &event.payload {
+            // An erased payload: only its stream can say whose it was.
+            None => event.stream_id == stream,
+            Some(text) => {
+                let payload: serde_json::Value = serde_json::from_str(text)
+                    .map_err(|e| refuse(Some(i), format!("the payload is not JSON: {e}")))?;
+                belongs(session, &event.stream_id, &payload)
+            }
+        };
+        if !member {
             return Err(refuse(
                 Some(i),
                 format!(
@@ -268,6 +301,9 @@ pub fn verify_bundle(
                 ));
             }
         }
+        if event.payload.is_none() {
+            erased.push(event.position);
+        }
         statement.push_str(&format!("{} {}\n", event.leaf_index, to_hex(&hash)));
     }
     let sig = o.get("ed25519").and_then(|v| v.as_str()).unwrap_or("");
@@ -283,6 +319,7 @@ pub fn verify_bundle(
         session: session.to_owned(),
         events: events.len(),
         checkpoint,
+        erased,
     })
 }
 
@@ -299,7 +336,10 @@ struct BundleEvent {
     timestamp_ms: i64,
     correlation_id: Option<String>,
     causation_id: Option<String>,
-    payload: String,
+    /// `None` for an erased payload, whose digest is `payload_digest`.
+    payload: Option<String>,
+    payload_digest: Option<ChainHash>,
+    digested: bool,
     proof: Vec<ChainHash>,
 }
 
@@ -342,9 +382,36 @@ impl BundleEvent {
                 .ok_or("\"timestamp_ms\" is not a whole number")?,
             correlation_id: optional("correlation_id")?,
             causation_id: optional("causation_id")?,
-            payload: text("payload")?,
+            payload: optional("payload")?,
+            payload_digest: match o.get("payload_digest") {
+                None | Some(serde_json::Value::Null) => None,
+                Some(v) => Some(
+                    v.as_str()
+                        .and_then(from_hex)
+                        .ok_or("\"payload_digest\" is not 64 hex digits")?,
+                ),
+            },
+            digested: match o.get("digested") {
+                None => false,
+                Some(v) => v.as_bool().ok_or("\"digested\" is not true or false")?,
+            },
             proof: hashes(o.get("proof")).ok_or("\"proof\" is not a list of hashes")?,
         })
+    }
+
+    /// Its chain hash, in its form: whole, digested, or (erased) from the kept digest.
+    fn hash(&self) -> Result<ChainHash, String> {
+        let link = self.link();
+        match (&self.payload, self.payload_digest, self.digested) {
+            (Some(_), None, false) => Ok(link.hash(&self.previous)),
+            (Some(p), None, true) => Ok(link.hash_digested(&self.previous, &payload_digest(p))),
+            (None, Some(d), true) => Ok(link.hash_digested(&self.previous, &d)),
+            (None, None, _) => Err("\"payload\" is not a string".into()),
+            (None, Some(_), false) => Err("an erased payload is always digested".into()),
+            (Some(_), Some(_), _) => {
+                Err("an event has a payload or an erased payload's digest, not both".into())
+            }
+        }
     }
 
     fn link(&self) -> Link<'_> {
@@ -358,7 +425,7 @@ impl BundleEvent {
             timestamp_ms: self.timestamp_ms,
             correlation_id: self.correlation_id.as_deref(),
             causation_id: self.causation_id.as_deref(),
-            payload: &self.payload,
+            payload: self.payload.as_deref().unwrap_or(""),
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use super::group::Pending;
 use super::{AppendResult, EventStoreError, RecordedEvent, Result, MAX_PAGE};
-use crate::events::chain::{ChainHash, Link, GENESIS};
+use crate::events::chain::{payload_digest, ChainHash, Link, GENESIS};
 use crate::events::rows::{check_expected, first_duplicate, judge_retry, StoredRow};
 use crate::ids::EventId;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -31,8 +31,21 @@ CREATE TABLE IF NOT EXISTS events (
 ";
 
 /// The schema version this build writes (`PRAGMA user_version`): 0 is a log from before the
-/// hash chain (no `hash` column), 2 the chained log.
-pub(super) const SCHEMA_VERSION: i64 = 2;
+/// hash chain (no `hash` column), 2 the chained log, 3 the log whose chain commits to payload
+/// digests from `correx_chain.digest_from` on, with `correx_erased` holding the digests of
+/// erased payloads.
+pub(super) const SCHEMA_VERSION: i64 = 3;
+
+/// Erased payloads: the digest the chain commits to, who erased it, why and when.
+const ERASED: &str = "
+CREATE TABLE IF NOT EXISTS correx_erased (
+    position      INTEGER PRIMARY KEY,
+    digest        BLOB    NOT NULL,
+    reason        TEXT    NOT NULL,
+    erased_by     TEXT,
+    erased_at_ms  INTEGER NOT NULL
+);
+";
 
 /// Creates the schema, or brings an older log's up to [`SCHEMA_VERSION`]; runs inside the
 /// caller's write transaction. Rows already there keep no hash: the chain starts after them
@@ -71,11 +84,23 @@ pub(super) fn prepare_schema(
         .map_err(sqlite("read the schema"))?;
     if chained && !has_start {
         conn.execute_batch(
-            "CREATE TABLE correx_chain (chain_from INTEGER NOT NULL);
-             INSERT INTO correx_chain SELECT coalesce(max(position), 0) + 1 FROM events;",
+            "CREATE TABLE correx_chain (chain_from INTEGER NOT NULL, digest_from INTEGER);
+             INSERT INTO correx_chain SELECT coalesce(max(position), 0) + 1, \
+               coalesce(max(position), 0) + 1 FROM events;",
         )
         .map_err(sqlite("record where the chain starts"))?;
+    } else if chained && found < 3 {
+        // A chained log from before digests: its events keep the hashes they have (so every
+        // seal and checkpoint made of it still verifies); the next append is digested.
+        conn.execute_batch(
+            "ALTER TABLE correx_chain ADD COLUMN digest_from INTEGER;
+             UPDATE correx_chain SET digest_from = \
+               (SELECT coalesce(max(position), 0) + 1 FROM events);",
+        )
+        .map_err(sqlite("record where digests start"))?;
     }
+    conn.execute_batch(ERASED)
+        .map_err(sqlite("create the erasure table"))?;
     if found != SCHEMA_VERSION {
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(sqlite("write the schema version"))?;
@@ -153,11 +178,12 @@ pub(super) fn read_head(conn: &Connection) -> Result<Head> {
         ))
         .map_err(sqlite)?;
     let mut rows = st.query([head.position as i64]).map_err(sqlite)?;
+    let digest_from = crate::events::verify::digest_start(conn);
     while let Some(r) = rows.next().map_err(sqlite)? {
         let link = link_of(r).map_err(sqlite)?;
         head = Head {
             position: link.position,
-            hash: link.hash(&head.hash),
+            hash: link.hash_at(&head.hash, digest_from, None),
         };
     }
     Ok(head)
@@ -211,10 +237,12 @@ pub(super) fn query_verified(
         "SELECT {COLUMNS}, hash, \
          (SELECT p.hash FROM events p WHERE p.position < events.position \
           ORDER BY p.position DESC LIMIT 1), \
-         EXISTS (SELECT 1 FROM events p WHERE p.position < events.position) \
+         EXISTS (SELECT 1 FROM events p WHERE p.position < events.position), \
+         (SELECT x.digest FROM correx_erased x WHERE x.position = events.position) \
          FROM events WHERE stream_id = ?1 AND stream_version >= ?2 \
          ORDER BY stream_version LIMIT ?3"
     );
+    let digest_from = crate::events::verify::digest_start(conn);
     let mut stmt = conn.prepare_cached(&sql).map_err(sqlite)?;
     let mut rows = stmt
         .query(rusqlite::params![stream, from, max])
@@ -235,7 +263,8 @@ pub(super) fn query_verified(
         };
         if let (Some(stored), Some(previous)) = (stored, previous) {
             let link = link_of(row).map_err(sqlite)?;
-            if link.hash(&previous) != stored {
+            let erased = hash_of(row.get_ref(13).map_err(sqlite)?);
+            if link.hash_at(&previous, digest_from, erased.as_ref()) != stored {
                 return Err(EventStoreError::CorruptEvent {
                     position: event.position,
                     detail: "its stored bytes do not match its hash in the log's chain (it \
@@ -357,7 +386,11 @@ pub(super) fn append_events(
         version += 1;
         // The position is chosen here, not by SQLite, because the hash covers it.
         let position = head.position + 1;
-        let hash = chained.then(|| e.link(position, &p.stream, version, now).hash(&head.hash));
+        // Every append since digests exist is past `digest_from`: digested.
+        let hash = chained.then(|| {
+            let link = e.link(position, &p.stream, version, now);
+            link.hash_digested(&head.hash, &payload_digest(link.payload))
+        });
         let inserted = insert.execute(params![
             position as i64,
             e.event_id.as_str(),
