@@ -792,6 +792,31 @@ fn read_is_capped_and_lists_report_kinds() -> TestResult {
 }
 
 #[test]
+fn a_file_whose_size_the_kernel_reports_as_zero_is_read_whole_and_still_capped() -> TestResult {
+    // procfs reports st_size 0 for files that have content: the read must not trust the size.
+    let proc_self = std::fs::canonicalize("/proc/self")?;
+    let read = FileReadTool::new(std::slice::from_ref(&proc_self))?;
+    let r = read.execute(&req(
+        "file_read",
+        json!({"operation": "read", "path": "status"}),
+    ));
+    assert!(
+        output(&r).is_some_and(|o| o.starts_with("Name:") && o.contains("\nPid:")),
+        "{r:?}"
+    );
+    let capped = FileReadTool::with_roots(Roots::open(std::slice::from_ref(&proc_self))?, 8)?;
+    let r = capped.execute(&req(
+        "file_read",
+        json!({"operation": "read", "path": "status"}),
+    ));
+    assert!(
+        failure_reason(&r).is_some_and(|m| m.contains("over the read cap of 8")),
+        "{r:?}"
+    );
+    Ok(())
+}
+
+#[test]
 fn read_only_tools_affect_no_paths_and_writers_name_their_target() -> TestResult {
     let t = tree()?;
     let read = FileReadTool::new(std::slice::from_ref(&t.root))?;

@@ -128,7 +128,18 @@ pub(crate) fn read(roots: &Roots, loc: &Located, cap: u64) -> Result<Vec<u8>, Fs
     }
     let mut file = std::fs::File::from(fd);
     let mut buf = Vec::with_capacity(size as usize);
-    // The file may grow while we read: never take more than the cap.
+    if size > 0 {
+        // The bytes the file held when it was stat'ed: one read for a whole file, and a
+        // file that grows meanwhile can never push the read past the cap.
+        // (`Take` answers the end-of-file probe itself, without a syscall.)
+        (&mut file)
+            .take(size)
+            .read_to_end(&mut buf)
+            .map_err(io(loc, "read"))?;
+        return Ok(buf);
+    }
+    // A size of 0 may be a file whose size the kernel does not report (procfs, sysfs): read
+    // to its end, never more than the cap.
     (&mut file)
         .take(cap + 1)
         .read_to_end(&mut buf)
