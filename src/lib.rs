@@ -103,13 +103,13 @@ pub use events::{is_postgres_url, PostgresEventStore};
 pub use ids::{EventId, ProviderId, SessionId, StageId, ToolInvocationId};
 pub use inference::{
     capabilities_for, chat_body, stream_body, CapabilityScore, ChunkKind, ContextEntry,
-    ContextPack, DefaultModelManager, EndpointFeatures, EndpointKind, FinishReason,
+    ContextPack, DefaultModelManager, Embeddings, EndpointFeatures, EndpointKind, FinishReason,
     GenerationConfig, HttpOptions, InferenceError, InferenceProvider, InferenceRequest,
     InferenceResponse, JsonSchemaFormat, LlamaCppInferenceProvider, LlamaCppTokenizer,
     ManagedInferenceProvider, ManagerOptions, ModelCapability, ModelDescriptor, ModelLoadError,
-    ModelManager, ModelState, ModelStatus, ProviderHealth, ResidencyMode, ResponseFormat,
-    ServerIsolation, SourceType, StreamChunk, StreamControl, TokenUsage, Tokenizer, ToolCall,
-    ToolChoice, ToolSpec, MODEL_STREAM,
+    ModelManager, ModelRole, ModelState, ModelStatus, ProviderHealth, ResidencyMode,
+    ResponseFormat, ServerIsolation, SourceType, StreamChunk, StreamControl, TokenUsage, Tokenizer,
+    ToolCall, ToolChoice, ToolSpec, MAX_EMBED_INPUTS, MODEL_STREAM,
 };
 pub use install::LlamaInstall;
 pub use observe::otlp::{

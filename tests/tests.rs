@@ -10,6 +10,7 @@ mod bundles;
 mod cli;
 mod confined;
 mod docs;
+mod embeddings;
 mod events;
 mod evidence;
 mod ffi;

@@ -507,6 +507,20 @@ pub enum DomainEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         endpoint: Option<String>,
     },
+    /// An embedding call finished.
+    #[serde(rename = "embedding.completed")]
+    EmbeddingCompleted {
+        /// The model that answered.
+        model_id: String,
+        /// How many texts were embedded.
+        inputs: u32,
+        /// Tokens the server read for them.
+        prompt_tokens: u32,
+        /// The length of each vector.
+        dimensions: u32,
+        /// Wall time of the call, in milliseconds.
+        latency_ms: u64,
+    },
 }
 
 macro_rules! type_ids {
@@ -563,6 +577,7 @@ type_ids! {
     WorkspaceStaged => "workspace.staged",
     WorkspaceSettled => "workspace.settled",
     InferenceCompleted => "inference.completed",
+    EmbeddingCompleted => "embedding.completed",
     JobStarted => "job.started",
     JobExited => "job.exited",
     McpServerStarted => "mcp.server_started",
@@ -584,7 +599,8 @@ impl DomainEvent {
             DomainEvent::ModelLoaded { .. }
             | DomainEvent::ModelEndpointFailover { .. }
             | DomainEvent::ModelUnloaded { .. }
-            | DomainEvent::InferenceCompleted { .. } => self.model_summary(),
+            | DomainEvent::InferenceCompleted { .. }
+            | DomainEvent::EmbeddingCompleted { .. } => self.model_summary(),
             DomainEvent::ToolApprovalRequested { .. }
             | DomainEvent::ToolApprovalDecided { .. }
             | DomainEvent::ToolExecutionStarted { .. }
@@ -629,6 +645,9 @@ impl DomainEvent {
                 "inference on {model_id}{}: {} prompt + {} completion tokens in {latency_ms} ms ({finish_reason})",
                 endpoint.as_ref().map(|e| format!(" at {e}")).unwrap_or_default(),
                 usage.prompt_tokens, usage.completion_tokens
+            ),
+            DomainEvent::EmbeddingCompleted { model_id, inputs, prompt_tokens, dimensions, latency_ms } => format!(
+                "embeddings on {model_id}: {inputs} texts ({prompt_tokens} tokens) to {dimensions} dimensions in {latency_ms} ms"
             ),
             // `summary` routes no other type here; were one, its type id is what it shows.
             _ => self.type_id().to_owned(),

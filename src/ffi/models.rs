@@ -50,7 +50,9 @@ pub(super) fn inference_failure(e: InferenceError) -> Failure {
         | InferenceError::MalformedEvent { .. }
         | InferenceError::StreamIncomplete { .. }
         | InferenceError::ModelUnavailable { .. } => CORREX_E_INFERENCE,
-        InferenceError::Unsupported { .. } => CORREX_E_INVALID_ARGUMENT,
+        InferenceError::Unsupported { .. }
+        | InferenceError::NotServed { .. }
+        | InferenceError::InvalidInput { .. } => CORREX_E_INVALID_ARGUMENT,
     };
     Failure::new(code, e.to_string())
 }

@@ -89,6 +89,21 @@ pub enum InferenceError {
         /// The endpoint's kind, e.g. `openai`.
         endpoint_kind: String,
     },
+    /// The model's server was not started for this kind of call (an embedding asked of a
+    /// chat model, a chat of an embedding model); nothing was sent.
+    NotServed {
+        /// The model.
+        model_id: String,
+        /// What the call needs: `chat` or `embeddings`.
+        needs: String,
+        /// What the model's descriptor says it serves.
+        serves: String,
+    },
+    /// The call's input is wrong (no texts, an empty one, too many); nothing was sent.
+    InvalidInput {
+        /// What is wrong.
+        detail: String,
+    },
 }
 
 impl InferenceError {
@@ -106,6 +121,8 @@ impl InferenceError {
             | InferenceError::MalformedEvent { .. }
             | InferenceError::StreamIncomplete { .. }
             | InferenceError::Unsupported { .. }
+            | InferenceError::NotServed { .. }
+            | InferenceError::InvalidInput { .. }
             | InferenceError::Cancelled => false,
         }
     }
@@ -168,6 +185,18 @@ impl fmt::Display for InferenceError {
                 "{feature} is not available on an {endpoint_kind} endpoint; nothing was sent \
                  (drop it from the request, or serve the model with llama-server)"
             ),
+            InferenceError::NotServed {
+                model_id,
+                needs,
+                serves,
+            } => write!(
+                f,
+                "{model_id} serves {serves}, not {needs}; nothing was sent (load a model whose \
+                 descriptor says \"serves\": \"{needs}\")"
+            ),
+            InferenceError::InvalidInput { detail } => {
+                write!(f, "invalid input: {detail}; nothing was sent")
+            }
         }
     }
 }

@@ -795,6 +795,63 @@ impl LlamaCppInferenceProvider {
         self.infer_stream(request, cancel, &mut |_| StreamControl::Continue)
     }
 
+    /// Embeds `inputs` (`/v1/embeddings`), giving up when `cancel` is set. The server must
+    /// have been started with `--embeddings`.
+    ///
+    /// # Errors
+    /// [`InferenceError::InvalidInput`] before sending; connection, timeout and HTTP errors;
+    /// [`InferenceError::MalformedBody`] for an answer that is not one vector per input.
+    pub fn embed(
+        &self,
+        inputs: &[String],
+        cancel: &CancelToken,
+    ) -> Result<super::Embeddings, InferenceError> {
+        use super::embedding;
+        embedding::check_inputs(inputs)?;
+        let request = embedding::body(&self.served, inputs);
+        let body = request.to_string();
+        let start = Instant::now();
+        let value = match &self.chat {
+            Some(client) => {
+                let mut resp = client.post(embedding::EMBEDDINGS_PATH, body.as_bytes(), cancel)?;
+                let mut text = Vec::new();
+                let read = (&mut resp).take(256 * 1024 * 1024).read_to_end(&mut text);
+                if let Err(e) = read {
+                    return Err(if cancel.is_cancelled() {
+                        InferenceError::Cancelled
+                    } else {
+                        InferenceError::Transport {
+                            url: format!("{}{}", self.base, embedding::EMBEDDINGS_PATH),
+                            detail: format!("reading the answer: {e}"),
+                        }
+                    });
+                }
+                let text = String::from_utf8_lossy(&text);
+                if !(200..300).contains(&resp.status) {
+                    return Err(http_error(resp.status, &text));
+                }
+                serde_json::from_str(&text).map_err(|e| InferenceError::MalformedBody {
+                    detail: format!("not JSON: {e}"),
+                    body_prefix: prefix(&text),
+                })?
+            }
+            None => {
+                if cancel.is_cancelled() {
+                    return Err(InferenceError::Cancelled);
+                }
+                let url = format!("{}{}", self.base, embedding::EMBEDDINGS_PATH);
+                let auth = self.authorization.as_ref().map(|Redacted(a)| a.as_str());
+                post_json(&self.agent, &url, &request, auth)?
+            }
+        };
+        embedding::parse(
+            &value,
+            inputs.len(),
+            &self.model_id,
+            start.elapsed().as_millis() as u64,
+        )
+    }
+
     /// An answer's body: an event stream, or one JSON object from a server that does not
     /// stream; an error status becomes the server's error.
     fn answer(

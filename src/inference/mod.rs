@@ -1,6 +1,7 @@
 //! Inference: the model contracts and their llama.cpp implementation.
 
 mod contract;
+mod embedding;
 mod error;
 mod http;
 mod llama;
@@ -14,6 +15,7 @@ pub use contract::{
     ProviderHealth, ResponseFormat, SourceType, StreamChunk, StreamControl, TokenUsage, Tokenizer,
     ToolCall, ToolChoice, ToolSpec,
 };
+pub use embedding::{Embeddings, MAX_EMBED_INPUTS};
 pub use error::InferenceError;
 pub use llama::{
     capabilities_for, chat_body, stream_body, EndpointFeatures, EndpointKind, HttpOptions,
@@ -21,6 +23,6 @@ pub use llama::{
 };
 pub use manager::{
     DefaultModelManager, ManagedInferenceProvider, ManagerOptions, ModelDescriptor, ModelManager,
-    ModelState, ModelStatus, ResidencyMode, ServerIsolation, MODEL_STREAM,
+    ModelRole, ModelState, ModelStatus, ResidencyMode, ServerIsolation, MODEL_STREAM,
 };
 pub use manager_error::ModelLoadError;

@@ -97,6 +97,12 @@ impl LogMetrics {
             | DomainEvent::ToolNetworkDenied { .. }) => self.fold_tool_event(d),
             // A staged run's change set is in its outcome already.
             DomainEvent::WorkspaceStaged { .. } | DomainEvent::WorkspaceSettled { .. } => {}
+            // Input tokens, as OpenTelemetry counts an embeddings call's.
+            DomainEvent::EmbeddingCompleted {
+                model_id,
+                prompt_tokens,
+                ..
+            } => bump(&mut self.input_tokens, model_id, prompt_tokens.into()),
             d @ (DomainEvent::InferenceCompleted { .. }
             | DomainEvent::ModelLoaded { .. }
             | DomainEvent::ModelUnloaded { .. }) => self.fold_model_event(d),

@@ -194,6 +194,7 @@ fn run_state(
                     | EventType::ModelUnloaded
                     | EventType::ModelEndpointFailover
                     | EventType::InferenceCompleted
+                    | EventType::EmbeddingCompleted
                     | EventType::JobStarted
                     | EventType::JobExited
                     | EventType::McpServerStarted

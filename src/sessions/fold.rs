@@ -174,6 +174,7 @@ impl Index {
             | DomainEvent::WorkspaceSettled { .. }
             | DomainEvent::WorkspaceStaged { .. }
             | DomainEvent::InferenceCompleted { .. }
+            | DomainEvent::EmbeddingCompleted { .. }
             | DomainEvent::JobStarted { .. }
             | DomainEvent::JobExited { .. }
             | DomainEvent::McpServerStarted { .. }

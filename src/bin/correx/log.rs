@@ -570,8 +570,8 @@ impl History {
             | EventType::ModelUnloaded
             | EventType::ModelEndpointFailover
             | EventType::InferenceCompleted => self.add_model_event(ty, e, open),
-            // A run's progress marks no change of state on the timeline.
-            EventType::ToolProgress => {}
+            // A run's progress, and an embedding call, mark no change of state on the timeline.
+            EventType::ToolProgress | EventType::EmbeddingCompleted => {}
             EventType::JobStarted
             | EventType::JobExited
             | EventType::McpServerStarted
@@ -827,6 +827,7 @@ fn record_tool_event(run: &mut Run, ty: EventType, e: &RecordedEvent) -> Option<
         | EventType::ModelUnloaded
         | EventType::ModelEndpointFailover
         | EventType::InferenceCompleted
+        | EventType::EmbeddingCompleted
         | EventType::JobStarted
         | EventType::JobExited
         | EventType::McpServerStarted

@@ -14,6 +14,32 @@ pub enum ResidencyMode {
     Ephemeral,
 }
 
+/// What a model's server is started for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelRole {
+    /// Chat completions (`infer`).
+    #[default]
+    Chat,
+    /// Embeddings (`embed`): the server is started with `--embeddings` and, unless
+    /// `extra_args` chooses one, `--pooling mean`.
+    Embeddings,
+}
+
+impl ModelRole {
+    /// The name in descriptors and errors.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelRole::Chat => "chat",
+            ModelRole::Embeddings => "embeddings",
+        }
+    }
+
+    fn is_chat(&self) -> bool {
+        *self == ModelRole::Chat
+    }
+}
+
 /// A model the manager can load.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,6 +85,10 @@ pub struct ModelDescriptor {
     /// The model name the endpoints serve (the body's `model`); default: `model_id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served_model: Option<String>,
+    /// What its server is started for; default `chat`. An embedding model is a resident like
+    /// any other (the same `max_loaded`, memory budget and eviction).
+    #[serde(default, skip_serializing_if = "ModelRole::is_chat")]
+    pub serves: ModelRole,
 }
 
 pub(super) fn default_idle_ms() -> Duration {
@@ -95,6 +125,7 @@ impl ModelDescriptor {
             && self.endpoint_kind == other.endpoint_kind
             && self.api_key_env == other.api_key_env
             && self.served_model == other.served_model
+            && self.serves == other.serves
     }
 
     /// Whether this model is served by running servers elsewhere rather than spawned.
@@ -136,6 +167,13 @@ impl ModelDescriptor {
         }
         if self.context_size == 0 {
             return bad("context_size is 0".into());
+        }
+        if self.serves == ModelRole::Embeddings && self.is_remote() {
+            return bad(
+                "serves: embeddings is for a model_path correx starts; remote endpoints serve \
+                 chat only"
+                    .into(),
+            );
         }
         let remote_only = self.endpoint_kind != EndpointKind::LlamaServer
             || self.api_key_env.is_some()
@@ -190,6 +228,7 @@ impl ModelDescriptor {
             endpoint_kind: EndpointKind::LlamaServer,
             api_key_env: None,
             served_model: None,
+            serves: ModelRole::Chat,
         }
     }
 

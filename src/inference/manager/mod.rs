@@ -30,7 +30,9 @@ mod residency;
 mod scheduler;
 mod server;
 
-pub use descriptor::{EndpointStatus, ModelDescriptor, ModelState, ModelStatus, ResidencyMode};
+pub use descriptor::{
+    EndpointStatus, ModelDescriptor, ModelRole, ModelState, ModelStatus, ResidencyMode,
+};
 pub use isolation::ServerIsolation;
 pub use options::ManagerOptions;
 pub use provider::ManagedInferenceProvider;
@@ -455,6 +457,21 @@ impl DefaultModelManager {
     /// [`ManagedInferenceProvider::infer_with_cancel`]).
     pub fn managed(&self, descriptor: &ModelDescriptor) -> ManagedInferenceProvider {
         ManagedInferenceProvider::new(Arc::downgrade(&self.inner), descriptor.clone())
+    }
+
+    /// Embeds `inputs` on `descriptor`'s model (one whose descriptor says `"serves":
+    /// "embeddings"`), loading it first if needed, like any other resident; see
+    /// [`ManagedInferenceProvider::embed`].
+    ///
+    /// # Errors
+    /// As [`ManagedInferenceProvider::embed`].
+    pub fn embed(
+        &self,
+        descriptor: &ModelDescriptor,
+        inputs: &[String],
+        cancel: &CancelToken,
+    ) -> Result<crate::inference::Embeddings, InferenceError> {
+        self.managed(descriptor).embed(inputs, cancel)
     }
 }
 

@@ -1,6 +1,7 @@
 //! [`ManagedInferenceProvider`]: inference on a managed model, counted in flight and recorded.
 
 use super::*;
+use crate::inference::Embeddings;
 
 /// Wraps the loaded model's provider: reloads it if residency unloaded it, counts inferences in
 /// flight, applies DYNAMIC and EPHEMERAL residency after each, and records `InferenceCompleted`.
@@ -86,6 +87,101 @@ impl ManagedInferenceProvider {
         self.run(request, cancel, &mut |_| StreamControl::Continue, true)
     }
 
+    /// Embeds `inputs` (one vector each, in order) on this model, reloading it first if
+    /// needed, and records `embedding.completed`; `cancel` stops the load or the call.
+    ///
+    /// # Errors
+    /// [`InferenceError::NotServed`] for a model whose descriptor does not say `"serves":
+    /// "embeddings"`; [`InferenceError::InvalidInput`]; otherwise as
+    /// [`InferenceProvider::infer`].
+    pub fn embed(
+        &self,
+        inputs: &[String],
+        cancel: &CancelToken,
+    ) -> Result<Embeddings, InferenceError> {
+        self.check_serves(ModelRole::Embeddings)?;
+        super::super::embedding::check_inputs(inputs)?;
+        let inner = self.inner()?;
+        let (target, generation) = self.begin(&inner, cancel)?;
+        let flight = InFlight {
+            inner: &inner,
+            descriptor: &self.descriptor,
+            generation,
+            finished: false,
+        };
+        let result = match &target {
+            Target::Local(p) => p.embed(inputs, cancel),
+            Target::Remote(_) => Err(self.not_served(ModelRole::Embeddings)),
+        }
+        .map(|mut e| {
+            e.model = self.descriptor.model_id.clone();
+            e
+        });
+        let event = result
+            .as_ref()
+            .ok()
+            .map(|e| DomainEvent::EmbeddingCompleted {
+                model_id: self.descriptor.model_id.clone(),
+                inputs: e.vectors.len() as u32,
+                prompt_tokens: e.prompt_tokens,
+                dimensions: e.vectors.first().map_or(0, |v| v.len() as u32),
+                latency_ms: e.latency_ms,
+            });
+        // Recorded before the caller sees the vectors.
+        flight.finish_with(event);
+        result
+    }
+
+    fn not_served(&self, needs: ModelRole) -> InferenceError {
+        InferenceError::NotServed {
+            model_id: self.descriptor.model_id.clone(),
+            needs: needs.as_str().into(),
+            serves: self.descriptor.serves.as_str().into(),
+        }
+    }
+
+    fn check_serves(&self, needs: ModelRole) -> Result<(), InferenceError> {
+        if self.descriptor.serves == needs {
+            Ok(())
+        } else {
+            Err(self.not_served(needs))
+        }
+    }
+
+    fn inner(&self) -> Result<Arc<Inner>, InferenceError> {
+        self.manager
+            .upgrade()
+            .ok_or_else(|| InferenceError::ModelUnavailable {
+                detail: ModelLoadError::ManagerGone.to_string(),
+            })
+    }
+
+    /// Loads the model if it is not, and counts one call in flight on it.
+    fn begin(
+        &self,
+        inner: &Arc<Inner>,
+        cancel: &CancelToken,
+    ) -> Result<(Target, u64), InferenceError> {
+        let mut st = inner.state.lock();
+        ensure_loaded(inner, &mut st, &self.descriptor, cancel).map_err(|e| match e {
+            ModelLoadError::Cancelled => InferenceError::Cancelled,
+            other => InferenceError::ModelUnavailable {
+                detail: other.to_string(),
+            },
+        })?;
+        let uses = st.touch();
+        let r = st
+            .models
+            .get_mut(&self.descriptor.model_id)
+            .ok_or_else(|| InferenceError::ModelUnavailable {
+                detail: "the model vanished while loading".into(),
+            })?;
+        r.in_flight += 1;
+        r.idle = None;
+        r.last_used = uses;
+        Ok((r.target(), r.generation))
+    }
+
     fn run(
         &self,
         request: &InferenceRequest,
@@ -93,32 +189,9 @@ impl ManagedInferenceProvider {
         on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
         restartable: bool,
     ) -> Result<InferenceResponse, InferenceError> {
-        let inner = self
-            .manager
-            .upgrade()
-            .ok_or_else(|| InferenceError::ModelUnavailable {
-                detail: ModelLoadError::ManagerGone.to_string(),
-            })?;
-        let (target, generation) = {
-            let mut st = inner.state.lock();
-            ensure_loaded(&inner, &mut st, &self.descriptor, cancel).map_err(|e| match e {
-                ModelLoadError::Cancelled => InferenceError::Cancelled,
-                other => InferenceError::ModelUnavailable {
-                    detail: other.to_string(),
-                },
-            })?;
-            let uses = st.touch();
-            let r = st
-                .models
-                .get_mut(&self.descriptor.model_id)
-                .ok_or_else(|| InferenceError::ModelUnavailable {
-                    detail: "the model vanished while loading".into(),
-                })?;
-            r.in_flight += 1;
-            r.idle = None;
-            r.last_used = uses;
-            (r.target(), r.generation)
-        };
+        self.check_serves(ModelRole::Chat)?;
+        let inner = self.inner()?;
+        let (target, generation) = self.begin(&inner, cancel)?;
         // The call runs on this thread: a cancel shuts its socket, so it returns at once and
         // the server stops generating; no worker is left behind.
         let flight = InFlight {
@@ -161,6 +234,11 @@ pub(super) struct InFlight<'a> {
 }
 
 impl InFlight<'_> {
+    fn finish_with(mut self, event: Option<DomainEvent>) {
+        self.finished = true;
+        finish_call(self.inner, self.descriptor, self.generation, event);
+    }
+
     fn finish(
         mut self,
         result: &Result<InferenceResponse, InferenceError>,
@@ -180,13 +258,7 @@ impl InFlight<'_> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.finished {
-            finish_inference(
-                self.inner,
-                self.descriptor,
-                self.generation,
-                &Err(InferenceError::Cancelled),
-                None,
-            );
+            finish_call(self.inner, self.descriptor, self.generation, None);
         }
     }
 }
@@ -200,13 +272,34 @@ pub(super) fn finish_inference(
     result: &Result<InferenceResponse, InferenceError>,
     endpoint: Option<String>,
 ) {
+    let event = result
+        .as_ref()
+        .ok()
+        .map(|r| DomainEvent::InferenceCompleted {
+            model_id: descriptor.model_id.clone(),
+            usage: r.usage,
+            latency_ms: r.latency_ms,
+            finish_reason: r.finish_reason.as_str().to_owned(),
+            endpoint,
+        });
+    finish_call(inner, descriptor, generation, event);
+}
+
+/// After any call on a model (an inference, an embedding): `event` (for a call that
+/// succeeded), the in-flight count, and the residency policy.
+fn finish_call(
+    inner: &Inner,
+    descriptor: &ModelDescriptor,
+    generation: u64,
+    event: Option<DomainEvent>,
+) {
     let id = descriptor.model_id.as_str();
-    // The completion is appended while the inference still counts as in flight, so an unload
+    // The completion is appended while the call still counts as in flight, so an unload
     // or eviction (which waits for that count) is after it in the log, and while it counts as
     // being recorded, so a crash's unload (which waits for no inference) is after it too. No
     // lock is held across the disk write. A server already recorded as gone gets no
     // completion after its unload: the log would say the model was still loaded.
-    let recording = result.is_ok() && {
+    let recording = event.is_some() && {
         let mut st = inner.state.lock();
         match st.models.get_mut(id).filter(|r| r.generation == generation) {
             Some(r) => {
@@ -216,14 +309,7 @@ pub(super) fn finish_inference(
             None => false,
         }
     };
-    if let (true, Ok(r)) = (recording, result) {
-        let event = DomainEvent::InferenceCompleted {
-            model_id: descriptor.model_id.clone(),
-            usage: r.usage,
-            latency_ms: r.latency_ms,
-            finish_reason: r.finish_reason.as_str().to_owned(),
-            endpoint,
-        };
+    if let (true, Some(event)) = (recording, event) {
         // A store that panics must not leave the count of records in progress up: every stop
         // of this model would wait for it.
         let appended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -231,8 +317,8 @@ pub(super) fn finish_inference(
         }));
         match appended {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => log::error!("recording an inference: {e}"),
-            Err(_) => log::error!("recording an inference: the event store panicked"),
+            Ok(Err(e)) => log::error!("recording a call on {id}: {e}"),
+            Err(_) => log::error!("recording a call on {id}: the event store panicked"),
         }
     }
     let mut st = inner.state.lock();

@@ -226,6 +226,14 @@ fn server_command(
     if let Some(t) = d.threads {
         cmd.args(["--threads", &t.to_string()]);
     }
+    if d.serves == ModelRole::Embeddings {
+        cmd.arg("--embeddings");
+        // A chat model's own pooling is often `none` (a vector per token), which the OpenAI
+        // shape cannot carry.
+        if !d.extra_args.iter().any(|a| a == "--pooling") {
+            cmd.args(["--pooling", "mean"]);
+        }
+    }
     cmd.args(&d.extra_args);
     // Cleared environment, own group, parent-death signal, no inherited host descriptors.
     sys::fence(&mut cmd);

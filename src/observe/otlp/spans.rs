@@ -162,7 +162,8 @@ impl SpanFold {
             | DomainEvent::ModelUnloaded { .. }
             | DomainEvent::ModelEndpointFailover { .. }) => self.on_model_event(e, d),
             d @ DomainEvent::InferenceCompleted { .. } => self.on_inference(e, d),
-            DomainEvent::SessionStepStarted { .. }
+            DomainEvent::EmbeddingCompleted { .. }
+            | DomainEvent::SessionStepStarted { .. }
             | DomainEvent::SessionStepCompleted { .. }
             | DomainEvent::SessionStepFailed { .. }
             | DomainEvent::JobStarted { .. }

@@ -657,6 +657,7 @@ fn close_interrupted(
                     | EventType::WorkspaceStaged
                     | EventType::WorkspaceSettled
                     | EventType::InferenceCompleted
+                    | EventType::EmbeddingCompleted
                     | EventType::McpServerStarted
                     | EventType::McpServerExited
                     | EventType::SessionStepStarted
