@@ -198,11 +198,6 @@
 #define CORREX_MCP_ELICITATION 2
 
 /**
- * Most inputs one call takes: a larger batch is split by the caller.
- */
-#define MAX_EMBED_INPUTS 1024
-
-/**
  * Its size in bytes.
  */
 #define LlamaInstall_MODEL_BYTES 253113024

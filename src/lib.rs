@@ -109,7 +109,7 @@ pub use inference::{
     ManagedInferenceProvider, ManagerOptions, ModelCapability, ModelDescriptor, ModelLoadError,
     ModelManager, ModelRole, ModelState, ModelStatus, ProviderHealth, ResidencyMode,
     ResponseFormat, ServerIsolation, SourceType, StreamChunk, StreamControl, TokenUsage, Tokenizer,
-    ToolCall, ToolChoice, ToolSpec, MAX_EMBED_INPUTS, MODEL_STREAM,
+    ToolCall, ToolChoice, ToolSpec, MODEL_STREAM,
 };
 pub use install::LlamaInstall;
 pub use observe::otlp::{

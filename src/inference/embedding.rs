@@ -7,7 +7,7 @@ use serde_json::Value;
 pub(crate) const EMBEDDINGS_PATH: &str = "/v1/embeddings";
 
 /// Most inputs one call takes: a larger batch is split by the caller.
-pub const MAX_EMBED_INPUTS: usize = 1024;
+pub(crate) const MAX_EMBED_INPUTS: usize = 1024;
 
 /// One vector per input, in input order.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]

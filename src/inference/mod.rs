@@ -15,7 +15,7 @@ pub use contract::{
     ProviderHealth, ResponseFormat, SourceType, StreamChunk, StreamControl, TokenUsage, Tokenizer,
     ToolCall, ToolChoice, ToolSpec,
 };
-pub use embedding::{Embeddings, MAX_EMBED_INPUTS};
+pub use embedding::Embeddings;
 pub use error::InferenceError;
 pub use llama::{
     capabilities_for, chat_body, stream_body, EndpointFeatures, EndpointKind, HttpOptions,
