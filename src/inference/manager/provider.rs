@@ -102,13 +102,7 @@ impl ManagedInferenceProvider {
         self.check_serves(ModelRole::Embeddings)?;
         super::super::embedding::check_inputs(inputs)?;
         let inner = self.inner()?;
-        let (target, generation) = self.begin(&inner, cancel)?;
-        let flight = InFlight {
-            inner: &inner,
-            descriptor: &self.descriptor,
-            generation,
-            finished: false,
-        };
+        let (target, flight) = self.begin(&inner, cancel)?;
         let result = match &target {
             Target::Local(p) => p.embed(inputs, cancel),
             Target::Remote(_) => Err(self.not_served(ModelRole::Embeddings)),
@@ -128,7 +122,7 @@ impl ManagedInferenceProvider {
                 latency_ms: e.latency_ms,
             });
         // Recorded before the caller sees the vectors.
-        flight.finish_with(event);
+        flight.finish(event);
         result
     }
 
@@ -157,11 +151,11 @@ impl ManagedInferenceProvider {
     }
 
     /// Loads the model if it is not, and counts one call in flight on it.
-    fn begin(
-        &self,
-        inner: &Arc<Inner>,
+    fn begin<'a>(
+        &'a self,
+        inner: &'a Arc<Inner>,
         cancel: &CancelToken,
-    ) -> Result<(Target, u64), InferenceError> {
+    ) -> Result<(Target, InFlight<'a>), InferenceError> {
         let mut st = inner.state.lock();
         ensure_loaded(inner, &mut st, &self.descriptor, cancel).map_err(|e| match e {
             ModelLoadError::Cancelled => InferenceError::Cancelled,
@@ -179,7 +173,13 @@ impl ManagedInferenceProvider {
         r.in_flight += 1;
         r.idle = None;
         r.last_used = uses;
-        Ok((r.target(), r.generation))
+        let flight = InFlight {
+            inner,
+            descriptor: &self.descriptor,
+            generation: r.generation,
+            finished: false,
+        };
+        Ok((r.target(), flight))
     }
 
     fn run(
@@ -191,15 +191,9 @@ impl ManagedInferenceProvider {
     ) -> Result<InferenceResponse, InferenceError> {
         self.check_serves(ModelRole::Chat)?;
         let inner = self.inner()?;
-        let (target, generation) = self.begin(&inner, cancel)?;
         // The call runs on this thread: a cancel shuts its socket, so it returns at once and
         // the server stops generating; no worker is left behind.
-        let flight = InFlight {
-            inner: &inner,
-            descriptor: &self.descriptor,
-            generation,
-            finished: false,
-        };
+        let (target, flight) = self.begin(&inner, cancel)?;
         let (result, endpoint) = match &target {
             Target::Local(p) => (p.infer_stream(request, cancel, on_chunk), None),
             Target::Remote(set) => match set.infer_stream(
@@ -219,7 +213,7 @@ impl ManagedInferenceProvider {
             r
         });
         // Recorded before the caller sees the answer.
-        flight.finish(&result, endpoint);
+        flight.finish(inference_event(&self.descriptor, &result, endpoint));
         result
     }
 }
@@ -234,24 +228,10 @@ pub(super) struct InFlight<'a> {
 }
 
 impl InFlight<'_> {
-    fn finish_with(mut self, event: Option<DomainEvent>) {
+    /// Ends the call: `event` (for a call that succeeded) is recorded first.
+    fn finish(mut self, event: Option<DomainEvent>) {
         self.finished = true;
         finish_call(self.inner, self.descriptor, self.generation, event);
-    }
-
-    fn finish(
-        mut self,
-        result: &Result<InferenceResponse, InferenceError>,
-        endpoint: Option<String>,
-    ) {
-        self.finished = true;
-        finish_inference(
-            self.inner,
-            self.descriptor,
-            self.generation,
-            result,
-            endpoint,
-        );
     }
 }
 
@@ -263,16 +243,13 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// After an inference: the event, the in-flight count, and the residency policy (the latest
-/// load's, which is this provider's unless another load of the id changed it since).
-pub(super) fn finish_inference(
-    inner: &Inner,
+/// What a finished inference records: `inference.completed`, for one that succeeded.
+fn inference_event(
     descriptor: &ModelDescriptor,
-    generation: u64,
     result: &Result<InferenceResponse, InferenceError>,
     endpoint: Option<String>,
-) {
-    let event = result
+) -> Option<DomainEvent> {
+    result
         .as_ref()
         .ok()
         .map(|r| DomainEvent::InferenceCompleted {
@@ -281,12 +258,12 @@ pub(super) fn finish_inference(
             latency_ms: r.latency_ms,
             finish_reason: r.finish_reason.as_str().to_owned(),
             endpoint,
-        });
-    finish_call(inner, descriptor, generation, event);
+        })
 }
 
 /// After any call on a model (an inference, an embedding): `event` (for a call that
-/// succeeded), the in-flight count, and the residency policy.
+/// succeeded), the in-flight count, and the residency policy (the latest load's, which is this
+/// provider's unless another load of the id changed it since).
 fn finish_call(
     inner: &Inner,
     descriptor: &ModelDescriptor,
