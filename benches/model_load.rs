@@ -3,13 +3,24 @@
 //! same server spawned by hand and polled every millisecond (`load_ratio_vs_bare`); short
 //! requests alternating between two resident models against the same requests to one
 //! (`hot_switch_ratio`); a load that must evict (`evict_and_load_ms_p50`); and a confined load
-//! against one with `isolation: none` (`confined_load_ratio`). Real Gemma.
+//! against one with `isolation: none` (`confined_load_ratio`); embeddings through the manager
+//! against the same body POSTed to the same server's `/v1/embeddings` by a bare client on a
+//! kept-alive connection, both answers parsed into vectors (`embed_ratio_vs_raw`, of the
+//! totals: raw time over ours); and a session's next turn after an eviction, its prompt cache
+//! restored, against the same turn on a warm server, first token against first token
+//! (`resume_ttft_ratio_vs_warm`; beside it the same turn computed from nothing,
+//! `resume_cold_ttft_ratio_vs_warm`). Real Gemma.
 
 use correx::{
-    ContextPack, DefaultModelManager, GenerationConfig, InferenceRequest, LlamaInstall,
-    ManagerOptions, ModelDescriptor, ModelManager, ResidencyMode, ServerIsolation,
-    SqliteEventStore,
+    CancelToken, ContextEntry, ContextPack, DefaultModelManager, EventStore, GenerationConfig,
+    InferenceProvider, InferenceRequest, LlamaInstall, ManagerOptions, ModelDescriptor,
+    ModelManager, ModelRole, PromptCacheOptions, ResidencyMode, ServerIsolation, SourceType,
+    SqliteEventStore, StreamControl, MODEL_STREAM,
 };
+#[allow(dead_code)]
+#[path = "common/bare_client.rs"]
+mod bare_client;
+use bare_client::BareClient;
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,10 +28,12 @@ use std::time::{Duration, Instant};
 
 const LOADS: usize = 10;
 const SWAPS: usize = 6;
-const BARE_PAIRS: usize = 16;
-const CONFINED_PAIRS: usize = 16;
+const BARE_PAIRS: usize = 12;
+const CONFINED_PAIRS: usize = 10;
 const EVICTIONS: usize = 6;
 const SWITCH_REQUESTS: usize = 160;
+const EMBED_PAIRS: usize = 20;
+const RESUME_PAIRS: usize = 3;
 
 fn health_200(port: u16) -> bool {
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
@@ -280,6 +293,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     drop((pa, pb));
     drop(manager);
+    let (embed_ratio, embed_ms) = embed_ratio(&install, &dir, &descriptor)?;
+    let resume = resume_ratios(&install, &dir, &descriptor)?;
     let _ = std::fs::remove_dir_all(&dir);
     println!("load_ms_p50: {:.1}", pct(loads, 0.5));
     println!("swap_ms_p50: {:.1}", pct(swaps, 0.5));
@@ -294,7 +309,221 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         pct(status_ms.clone(), 0.5)
     );
     println!("status_during_load_ms_max: {:.3}", pct(status_ms, 1.0));
+    println!("embed_ms_p50: {embed_ms:.2}");
+    println!("embed_ratio_vs_raw: {embed_ratio:.4}");
+    println!("resume_warm_ttft_ms_p50: {:.1}", resume.warm_ms);
+    println!("resume_restored_ttft_ms_p50: {:.1}", resume.restored_ms);
+    println!("resume_cold_ttft_ms: {:.1}", resume.cold_ms);
+    println!("resume_ttft_ratio_vs_warm: {:.4}", resume.restored_ratio);
+    println!("resume_cold_ttft_ratio_vs_warm: {:.4}", resume.cold_ratio);
     Ok(())
+}
+
+struct Resume {
+    warm_ms: f64,
+    restored_ms: f64,
+    cold_ms: f64,
+    restored_ratio: f64,
+    cold_ratio: f64,
+}
+
+/// A conversation of about 1,900 tokens and its next turn.
+fn resume_turns(session: &str) -> (InferenceRequest, InferenceRequest) {
+    let mut system = String::from("You answer in a few words. ");
+    for i in 0..110 {
+        system += &format!("Fact {i}: the value of item {i} is {}. ", i * 7 % 13);
+    }
+    let first = InferenceRequest {
+        context: ContextPack {
+            system: Some(system),
+            task: Some("What is item 3?".into()),
+            entries: Vec::new(),
+        },
+        config: GenerationConfig {
+            temperature: 0.0,
+            max_tokens: 8,
+            seed: Some(7),
+            ..GenerationConfig::default()
+        },
+        session: Some(session.to_owned()),
+    };
+    let mut next = first.clone();
+    next.context.entries = vec![
+        ContextEntry::new(SourceType::Model, "Item 3 is 8."),
+        ContextEntry::new(SourceType::User, "And item 5?"),
+    ];
+    (first, next)
+}
+
+/// Pairs of two sessions with the same conversation: one's next turn on the warm server, the
+/// other's after an eviction and a reload (the load is not timed: `load_ms_p50` is), its
+/// cache restored; each timed to its first streamed piece. Then a third session's next turn
+/// with nothing saved: computed from nothing.
+fn resume_ratios(
+    install: &LlamaInstall,
+    dir: &std::path::Path,
+    descriptor: &dyn Fn(&str) -> ModelDescriptor,
+) -> Result<Resume, Box<dyn std::error::Error>> {
+    let store = Arc::new(SqliteEventStore::open(dir.join("resume.db"))?);
+    let manager = DefaultModelManager::new(
+        store.clone(),
+        ManagerOptions {
+            server_bin: install.server.clone(),
+            port: 0,
+            max_loaded: 1,
+            log_dir: Some(dir.join("logs")),
+            prompt_cache: Some(PromptCacheOptions {
+                dir: Some(dir.join("prompt-cache")),
+                ..PromptCacheOptions::default()
+            }),
+            ..ManagerOptions::default()
+        },
+    )?;
+    let mut chat = descriptor("gemma-resume");
+    // Room for both sessions of a pair in the slots' shared cache (llama-server's unified KV).
+    chat.context_size = 8192;
+    let other = descriptor("gemma-other");
+    let provider = manager.managed(&chat);
+    let cancel = CancelToken::new();
+    let ttft = |r: &InferenceRequest| -> Result<f64, Box<dyn std::error::Error>> {
+        let start = Instant::now();
+        let mut first = None;
+        provider.infer_stream(r, &cancel, &mut |_| {
+            first.get_or_insert(start.elapsed());
+            StreamControl::Continue
+        })?;
+        Ok(first.ok_or("no piece streamed")?.as_secs_f64() * 1e3)
+    };
+    let saved = |session: &str| -> Result<bool, Box<dyn std::error::Error>> {
+        Ok(store
+            .read_stream(MODEL_STREAM, 1, 100_000)?
+            .iter()
+            .any(|e| e.type_id == "model.cache_saved" && e.payload["session_id"] == session))
+    };
+    let (mut warm, mut restored, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..RESUME_PAIRS {
+        let (a1, a2) = resume_turns(&format!("warm-{i}"));
+        let (b1, b2) = resume_turns(&format!("restored-{i}"));
+        manager.load(&chat)?;
+        provider.infer(&a1)?;
+        provider.infer(&b1)?;
+        let w = ttft(&a2)?;
+        let give_up = Instant::now() + Duration::from_secs(60);
+        while !saved(&format!("restored-{i}"))? {
+            if Instant::now() > give_up {
+                return Err("the first turn was never saved".into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        manager.load(&other)?;
+        manager.load(&chat)?;
+        let r = ttft(&b2)?;
+        warm.push(w);
+        restored.push(r);
+        ratios.push(r / w);
+    }
+    let restores = store
+        .read_stream(MODEL_STREAM, 1, 100_000)?
+        .iter()
+        .filter(|e| e.type_id == "model.cache_restored")
+        .count();
+    if restores != RESUME_PAIRS {
+        return Err(format!("{restores} restores recorded of {RESUME_PAIRS}").into());
+    }
+    manager.load(&other)?;
+    manager.load(&chat)?;
+    let (_, c2) = resume_turns("cold");
+    let cold = ttft(&c2)?;
+    let warm_ms = pct(warm, 0.5);
+    Ok(Resume {
+        warm_ms,
+        restored_ms: pct(restored, 0.5),
+        cold_ms: cold,
+        restored_ratio: pct(ratios, 0.5),
+        cold_ratio: cold / warm_ms,
+    })
+}
+
+/// Embeddings of eight short texts through `DefaultModelManager::embed` against the same body
+/// POSTed by a bare client to the server the manager started, in pairs, order alternating:
+/// (raw total / ours total, our p50 in ms).
+fn embed_ratio(
+    install: &LlamaInstall,
+    dir: &std::path::Path,
+    descriptor: &dyn Fn(&str) -> ModelDescriptor,
+) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+    let store = Arc::new(SqliteEventStore::open(dir.join("embed.db"))?);
+    let manager = DefaultModelManager::new(
+        store,
+        ManagerOptions {
+            server_bin: install.server.clone(),
+            port: 0,
+            log_dir: Some(dir.join("logs")),
+            ..ManagerOptions::default()
+        },
+    )?;
+    let mut d = descriptor("gemma-embed");
+    d.serves = ModelRole::Embeddings;
+    let inputs: Vec<String> = [
+        "fn main() { println!(\"hello\"); }",
+        "The event log is append-only and every fact in it is chained.",
+        "llama-server keeps a model resident between requests.",
+        "A confined tool sees only the paths it was granted.",
+        "Saved prompt caches are restored only into the same model file and build.",
+        "An approval held for a human survives a restart of the host.",
+        "Every child process is started through one audited module.",
+        "The bench prints each figure as a name and a value on its own line.",
+    ]
+    .map(String::from)
+    .to_vec();
+    let cancel = CancelToken::new();
+    let first = manager.embed(&d, &inputs, &cancel)?;
+    let port = manager
+        .status()
+        .into_iter()
+        .find(|s| s.model_id == "gemma-embed")
+        .and_then(|s| s.port)
+        .ok_or("the embedding server has no port")?;
+    let body =
+        serde_json::json!({"model": "gemma-embed", "input": inputs, "encoding_format": "float"})
+            .to_string();
+    let mut client = BareClient::connect(port)?;
+    let raw = |client: &mut BareClient| -> Result<f64, Box<dyn std::error::Error>> {
+        let t = Instant::now();
+        let answer: serde_json::Value =
+            serde_json::from_str(&client.post("/v1/embeddings", &body)?)?;
+        let vectors: Vec<Vec<f32>> = answer["data"]
+            .as_array()
+            .ok_or("no data in the raw answer")?
+            .iter()
+            .map(|e| serde_json::from_value(e["embedding"].clone()))
+            .collect::<Result<_, _>>()?;
+        let took = t.elapsed().as_secs_f64();
+        if vectors.len() != inputs.len() || vectors[0].len() != first.vectors[0].len() {
+            return Err("the raw answer has another shape".into());
+        }
+        Ok(took)
+    };
+    let ours = |_: &mut BareClient| -> Result<f64, Box<dyn std::error::Error>> {
+        let t = Instant::now();
+        manager.embed(&d, &inputs, &cancel)?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    // Warm both paths.
+    raw(&mut client)?;
+    ours(&mut client)?;
+    let (mut raws, mut oursv) = (Vec::new(), Vec::new());
+    for i in 0..EMBED_PAIRS {
+        if i % 2 == 0 {
+            raws.push(raw(&mut client)?);
+            oursv.push(ours(&mut client)?);
+        } else {
+            oursv.push(ours(&mut client)?);
+            raws.push(raw(&mut client)?);
+        }
+    }
+    let ratio = raws.iter().sum::<f64>() / oursv.iter().sum::<f64>();
+    Ok((ratio, pct(oursv, 0.5) * 1e3))
 }
 
 /// Spawns the server `load()` would for `d` and polls `/health` every millisecond until its

@@ -107,9 +107,9 @@ pub use inference::{
     GenerationConfig, HttpOptions, InferenceError, InferenceProvider, InferenceRequest,
     InferenceResponse, JsonSchemaFormat, LlamaCppInferenceProvider, LlamaCppTokenizer,
     ManagedInferenceProvider, ManagerOptions, ModelCapability, ModelDescriptor, ModelLoadError,
-    ModelManager, ModelRole, ModelState, ModelStatus, ProviderHealth, ResidencyMode,
-    ResponseFormat, ServerIsolation, SourceType, StreamChunk, StreamControl, TokenUsage, Tokenizer,
-    ToolCall, ToolChoice, ToolSpec, MODEL_STREAM,
+    ModelManager, ModelRole, ModelState, ModelStatus, PromptCacheOptions, ProviderHealth,
+    ResidencyMode, ResponseFormat, ServerIsolation, SourceType, StreamChunk, StreamControl,
+    TokenUsage, Tokenizer, ToolCall, ToolChoice, ToolSpec, MODEL_STREAM,
 };
 pub use install::LlamaInstall;
 pub use observe::otlp::{

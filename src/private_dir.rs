@@ -92,6 +92,38 @@ pub(crate) fn check_private(root: &std::path::Path) -> std::io::Result<()> {
     ))
 }
 
+/// Writes `bytes` to `path` whole or not at all (mode 0600): into a new file beside it,
+/// synced, then renamed over it.
+///
+/// # Errors
+/// Creating, writing or renaming failed; `path` is then as it was.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        crate::ids::random_uuid()
+    ));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 /// An exclusive advisory lock on `dir/name`, held while the file lives; `None` when another
 /// process holds it. The lock file is created (mode 0600) when `create`.
 pub(crate) fn lock_dir(dir: &Path, name: &str, create: bool) -> io::Result<Option<std::fs::File>> {

@@ -49,6 +49,17 @@ pub(crate) fn base64(bytes: &[u8]) -> String {
     out
 }
 
+/// `bytes` as lowercase hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
 /// A file-name component safe to use whatever the id holds.
 pub(crate) fn safe_component(id: &str) -> String {
     let mut out = String::with_capacity(id.len());

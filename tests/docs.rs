@@ -45,6 +45,12 @@ const SECTIONS: &[Section] = &[
         extra: &[],
     },
     Section {
+        path: "models.prompt_cache",
+        file: "src/inference/manager/options.rs",
+        ty: "PromptCacheOptions",
+        extra: &[],
+    },
+    Section {
         path: "approvals",
         file: "src/approvals/config.rs",
         ty: "ApprovalsConfig",

@@ -24,6 +24,7 @@ mod network;
 mod observe;
 mod openai;
 mod postgres;
+mod prompt_cache;
 mod sandbox;
 mod scheduler;
 mod server_confined;

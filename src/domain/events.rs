@@ -521,6 +521,57 @@ pub enum DomainEvent {
         /// Wall time of the call, in milliseconds.
         latency_ms: u64,
     },
+    /// A session's saved prompt cache went into a server, and its answer reused it.
+    #[serde(rename = "model.cache_restored")]
+    ModelCacheRestored {
+        /// The model it was restored into.
+        model_id: String,
+        /// The session whose conversation it holds.
+        session_id: String,
+        /// Tokens the file held.
+        tokens_restored: u64,
+        /// Tokens of the request the server took from it (`timings.cache_n`).
+        tokens_reused: u64,
+        /// Tokens the server computed (`timings.prompt_n`): the new suffix.
+        tokens_computed: u64,
+        /// Wall time of the restore, in milliseconds.
+        restore_ms: u64,
+    },
+    /// A session had a saved prompt cache and it was not used.
+    #[serde(rename = "model.cache_missed")]
+    ModelCacheMissed {
+        /// The model the session's request went to.
+        model_id: String,
+        /// The session.
+        session_id: String,
+        /// Why: `model` (saved for another model file), `build` (another server build),
+        /// `settings` (another context size or server arguments), `prefix` (the request
+        /// does not continue the saved messages), `restore_failed` (the server refused the
+        /// file), `not_reused` (restored, but the answer shows the server computed the
+        /// prompt again; the file is dropped).
+        reason: String,
+        /// What the server said or did, when there is more to say.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
+    /// A session's slot was saved after an answer.
+    #[serde(rename = "model.cache_saved")]
+    ModelCacheSaved {
+        /// The model whose server saved it.
+        model_id: String,
+        /// The session.
+        session_id: String,
+        /// Tokens saved (the prompt and the answer).
+        tokens: u64,
+        /// Bytes written.
+        bytes: u64,
+        /// Wall time of the save, in milliseconds.
+        save_ms: u64,
+        /// Least recently used files removed after it to keep the caps.
+        files_removed: u32,
+        /// Their bytes.
+        bytes_removed: u64,
+    },
 }
 
 macro_rules! type_ids {
@@ -578,6 +629,9 @@ type_ids! {
     WorkspaceSettled => "workspace.settled",
     InferenceCompleted => "inference.completed",
     EmbeddingCompleted => "embedding.completed",
+    ModelCacheRestored => "model.cache_restored",
+    ModelCacheMissed => "model.cache_missed",
+    ModelCacheSaved => "model.cache_saved",
     JobStarted => "job.started",
     JobExited => "job.exited",
     McpServerStarted => "mcp.server_started",
@@ -600,7 +654,10 @@ impl DomainEvent {
             | DomainEvent::ModelEndpointFailover { .. }
             | DomainEvent::ModelUnloaded { .. }
             | DomainEvent::InferenceCompleted { .. }
-            | DomainEvent::EmbeddingCompleted { .. } => self.model_summary(),
+            | DomainEvent::EmbeddingCompleted { .. }
+            | DomainEvent::ModelCacheRestored { .. }
+            | DomainEvent::ModelCacheMissed { .. }
+            | DomainEvent::ModelCacheSaved { .. } => self.model_summary(),
             DomainEvent::ToolApprovalRequested { .. }
             | DomainEvent::ToolApprovalDecided { .. }
             | DomainEvent::ToolExecutionStarted { .. }
@@ -648,6 +705,15 @@ impl DomainEvent {
             ),
             DomainEvent::EmbeddingCompleted { model_id, inputs, prompt_tokens, dimensions, latency_ms } => format!(
                 "embeddings on {model_id}: {inputs} texts ({prompt_tokens} tokens) to {dimensions} dimensions in {latency_ms} ms"
+            ),
+            DomainEvent::ModelCacheRestored { model_id, session_id, tokens_reused, tokens_computed, restore_ms, .. } => format!(
+                "prompt cache of {session_id} restored into {model_id} in {restore_ms} ms: {tokens_reused} tokens reused, {tokens_computed} computed"
+            ),
+            DomainEvent::ModelCacheMissed { model_id, session_id, reason, .. } => format!(
+                "prompt cache of {session_id} not used on {model_id} ({reason})"
+            ),
+            DomainEvent::ModelCacheSaved { model_id, session_id, tokens, bytes, .. } => format!(
+                "prompt cache of {session_id} saved by {model_id}: {tokens} tokens, {bytes} bytes"
             ),
             // `summary` routes no other type here; were one, its type id is what it shows.
             _ => self.type_id().to_owned(),

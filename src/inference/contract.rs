@@ -281,7 +281,8 @@ pub struct InferenceRequest {
     /// endpoint is healthy and not over `models.session_spill_in_flight` (placed by rendezvous
     /// hashing with bounded loads over the healthy endpoints). None: the endpoint with the
     /// fewest requests in flight.
-    /// Local models ignore it.
+    /// A local model with `models.prompt_cache` set runs it on a slot of its own and keeps its
+    /// cache across evictions and restarts; other local models ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
 }

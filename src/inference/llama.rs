@@ -852,6 +852,93 @@ impl LlamaCppInferenceProvider {
         )
     }
 
+    /// Sends a chat body and reads its answer.
+    fn send_chat(
+        &self,
+        body: &str,
+        cancel: &CancelToken,
+        on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
+    ) -> Result<InferenceResponse, InferenceError> {
+        let start = Instant::now();
+        if let Some(client) = &self.chat {
+            let resp = client.post(CHAT_PATH, body.as_bytes(), cancel)?;
+            let (status, content_type) = (resp.status, resp.content_type.clone());
+            return self.answer(status, &content_type, resp, cancel, on_chunk, start);
+        }
+        // Other schemes (https with the `tls` feature) go through ureq: a cancel is seen at the
+        // next piece of the answer rather than at once.
+        if cancel.is_cancelled() {
+            return Err(InferenceError::Cancelled);
+        }
+        let mut post = self
+            .agent
+            .post(&self.chat_url)
+            .header("content-type", "application/json");
+        if let Some(Redacted(a)) = &self.authorization {
+            post = post.header("authorization", a);
+        }
+        let resp = post
+            .send(body.as_bytes())
+            .map_err(|e| transport(&self.chat_url, e))?;
+        let status = resp.status().as_u16();
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let reader = resp.into_body().into_reader();
+        self.answer(status, &content_type, reader, cancel, on_chunk, start)
+    }
+
+    /// As [`InferenceProvider::infer_stream`] on llama-server slot `slot` (`id_slot`, with
+    /// its prompt cache), so a conversation's prefix stays where it is reused.
+    ///
+    /// # Errors
+    /// As [`InferenceProvider::infer_stream`].
+    pub(crate) fn infer_stream_pinned(
+        &self,
+        request: &InferenceRequest,
+        slot: u32,
+        cancel: &CancelToken,
+        on_chunk: &mut dyn FnMut(StreamChunk<'_>) -> StreamControl,
+    ) -> Result<InferenceResponse, InferenceError> {
+        let mut body = stream_body(&self.served, request);
+        if let Some(obj) = body.as_object_mut() {
+            obj.insert("id_slot".into(), json!(slot));
+            obj.insert("cache_prompt".into(), json!(true));
+        }
+        self.send_chat(&body.to_string(), cancel, on_chunk)
+    }
+
+    /// llama-server's `POST /slots/{slot}?action=` `save` or `restore` of `filename` (in
+    /// the server's `--slot-save-path`); the server's answer.
+    ///
+    /// # Errors
+    /// Connection, timeout and HTTP errors (a server started without a save path answers
+    /// 501).
+    pub(crate) fn slot_action(
+        &self,
+        slot: u32,
+        action: &str,
+        filename: &str,
+    ) -> Result<Value, InferenceError> {
+        let url = format!("{}/slots/{slot}?action={action}", self.base);
+        let auth = self.authorization.as_ref().map(|Redacted(a)| a.as_str());
+        post_json(&self.agent, &url, &json!({"filename": filename}), auth)
+    }
+
+    /// How many slots the server runs (`/props` `total_slots`); `None` when it does not say.
+    pub(crate) fn total_slots(&self) -> Option<u32> {
+        let mut resp = self
+            .health_agent
+            .get(&format!("{}/props", self.base))
+            .call()
+            .ok()?;
+        let body: Value = serde_json::from_str(&resp.body_mut().read_to_string().ok()?).ok()?;
+        body.get("total_slots")?.as_u64().map(|n| n as u32)
+    }
+
     /// An answer's body: an event stream, or one JSON object from a server that does not
     /// stream; an error status becomes the server's error.
     fn answer(
@@ -953,36 +1040,7 @@ impl InferenceProvider for LlamaCppInferenceProvider {
             }
         }
         let body = stream_body(&self.served, request).to_string();
-        let start = Instant::now();
-        if let Some(client) = &self.chat {
-            let resp = client.post(CHAT_PATH, body.as_bytes(), cancel)?;
-            let (status, content_type) = (resp.status, resp.content_type.clone());
-            return self.answer(status, &content_type, resp, cancel, on_chunk, start);
-        }
-        // Other schemes (https with the `tls` feature) go through ureq: a cancel is seen at the
-        // next piece of the answer rather than at once.
-        if cancel.is_cancelled() {
-            return Err(InferenceError::Cancelled);
-        }
-        let mut post = self
-            .agent
-            .post(&self.chat_url)
-            .header("content-type", "application/json");
-        if let Some(Redacted(a)) = &self.authorization {
-            post = post.header("authorization", a);
-        }
-        let resp = post
-            .send(body.as_bytes())
-            .map_err(|e| transport(&self.chat_url, e))?;
-        let status = resp.status().as_u16();
-        let content_type = resp
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_ascii_lowercase();
-        let reader = resp.into_body().into_reader();
-        self.answer(status, &content_type, reader, cancel, on_chunk, start)
+        self.send_chat(&body, cancel, on_chunk)
     }
 
     fn health_check(&self) -> ProviderHealth {

@@ -23,6 +23,7 @@ pub use llama::{
 };
 pub use manager::{
     DefaultModelManager, ManagedInferenceProvider, ManagerOptions, ModelDescriptor, ModelManager,
-    ModelRole, ModelState, ModelStatus, ResidencyMode, ServerIsolation, MODEL_STREAM,
+    ModelRole, ModelState, ModelStatus, PromptCacheOptions, ResidencyMode, ServerIsolation,
+    MODEL_STREAM,
 };
 pub use manager_error::ModelLoadError;

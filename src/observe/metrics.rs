@@ -115,6 +115,9 @@ impl LogMetrics {
                 bump(&mut self.session_steps, (kind, "failed"), 1)
             }
             DomainEvent::ModelEndpointFailover { .. }
+            | DomainEvent::ModelCacheRestored { .. }
+            | DomainEvent::ModelCacheMissed { .. }
+            | DomainEvent::ModelCacheSaved { .. }
             | DomainEvent::ToolExecutionStarted { .. }
             | DomainEvent::McpServerStarted { .. }
             | DomainEvent::McpServerExited { .. }

@@ -195,6 +195,9 @@ fn run_state(
                     | EventType::ModelEndpointFailover
                     | EventType::InferenceCompleted
                     | EventType::EmbeddingCompleted
+                    | EventType::ModelCacheRestored
+                    | EventType::ModelCacheMissed
+                    | EventType::ModelCacheSaved
                     | EventType::JobStarted
                     | EventType::JobExited
                     | EventType::McpServerStarted

@@ -6,6 +6,7 @@
 //! tool is asked: its name, its parameters and the call id it answers.
 
 use crate::inference::InferenceRequest;
+use crate::text::hex;
 use crate::tools::ToolRequest;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -14,16 +15,6 @@ use sha2::{Digest, Sha256};
 pub(super) const INFER: &str = "infer";
 /// See [`INFER`].
 pub(super) const TOOL: &str = "tool";
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-}
 
 fn sha256(value: &serde_json::Value) -> String {
     // Serializing a Value cannot fail.

@@ -175,6 +175,9 @@ impl Index {
             | DomainEvent::WorkspaceStaged { .. }
             | DomainEvent::InferenceCompleted { .. }
             | DomainEvent::EmbeddingCompleted { .. }
+            | DomainEvent::ModelCacheRestored { .. }
+            | DomainEvent::ModelCacheMissed { .. }
+            | DomainEvent::ModelCacheSaved { .. }
             | DomainEvent::JobStarted { .. }
             | DomainEvent::JobExited { .. }
             | DomainEvent::McpServerStarted { .. }

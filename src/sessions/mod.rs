@@ -557,7 +557,8 @@ impl Session {
 
     /// Performs inference step `step` once: the first call asks `model` and records the
     /// answer; a later call with the same key and request returns the recorded answer
-    /// without asking (`replayed`).
+    /// without asking (`replayed`). A request that names no session is sent as this
+    /// session's (so a model's prompt cache keeps the conversation).
     ///
     /// # Errors
     /// [`SessionError::Conflict`] when the key was used for another request;
@@ -611,7 +612,19 @@ impl Session {
             Begun::Perform(guard) => guard,
         };
         let attempt = guard.attempt;
-        let answer = match model.infer_stream(request, cancel, on_chunk) {
+        // The model hears which conversation this is (a prompt cache keeps it), unless the
+        // host named another; the digest is of the request as the host sent it.
+        let keyed;
+        let sent = if request.session.is_none() {
+            keyed = InferenceRequest {
+                session: Some(self.id.clone()),
+                ..request.clone()
+            };
+            &keyed
+        } else {
+            request
+        };
+        let answer = match model.infer_stream(sent, cancel, on_chunk) {
             Ok(a) => a,
             Err(e) => {
                 // The guard records the failed try: the next call runs it again.

@@ -570,8 +570,13 @@ impl History {
             | EventType::ModelUnloaded
             | EventType::ModelEndpointFailover
             | EventType::InferenceCompleted => self.add_model_event(ty, e, open),
-            // A run's progress, and an embedding call, mark no change of state on the timeline.
-            EventType::ToolProgress | EventType::EmbeddingCompleted => {}
+            // A run's progress, an embedding call and a prompt cache's fate mark no change of
+            // state on the timeline.
+            EventType::ToolProgress
+            | EventType::EmbeddingCompleted
+            | EventType::ModelCacheRestored
+            | EventType::ModelCacheMissed
+            | EventType::ModelCacheSaved => {}
             EventType::JobStarted
             | EventType::JobExited
             | EventType::McpServerStarted
@@ -828,6 +833,9 @@ fn record_tool_event(run: &mut Run, ty: EventType, e: &RecordedEvent) -> Option<
         | EventType::ModelEndpointFailover
         | EventType::InferenceCompleted
         | EventType::EmbeddingCompleted
+        | EventType::ModelCacheRestored
+        | EventType::ModelCacheMissed
+        | EventType::ModelCacheSaved
         | EventType::JobStarted
         | EventType::JobExited
         | EventType::McpServerStarted

@@ -67,13 +67,14 @@ pub(super) fn plan(
     port: u16,
     extra_args: &[String],
     estimate: Option<u64>,
+    slot_dir: Option<&Path>,
 ) -> Result<(Option<ForkConfinement>, Value), String> {
     if mode == ServerIsolation::None {
         return Ok((None, ServerPolicy::Fenced { mode: "none" }.to_json()));
     }
     let abi = landlock::abi();
     let mode = mode_here(mode, abi)?;
-    let grants = grants(bin, model, extra_args);
+    let grants = grants(bin, model, extra_args, slot_dir);
     let ruleset = if abi >= 1 {
         // The files get read (and execute, which no file here is for) only.
         let rules: Vec<FsRule> = landlock::rules_for(
@@ -84,6 +85,7 @@ pub(super) fn plan(
             &grants.devices,
             Access::DeviceReadWrite,
         ))
+        .chain(landlock::rules_for(&grants.read_write, Access::ReadWrite))
         .collect();
         let opened = landlock::open_rules(abi, &rules)
             .map_err(|e| format!("opening the server's Landlock rule paths: {e}"))?;
@@ -164,7 +166,8 @@ pub(super) fn plan(
 }
 
 /// The server's view: its binary's directory, the system libraries, and the files it reads
-/// (the model, the CPU topology), each at its own path; nothing writable. Built in a mount
+/// (the model, the CPU topology), each at its own path; writable only its prompt cache
+/// directory, when it has one. Built in a mount
 /// namespace of the server's own (inside a user namespace of its own on a host that is not
 /// root).
 ///
@@ -203,7 +206,7 @@ fn server_view(g: &Grants) -> Result<(ForkView, Vec<crate::confine::applied::Vie
     let planned = crate::confine::view::plan(&crate::confine::view::Spec {
         system: &system,
         read: &extra,
-        write: &[],
+        write: &g.read_write,
         devices: &devices,
         idmap: false,
         unmapped: None,
@@ -275,13 +278,16 @@ fn mode_here(mode: ServerIsolation, abi: u32) -> Result<ServerIsolation, String>
 struct Grants {
     read_exec: Vec<PathBuf>,
     read: Vec<PathBuf>,
+    /// Its prompt cache directory.
+    read_write: Vec<PathBuf>,
     devices: Vec<PathBuf>,
     connect: Vec<u16>,
     gpu: bool,
 }
 
-/// The grants of the server `bin` serving `model` with `extra_args`.
-fn grants(bin: &Path, model: &Path, extra_args: &[String]) -> Grants {
+/// The grants of the server `bin` serving `model` with `extra_args`, saving slots in
+/// `slot_dir`.
+fn grants(bin: &Path, model: &Path, extra_args: &[String], slot_dir: Option<&Path>) -> Grants {
     let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let bin = canonical(bin);
     let mut read_exec: Vec<PathBuf> = ["/usr", "/lib", "/lib64"]
@@ -324,6 +330,7 @@ fn grants(bin: &Path, model: &Path, extra_args: &[String]) -> Grants {
     Grants {
         read_exec,
         read,
+        read_write: slot_dir.map(canonical).into_iter().collect(),
         devices,
         connect: rpc_ports(extra_args),
         gpu,
@@ -352,7 +359,7 @@ impl Applied {
             filesystem: self.landlock.then(|| Files {
                 read_exec: shown(&g.read_exec),
                 read: shown(&g.read),
-                read_write: Vec::new(),
+                read_write: shown(&g.read_write),
             }),
             network: Network {
                 tcp_bind: vec![self.port],

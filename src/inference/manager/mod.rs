@@ -24,6 +24,7 @@ mod estimate;
 mod isolation;
 mod options;
 mod placement;
+mod prompt_cache;
 mod provider;
 mod remote;
 mod residency;
@@ -34,7 +35,7 @@ pub use descriptor::{
     EndpointStatus, ModelDescriptor, ModelRole, ModelState, ModelStatus, ResidencyMode,
 };
 pub use isolation::ServerIsolation;
-pub use options::ManagerOptions;
+pub use options::{ManagerOptions, PromptCacheOptions};
 pub use provider::ManagedInferenceProvider;
 
 use remote::EndpointSet;
@@ -138,6 +139,8 @@ struct Running {
     estimate: Option<u64>,
     /// Liveness checks failed in a row.
     misses: u32,
+    /// A spawned chat server's prompt cache, with `models.prompt_cache` set.
+    cache: Option<prompt_cache::ServerCache>,
 }
 
 impl Running {
@@ -251,6 +254,8 @@ struct Inner {
     estimates: Mutex<HashMap<(PathBuf, u32), Option<u64>>>,
     /// Log drains and exit watchers of the servers started so far.
     helpers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Sessions' saved prompt caches, with `models.prompt_cache` set.
+    cache: Option<prompt_cache::PromptCache>,
 }
 
 impl Inner {
@@ -293,6 +298,17 @@ impl DefaultModelManager {
         options: ManagerOptions,
     ) -> Result<Self, crate::settings::ConfigError> {
         options.check_values()?;
+        let cache = match &options.prompt_cache {
+            None => None,
+            Some(c) => Some(
+                prompt_cache::PromptCache::open(c.clone(), Arc::clone(&events)).map_err(|e| {
+                    crate::settings::ConfigError::new(
+                        "prompt_cache.dir",
+                        format!("{}: {e}", c.dir().display()),
+                    )
+                })?,
+            ),
+        };
         let inner = Arc::new(Inner {
             state: Mutex::new(State::default()),
             timer: Condvar::new(),
@@ -302,6 +318,7 @@ impl DefaultModelManager {
             estimates: Mutex::new(HashMap::new()),
             helpers: Mutex::new(Vec::new()),
             options,
+            cache,
         });
         let weak = Arc::downgrade(&inner);
         let timer_thread = std::thread::Builder::new()
@@ -489,6 +506,9 @@ impl Drop for DefaultModelManager {
         }
         self.inner.timer.notify_all();
         self.inner.settled.notify_all();
+        if let Some(cache) = &self.inner.cache {
+            cache.saver.close();
+        }
         if let Some(t) = self.timer_thread.take() {
             let _ = t.join();
         }

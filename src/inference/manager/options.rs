@@ -68,6 +68,67 @@ pub struct ManagerOptions {
     pub http: HttpOptions,
     /// How spawned servers are confined; default [`ServerIsolation::Default`].
     pub isolation: ServerIsolation,
+    /// Sessions' prompt caches saved and restored across evictions and restarts; off unless
+    /// set (config: an object, `{}` for its defaults).
+    pub prompt_cache: Option<PromptCacheOptions>,
+}
+
+/// Where and how much of sessions' prompt caches (their slots' KV caches) a manager keeps
+/// (config `models.prompt_cache`). Sizes are mebibytes in the config, bytes here.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PromptCacheOptions {
+    /// The directory (made mode 0700, refused if another user can enter it); default
+    /// `$XDG_CACHE_HOME/correx/prompt-cache` (`~/.cache/correx/prompt-cache`).
+    pub dir: Option<PathBuf>,
+    /// Bytes of saved caches per model (its file, build and settings; config: MiB); default
+    /// 2 GiB. The least recently used go first.
+    #[serde(rename = "max_mb_per_model", deserialize_with = "mib")]
+    pub max_bytes_per_model: u64,
+    /// Bytes of saved caches in all (config: MiB); default 8 GiB.
+    #[serde(rename = "max_mb", deserialize_with = "mib")]
+    pub max_bytes: u64,
+    /// Sessions whose caches are kept per model; default 32.
+    pub sessions_per_model: usize,
+}
+
+impl Default for PromptCacheOptions {
+    fn default() -> Self {
+        PromptCacheOptions {
+            dir: None,
+            max_bytes_per_model: 2 << 30,
+            max_bytes: 8 << 30,
+            sessions_per_model: 32,
+        }
+    }
+}
+
+impl PromptCacheOptions {
+    /// The directory caches go to.
+    pub fn dir(&self) -> PathBuf {
+        self.dir.clone().unwrap_or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .unwrap_or_else(std::env::temp_dir)
+                .join("correx/prompt-cache")
+        })
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let under = |e: ConfigError| e.under("prompt_cache");
+        if let Some(dir) = &self.dir {
+            settings::non_empty("dir", dir).map_err(under)?;
+        }
+        settings::positive("max_mb_per_model", self.max_bytes_per_model).map_err(under)?;
+        settings::positive("max_mb", self.max_bytes).map_err(under)?;
+        settings::positive("sessions_per_model", self.sessions_per_model as u64).map_err(under)
+    }
+}
+
+/// A size in MiB (`null` is absent: the default).
+fn mib<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    u64::deserialize(d).map(|mb| mb.saturating_mul(1 << 20))
 }
 
 impl Default for ManagerOptions {
@@ -90,6 +151,7 @@ impl Default for ManagerOptions {
             log_dir: None,
             http: HttpOptions::default(),
             isolation: ServerIsolation::default(),
+            prompt_cache: None,
         }
     }
 }
@@ -138,6 +200,41 @@ impl ManagerOptions {
         if let Some(dir) = &self.log_dir {
             settings::non_empty("log_dir", dir)?;
         }
+        if let Some(cache) = &self.prompt_cache {
+            cache.check()?;
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn read(v: serde_json::Value) -> Result<ManagerOptions, ConfigError> {
+        settings::read("models", Some(v))
+    }
+
+    #[test]
+    fn the_prompt_cache_section_takes_defaults_and_refuses_what_cannot_work() {
+        assert!(read(json!({})).unwrap().prompt_cache.is_none());
+        let on = read(json!({"prompt_cache": {}}))
+            .unwrap()
+            .prompt_cache
+            .unwrap();
+        assert_eq!(on.max_bytes, 8 << 30);
+        let sized = read(json!({"prompt_cache": {"max_mb_per_model": 3}})).unwrap();
+        assert_eq!(sized.prompt_cache.unwrap().max_bytes_per_model, 3 << 20);
+        let zero = read(json!({"prompt_cache": {"max_mb": 0}})).unwrap_err();
+        assert_eq!(zero.field, "models.prompt_cache.max_mb");
+        for bad in [
+            json!({"prompt_cache": []}),
+            json!({"prompt_cache": {"sessions": 3}}),
+            json!({"prompt_cache": {"dir": ""}}),
+        ] {
+            let e = read(bad.clone()).unwrap_err();
+            assert!(e.field.starts_with("models.prompt_cache"), "{bad}: {e}");
+        }
     }
 }

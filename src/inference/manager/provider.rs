@@ -102,7 +102,7 @@ impl ManagedInferenceProvider {
         self.check_serves(ModelRole::Embeddings)?;
         super::super::embedding::check_inputs(inputs)?;
         let inner = self.inner()?;
-        let (target, flight) = self.begin(&inner, cancel)?;
+        let (target, flight, _) = self.begin(&inner, None, cancel)?;
         let result = match &target {
             Target::Local(p) => p.embed(inputs, cancel),
             Target::Remote(_) => Err(self.not_served(ModelRole::Embeddings)),
@@ -150,12 +150,14 @@ impl ManagedInferenceProvider {
             })
     }
 
-    /// Loads the model if it is not, and counts one call in flight on it.
+    /// Loads the model if it is not, and counts one call in flight on it; a `session`'s
+    /// call on a server with a prompt cache gets the session's slot.
     fn begin<'a>(
         &'a self,
         inner: &'a Arc<Inner>,
+        session: Option<&str>,
         cancel: &CancelToken,
-    ) -> Result<(Target, InFlight<'a>), InferenceError> {
+    ) -> Result<(Target, InFlight<'a>, Option<prompt_cache::Pin>), InferenceError> {
         let mut st = inner.state.lock();
         ensure_loaded(inner, &mut st, &self.descriptor, cancel).map_err(|e| match e {
             ModelLoadError::Cancelled => InferenceError::Cancelled,
@@ -173,13 +175,18 @@ impl ManagedInferenceProvider {
         r.in_flight += 1;
         r.idle = None;
         r.last_used = uses;
+        let pin = match (session, r.cache.as_mut()) {
+            (Some(s), Some(c)) => c.slots.pin(s, &c.key, uses),
+            _ => None,
+        };
         let flight = InFlight {
             inner,
             descriptor: &self.descriptor,
             generation: r.generation,
+            slot: pin.as_ref().map(|p| p.slot),
             finished: false,
         };
-        Ok((r.target(), flight))
+        Ok((r.target(), flight, pin))
     }
 
     fn run(
@@ -193,10 +200,28 @@ impl ManagedInferenceProvider {
         let inner = self.inner()?;
         // The call runs on this thread: a cancel shuts its socket, so it returns at once and
         // the server stops generating; no worker is left behind.
-        let (target, flight) = self.begin(&inner, cancel)?;
-        let (result, endpoint) = match &target {
-            Target::Local(p) => (p.infer_stream(request, cancel, on_chunk), None),
-            Target::Remote(set) => match set.infer_stream(
+        let (target, flight, pin) = self.begin(&inner, request.session.as_deref(), cancel)?;
+        let (result, endpoint) = match (&target, pin, &inner.cache) {
+            (Target::Local(p), Some(pin), Some(cache)) => {
+                let prepared = cache.prepare(&self.descriptor, p, pin, request);
+                let result = p.infer_stream_pinned(request, prepared.slot, cancel, on_chunk);
+                let settled = cache.settle(
+                    &self.descriptor,
+                    p,
+                    flight.generation,
+                    prepared,
+                    result.as_ref().ok(),
+                );
+                // While the call is in flight, so before its completion and any unload.
+                if let Some(event) = settled {
+                    if let Err(e) = append_domain(inner.events.as_ref(), MODEL_STREAM, &event) {
+                        log::error!("recording a prompt cache outcome: {e}");
+                    }
+                }
+                (result, None)
+            }
+            (Target::Local(p), _, _) => (p.infer_stream(request, cancel, on_chunk), None),
+            (Target::Remote(set), _, _) => match set.infer_stream(
                 inner.events.as_ref(),
                 request,
                 cancel,
@@ -224,6 +249,8 @@ pub(super) struct InFlight<'a> {
     inner: &'a Inner,
     descriptor: &'a ModelDescriptor,
     generation: u64,
+    /// The prompt-cache slot the call is pinned to.
+    slot: Option<u32>,
     finished: bool,
 }
 
@@ -231,14 +258,26 @@ impl InFlight<'_> {
     /// Ends the call: `event` (for a call that succeeded) is recorded first.
     fn finish(mut self, event: Option<DomainEvent>) {
         self.finished = true;
-        finish_call(self.inner, self.descriptor, self.generation, event);
+        finish_call(
+            self.inner,
+            self.descriptor,
+            self.generation,
+            self.slot,
+            event,
+        );
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.finished {
-            finish_call(self.inner, self.descriptor, self.generation, None);
+            finish_call(
+                self.inner,
+                self.descriptor,
+                self.generation,
+                self.slot,
+                None,
+            );
         }
     }
 }
@@ -268,6 +307,7 @@ fn finish_call(
     inner: &Inner,
     descriptor: &ModelDescriptor,
     generation: u64,
+    slot: Option<u32>,
     event: Option<DomainEvent>,
 ) {
     let id = descriptor.model_id.as_str();
@@ -305,6 +345,9 @@ fn finish_call(
             r.recording -= 1;
         }
         r.in_flight = r.in_flight.saturating_sub(1);
+        if let (Some(slot), Some(cache)) = (slot, r.cache.as_mut()) {
+            cache.slots.unpin(slot);
+        }
         if r.in_flight == 0 {
             residency = Some((r.descriptor.residency, r.descriptor.idle_timeout));
         }

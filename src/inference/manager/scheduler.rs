@@ -392,10 +392,25 @@ fn spawn_local(
     // answer meanwhile; calls for this id wait for it. `model.loaded` is appended here too,
     // once the server is healthy and before the model is in use (calls for the id wait while
     // it is loading), with no lock held across the disk write.
+    let provider = Arc::new(LlamaCppInferenceProvider::new(
+        &d.model_id,
+        &base,
+        &inner.options.http,
+    ));
     let spawned = MutexGuard::unlocked(st, || {
+        let cache = cache_key(inner, d, bin);
         let log_file = open_log(&log_path)?;
         let (mut child, isolation) = server::start_and_wait_healthy(
-            inner, d, bin, &alias, generation, log_file, port, estimate, cancel,
+            inner,
+            d,
+            bin,
+            &alias,
+            generation,
+            log_file,
+            port,
+            estimate,
+            cache.as_ref().map(|(_, dir)| dir.as_path()),
+            cancel,
         )?;
         let event = DomainEvent::ModelLoaded {
             model_id: d.model_id.clone(),
@@ -412,16 +427,15 @@ fn spawn_local(
             stop_child(inner, &mut child);
             return Err(ModelLoadError::Events(e));
         }
-        Ok(child)
+        let cache = cache.map(|(key, _)| prompt_cache::ServerCache {
+            key,
+            slots: prompt_cache::SlotTable::new(provider.total_slots().unwrap_or(1)),
+        });
+        Ok((child, cache))
     });
     st.loading.remove(&d.model_id);
     inner.settled.notify_all();
-    let child = spawned?;
-    let provider = Arc::new(LlamaCppInferenceProvider::new(
-        &d.model_id,
-        &base,
-        &inner.options.http,
-    ));
+    let (child, cache) = spawned?;
     let tokenizer = LlamaCppTokenizer::new(&base, &inner.options.http);
     let uses = st.touch();
     st.models.insert(
@@ -442,9 +456,27 @@ fn spawn_local(
             loaded_at: SystemTime::now(),
             estimate,
             misses: 0,
+            cache,
         },
     );
     loaded(inner, st, d)
+}
+
+/// The prompt cache key and save directory of a chat server of `bin` for `d`, with
+/// `models.prompt_cache` set; without one (the cache is a speed-up), a warning says why.
+fn cache_key(
+    inner: &Inner,
+    d: &ModelDescriptor,
+    bin: &std::path::Path,
+) -> Option<(prompt_cache::CacheKey, PathBuf)> {
+    let cache = inner.cache.as_ref()?;
+    if d.serves != ModelRole::Chat {
+        return None;
+    }
+    cache
+        .key_for(d, bin)
+        .map_err(|e| log::warn!("{} runs without a saved prompt cache: {e}", d.model_id))
+        .ok()
 }
 
 /// The server's log file, its directory made first.
@@ -565,6 +597,7 @@ fn connect_remote(
             loaded_at: SystemTime::now(),
             estimate: None,
             misses: 0,
+            cache: None,
         },
     );
     loaded(inner, st, d)
@@ -600,6 +633,11 @@ pub(super) fn stop_model(
         Backend::Local { child, port, .. } => (Some(child), Some(port)),
     };
     let pid = child.as_ref().map(Child::id);
+    let saves = inner
+        .cache
+        .as_ref()
+        .filter(|_| running.cache.is_some())
+        .map(|c| (&c.saver, running.generation));
     st.stopping.insert(
         id.to_owned(),
         Stopping {
@@ -610,6 +648,16 @@ pub(super) fn stop_model(
         },
     );
     let recorded = MutexGuard::unlocked(st, || {
+        // Saved on the way out: the slots' saves queued after their answers are made before
+        // the server stops. A hung server answers none; its saves are dropped (a save sent
+        // later could reach another server on its port).
+        if let Some((saver, generation)) = saves {
+            if reason == UnloadReason::Unresponsive {
+                saver.discard(generation);
+            } else {
+                saver.flush(generation);
+            }
+        }
         let reason = match child {
             Some(mut child) => {
                 let ended = if reason == UnloadReason::Unresponsive {

@@ -177,9 +177,10 @@ pub(super) fn start_and_wait_healthy(
     log_file: std::fs::File,
     port: u16,
     estimate: Option<u64>,
+    slot_dir: Option<&std::path::Path>,
     cancel: &CancelToken,
 ) -> Result<(Child, serde_json::Value), ModelLoadError> {
-    let mut cmd = server_command(bin, d, &inner.options.host, port, alias);
+    let mut cmd = server_command(bin, d, &inner.options.host, port, alias, slot_dir);
     let (confinement, isolation) = super::isolation::plan(
         inner.options.isolation,
         bin,
@@ -187,6 +188,7 @@ pub(super) fn start_and_wait_healthy(
         port,
         &d.extra_args,
         estimate,
+        slot_dir,
     )
     .map_err(|reason| ModelLoadError::Isolation {
         model_id: d.model_id.clone(),
@@ -207,7 +209,7 @@ pub(super) fn start_and_wait_healthy(
 }
 
 /// The server's command line: the model, its context, the address and alias it answers
-/// under, threads, the descriptor's extra arguments; fenced (cleared environment, own group,
+/// under, threads, where it saves slots (`slot_dir`), the descriptor's extra arguments; fenced (cleared environment, own group,
 /// parent-death signal, no inherited host descriptors).
 fn server_command(
     bin: &std::path::Path,
@@ -215,6 +217,7 @@ fn server_command(
     host: &str,
     port: u16,
     alias: &str,
+    slot_dir: Option<&std::path::Path>,
 ) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("--model")
@@ -234,9 +237,21 @@ fn server_command(
             cmd.args(["--pooling", "mean"]);
         }
     }
+    if let Some(dir) = slot_dir {
+        cmd.arg("--slot-save-path").arg(dir);
+    }
     cmd.args(&d.extra_args);
     // Cleared environment, own group, parent-death signal, no inherited host descriptors.
     sys::fence(&mut cmd);
+    if slot_dir.is_some() {
+        // Set in the environment, which a build that lacks them ignores and the arguments
+        // override. A sliding-window model keeps its whole cache: the window alone cannot
+        // serve a restored prefix. Idle slots stay in place: by default a new task moves them
+        // to the server's RAM cache and clears them, and a pinned session's next turn then
+        // computed its prompt again (both measured on Gemma 3; the restore check catches it).
+        cmd.env("LLAMA_ARG_SWA_FULL", "1");
+        cmd.env("LLAMA_ARG_CACHE_IDLE_SLOTS", "0");
+    }
     cmd
 }
 

@@ -163,6 +163,9 @@ impl SpanFold {
             | DomainEvent::ModelEndpointFailover { .. }) => self.on_model_event(e, d),
             d @ DomainEvent::InferenceCompleted { .. } => self.on_inference(e, d),
             DomainEvent::EmbeddingCompleted { .. }
+            | DomainEvent::ModelCacheRestored { .. }
+            | DomainEvent::ModelCacheMissed { .. }
+            | DomainEvent::ModelCacheSaved { .. }
             | DomainEvent::SessionStepStarted { .. }
             | DomainEvent::SessionStepCompleted { .. }
             | DomainEvent::SessionStepFailed { .. }

@@ -658,6 +658,9 @@ fn close_interrupted(
                     | EventType::WorkspaceSettled
                     | EventType::InferenceCompleted
                     | EventType::EmbeddingCompleted
+                    | EventType::ModelCacheRestored
+                    | EventType::ModelCacheMissed
+                    | EventType::ModelCacheSaved
                     | EventType::McpServerStarted
                     | EventType::McpServerExited
                     | EventType::SessionStepStarted
