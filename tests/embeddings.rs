@@ -86,7 +86,8 @@ fn chat_and_embeddings_stay_resident_side_by_side() -> TestResult {
     let cancel = CancelToken::new();
     let one = texts(&["alternating"]);
     let first = s.manager.embed(&emb, &one, &cancel)?;
-    for _ in 0..40 {
+    // 1,000 calls, alternating.
+    for _ in 0..500 {
         assert!(provider.infer(&ask(1))?.usage.prompt_tokens > 0);
         let again = s.manager.embed(&emb, &one, &cancel)?;
         assert!(
@@ -102,7 +103,7 @@ fn chat_and_embeddings_stay_resident_side_by_side() -> TestResult {
     assert_eq!(kinds.iter().filter(|k| k.starts_with("loaded")).count(), 2);
     assert_eq!(
         kinds.iter().filter(|k| *k == "embedding.completed").count(),
-        41
+        501
     );
     Ok(())
 }

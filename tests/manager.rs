@@ -61,7 +61,16 @@ pub(crate) fn descriptor(
 pub(crate) fn model_events(
     store: &SqliteEventStore,
 ) -> Result<Vec<RecordedEvent>, correx::EventStoreError> {
-    store.read_stream(MODEL_STREAM, 1, 1000)
+    // Read in pages: a store hands out at most a page per call.
+    let mut out: Vec<RecordedEvent> = Vec::new();
+    loop {
+        let from = out.last().map_or(1, |e| e.stream_version + 1);
+        let page = store.read_stream(MODEL_STREAM, from, 1000)?;
+        if page.is_empty() {
+            return Ok(out);
+        }
+        out.extend(page);
+    }
 }
 
 pub(crate) fn kinds(events: &[RecordedEvent]) -> Vec<String> {

@@ -1,5 +1,6 @@
 //! llama-server confined like the shell (`models.isolation`): attacked through its own static
-//! file server (`--path /`), its capabilities read from /proc, as root and again as nobody.
+//! file server (`--path /`) and its slot-save API, its capabilities and its view read from
+//! /proc, as root and again as nobody.
 
 use crate::manager::{descriptor, model_events, setup_with, TestResult};
 use crate::util::{child_test, is_child, llama_install, raw_http, LlamaInstall, TempDir};
@@ -30,7 +31,19 @@ fn scenario(install: LlamaInstall) -> TestResult {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
 
-    let s = setup_with(install.clone(), |_| {})?;
+    // With a prompt cache: another model's saves and every session's record sit beside the
+    // one directory the server may write.
+    let cache = plant.join("prompt-cache");
+    let other = cache.join("0123456789abcdef0123456789abcdef");
+    let with_cache = |o: &mut correx::ManagerOptions| {
+        o.prompt_cache = Some(correx::PromptCacheOptions {
+            dir: Some(cache.clone()),
+            ..correx::PromptCacheOptions::default()
+        })
+    };
+    let s = setup_with(install.clone(), with_cache)?;
+    std::fs::create_dir_all(&other)?;
+    std::fs::write(other.join("victim.bin"), "ANOTHER-MODELS-CACHE")?;
     let mut d = descriptor(&s.install, "confined", ResidencyMode::Persistent);
     d.extra_args.extend(["--path".into(), "/".into()]);
     s.manager.load(&d)?;
@@ -76,6 +89,34 @@ fn scenario(install: LlamaInstall) -> TestResult {
         "the model is not in the server's view"
     );
     assert!(!inside(&secret), "the planted file is in the server's view");
+    // It writes its own key's directory and nothing else of the cache.
+    let own = iso["filesystem"]["read_write"]
+        .as_array()
+        .filter(|w| w.len() == 1)
+        .and_then(|w| w[0].as_str())
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("not one writable path: {iso}"))?;
+    assert_eq!(own.parent(), std::fs::canonicalize(&cache).ok().as_deref());
+    assert!(inside(&own), "its cache directory is not in its view");
+    for absent in [other.clone(), cache.join("sessions"), cache.join("digests")] {
+        assert!(
+            !inside(&absent),
+            "{} is in the server's view",
+            absent.display()
+        );
+    }
+    let traversal =
+        serde_json::json!({"filename": "../0123456789abcdef0123456789abcdef/victim.bin"});
+    let (code, body) = raw_http(
+        port,
+        "POST",
+        "/slots/0?action=restore",
+        &traversal.to_string(),
+    )?;
+    assert!(
+        code >= 400 && !body.contains("n_restored"),
+        "a restore from another model's directory: {code} {body}"
+    );
     for absent in ["/etc/shadow", "/etc/passwd", "/home", "/var"] {
         assert!(
             !inside(std::path::Path::new(absent)),
@@ -85,11 +126,21 @@ fn scenario(install: LlamaInstall) -> TestResult {
     s.manager.unload("confined")?;
 
     // The control: unconfined, the same request gets the planted file.
-    let open = setup_with(install, |o| o.isolation = ServerIsolation::None)?;
+    let open = setup_with(install, |o| {
+        with_cache(o);
+        o.isolation = ServerIsolation::None;
+    })?;
     let mut d = descriptor(&open.install, "open", ResidencyMode::Persistent);
     d.extra_args.extend(["--path".into(), "/".into()]);
     open.manager.load(&d)?;
-    let port = open.manager.status()[0].port.ok_or("no port")?;
+    let (pid, port) = {
+        let st = &open.manager.status()[0];
+        (st.pid.ok_or("no pid")?, st.port.ok_or("no port")?)
+    };
+    assert!(
+        std::fs::symlink_metadata(format!("/proc/{pid}/root{}", other.display())).is_ok(),
+        "the unconfined server does not see another model's cache: the test cannot tell"
+    );
     let (_, body) = raw_http(port, "GET", &secret_url, "")?;
     assert!(
         body.contains("PLANTED-SECRET"),
