@@ -770,7 +770,7 @@ int32_t correx_metrics(const struct correx_runtime *rt, char **out_text, struct 
  * - `descriptor_json`: `{"v": 1, "model_id": "gemma", "model_path": "/m.gguf",
  *   "residency": "persistent"|"dynamic"|"ephemeral", "idle_timeout_ms": 60000,
  *   "context_size": 8192, "extra_args": ["--no-jinja", "--chat-template", "gemma"],
- *   "threads": 2}`, or for servers already running elsewhere `{"v": 1, "model_id": "far",
+ *   "threads": 2, "serves": "chat"|"embeddings"}`, or for servers already running elsewhere `{"v": 1, "model_id": "far",
  *   "residency": "persistent", "endpoints": ["http://10.0.0.5:8080", ...],
  *   "endpoint_kind": "llama-server"|"openai", "api_key_env": "VAR", "served_model": "name"}`
  *   (nothing is spawned or killed; requests fail over between them; an `openai` endpoint is
@@ -942,6 +942,39 @@ int32_t correx_infer_stream(const struct correx_runtime *rt,
                             void *user_data,
                             char **out_json,
                             struct correx_error **err);
+
+/**
+ * Embeds texts on a model whose descriptor says `"serves": "embeddings"` (its server runs
+ * with `--embeddings`), loading it first if needed like any resident (it counts against
+ * `models.max_loaded` and the memory budget); appends `embedding.completed`.
+ *
+ * # Parameters
+ * - `model_id`: a model loaded through `correx_model_load` before (its descriptor is used).
+ * - `inputs_json`: `{"v": 1, "inputs": ["text", ...]}`: 1 to 1,024 texts, none empty.
+ * - `cancel`: optional; triggering it stops the load or the call (`CORREX_E_CANCELLED`).
+ * - `out_json`: receives `{"v": 1, "model": "id", "vectors": [[0.1, ...], ...] (one per
+ *   input, in input order), "prompt_tokens": 12, "latency_ms": 40}`.
+ *
+ * # Returns
+ * `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT` (bad JSON, no inputs, an empty
+ * one, more than 1,024, or a model that does not serve embeddings: nothing is sent),
+ * `CORREX_E_UNKNOWN_MODEL`, `CORREX_E_INFERENCE`, `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Blocks for the call (and a load if needed). Any thread; calls may run concurrently.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_embed(const struct correx_runtime *rt,
+                     const char *model_id,
+                     const char *inputs_json,
+                     const struct correx_cancel *cancel,
+                     char **out_json,
+                     struct correx_error **err);
 
 /**
  * Tokenizes `text` with the loaded model's tokenizer: `{"v": 1, "tokens": [1, 2, ...]}`.

@@ -448,3 +448,85 @@ fn a_deferred_run_is_pending_through_the_abi_and_runs_once_after_a_decision() ->
     assert_eq!(std::fs::read_to_string(work.join("m.txt"))?, "c\n");
     Ok(())
 }
+
+/// `correx_embed`: vectors in input order on an embedding model, the same for the same text;
+/// a chat model, a wrong shape, no inputs and an unknown model are clear errors.
+#[test]
+fn embeddings_through_the_abi() -> TestResult {
+    if llama_install().is_none() {
+        return Ok(());
+    }
+    let dir = TempDir::new("ffi-embed");
+    let rt = runtime(&dir, free_port())?;
+    let load = |d: &str| -> Result<i32, Box<dyn std::error::Error>> {
+        let d = CString::new(d)?;
+        // SAFETY: live runtime and a valid string.
+        Ok(unsafe { correx_model_load(rt.0, d.as_ptr(), ptr::null(), ptr::null_mut()) })
+    };
+    assert_eq!(
+        load(
+            r#"{"v": 1, "model_id": "e", "residency": "persistent", "context_size": 1024, "serves": "embeddings"}"#
+        )?,
+        CORREX_OK
+    );
+    assert_eq!(load(DESCRIPTOR)?, CORREX_OK);
+    let embed = |model: &str, inputs: &str| -> (i32, String) {
+        let (model, inputs) = (
+            CString::new(model).unwrap_or_default(),
+            CString::new(inputs).unwrap_or_default(),
+        );
+        // SAFETY: live runtime, valid strings, out-params from call_json.
+        call_json(|out, err| unsafe {
+            correx_embed(rt.0, model.as_ptr(), inputs.as_ptr(), ptr::null(), out, err)
+        })
+    };
+    let (rc, text) = embed(
+        "e",
+        r#"{"v": 1, "inputs": ["the sea", "a cat", "the sea"]}"#,
+    );
+    assert_eq!(rc, CORREX_OK, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    assert_eq!(v["v"], 1);
+    assert_eq!(v["model"], "e");
+    let vectors = v["vectors"].as_array().ok_or("no vectors")?;
+    assert_eq!(vectors.len(), 3);
+    assert!(vectors[0].as_array().is_some_and(|x| x.len() > 16));
+    assert!(vectors[0] != vectors[1], "two texts, one vector");
+    // One text, the same vector every call (within a batch its bits can differ by position).
+    let one = || -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+        let (rc, text) = embed("e", r#"{"v": 1, "inputs": ["a cat"]}"#);
+        assert_eq!(rc, CORREX_OK, "{text}");
+        Ok(serde_json::from_str::<serde_json::Value>(&text)?["vectors"][0].clone())
+    };
+    assert!(one()? == one()?, "the same text gave another vector");
+    for (model, inputs, code) in [
+        (
+            "g",
+            r#"{"v": 1, "inputs": ["x"]}"#,
+            CORREX_E_INVALID_ARGUMENT,
+        ),
+        ("e", r#"{"v": 1, "inputs": []}"#, CORREX_E_INVALID_ARGUMENT),
+        (
+            "e",
+            r#"{"v": 1, "inputs": [""]}"#,
+            CORREX_E_INVALID_ARGUMENT,
+        ),
+        ("e", r#"{"v": 1, "inputs": "x"}"#, CORREX_E_INVALID_ARGUMENT),
+        ("e", r#"[1, ["x"]]"#, CORREX_E_INVALID_ARGUMENT),
+        (
+            "e",
+            r#"{"v": 1, "inputs": ["x"], "more": 1}"#,
+            CORREX_E_INVALID_ARGUMENT,
+        ),
+        (
+            "nope",
+            r#"{"v": 1, "inputs": ["x"]}"#,
+            CORREX_E_UNKNOWN_MODEL,
+        ),
+    ] {
+        let (rc, message) = embed(model, inputs);
+        assert_eq!(rc, code, "{model} {inputs}: {message}");
+        assert!(!message.is_empty(), "{model} {inputs}: no message");
+    }
+    Ok(())
+}

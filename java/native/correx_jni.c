@@ -565,6 +565,20 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_infer(JNIEnv *env, jclass cl
     return answer(env, rc, err, out);
 }
 
+JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_embed(JNIEnv *env, jclass cls, jlong rt,
+                                                         jbyteArray model, jbyteArray inputs,
+                                                         jlong cancel) {
+    (void)cls;
+    IN(m, model, NULL);
+    IN(i, inputs, (free(m), NULL));
+    char *out = NULL;
+    correx_error *err = NULL;
+    int32_t rc = correx_embed(RT(rt), m, i, CANCEL(cancel), &out, &err);
+    free(m);
+    free(i);
+    return answer(env, rc, err, out);
+}
+
 struct chunk_ctx {
     JNIEnv *env;
     jobject bridge;

@@ -756,6 +756,28 @@ public final class LibraryTest {
                 check(count.get() >= 1, "pieces");
             });
 
+            test("embeddings come back in input order, the same for the same text", () -> {
+                ModelDescriptor embedder = ModelDescriptor.builder("embedder")
+                        .residency(Residency.PERSISTENT)
+                        .contextSize(1024)
+                        .serves("embeddings")
+                        .build();
+                models.load(embedder);
+                Embeddings e = models.embed("embedder", List.of("the sea", "a cat"));
+                check(e.model().equals("embedder") && e.vectors().length == 2, "vectors " + e);
+                check(e.vectors()[0].length > 16 && e.vectors()[0].length == e.vectors()[1].length, "dimensions");
+                check(!java.util.Arrays.equals(e.vectors()[0], e.vectors()[1]), "two texts, two vectors");
+                check(e.promptTokens() > 0, "tokens");
+                float[] one = models.embed("embedder", List.of("a cat")).vectors()[0];
+                check(java.util.Arrays.equals(one, models.embed("embedder", List.of("a cat")).vectors()[0]), "same text, same vector");
+                expect(InvalidArgumentException.class, () -> models.embed("embedder", List.of()));
+                expect(InvalidArgumentException.class, () -> models.embed("embedder", List.of("")));
+                expect(InvalidArgumentException.class, () -> models.embed("embedder", null));
+                expect(InvalidArgumentException.class, () -> models.embed("gemma", List.of("x")));
+                expect(UnknownModelException.class, () -> models.embed("never-loaded", List.of("x")));
+                models.unload("embedder");
+            });
+
             InferenceRequest story = InferenceRequest.builder().task("Write a long story about the sea.").temperature(0).seed(7).maxTokens(400).build();
 
             test("a listener that returns false or throws stops the stream", () -> {

@@ -83,7 +83,7 @@ fn descriptor_from(map: serde_json::Map<String, Value>) -> FfiResult<ModelDescri
 /// - `descriptor_json`: `{"v": 1, "model_id": "gemma", "model_path": "/m.gguf",
 ///   "residency": "persistent"|"dynamic"|"ephemeral", "idle_timeout_ms": 60000,
 ///   "context_size": 8192, "extra_args": ["--no-jinja", "--chat-template", "gemma"],
-///   "threads": 2}`, or for servers already running elsewhere `{"v": 1, "model_id": "far",
+///   "threads": 2, "serves": "chat"|"embeddings"}`, or for servers already running elsewhere `{"v": 1, "model_id": "far",
 ///   "residency": "persistent", "endpoints": ["http://10.0.0.5:8080", ...],
 ///   "endpoint_kind": "llama-server"|"openai", "api_key_env": "VAR", "served_model": "name"}`
 ///   (nothing is spawned or killed; requests fail over between them; an `openai` endpoint is
@@ -416,6 +416,68 @@ pub unsafe extern "C" fn correx_infer_stream(
             .infer_stream(&request, &token(cancel), &mut forward)
             .map_err(inference_failure)?;
         Ok(response_json(&resp))
+    };
+    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
+    unsafe { answer_json(rt, out_json, err, body) }
+}
+
+/// What `correx_embed` is asked.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EmbedRequest {
+    inputs: Vec<String>,
+}
+
+/// Embeds texts on a model whose descriptor says `"serves": "embeddings"` (its server runs
+/// with `--embeddings`), loading it first if needed like any resident (it counts against
+/// `models.max_loaded` and the memory budget); appends `embedding.completed`.
+///
+/// # Parameters
+/// - `model_id`: a model loaded through `correx_model_load` before (its descriptor is used).
+/// - `inputs_json`: `{"v": 1, "inputs": ["text", ...]}`: 1 to 1,024 texts, none empty.
+/// - `cancel`: optional; triggering it stops the load or the call (`CORREX_E_CANCELLED`).
+/// - `out_json`: receives `{"v": 1, "model": "id", "vectors": [[0.1, ...], ...] (one per
+///   input, in input order), "prompt_tokens": 12, "latency_ms": 40}`.
+///
+/// # Returns
+/// `CORREX_OK`, `CORREX_E_NULL`, `CORREX_E_INVALID_ARGUMENT` (bad JSON, no inputs, an empty
+/// one, more than 1,024, or a model that does not serve embeddings: nothing is sent),
+/// `CORREX_E_UNKNOWN_MODEL`, `CORREX_E_INFERENCE`, `CORREX_E_CANCELLED`, `CORREX_E_UNUSABLE`.
+///
+/// # Memory and lifetimes
+/// `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+///
+/// # Blocking and threads
+/// Blocks for the call (and a load if needed). Any thread; calls may run concurrently.
+///
+/// # Safety
+/// Pointers are NULL or valid as documented.
+#[no_mangle]
+pub unsafe extern "C" fn correx_embed(
+    rt: *const correx_runtime,
+    model_id: *const c_char,
+    inputs_json: *const c_char,
+    cancel: *const correx_cancel,
+    out_json: *mut *mut c_char,
+    err: *mut *mut correx_error,
+) -> i32 {
+    let body = |r: &correx_runtime| -> FfiResult<Value> {
+        // SAFETY: forwarded.
+        let id = unsafe { str_arg(model_id, "model_id") }?;
+        // SAFETY: forwarded.
+        let request: EmbedRequest = unsafe { request_arg(inputs_json, "inputs_json") }?;
+        let d = known_model(r, id)?;
+        let e = r
+            .runtime
+            .models()
+            .embed(&d, &request.inputs, &token(cancel))
+            .map_err(inference_failure)?;
+        Ok(json!({
+            "model": e.model,
+            "vectors": e.vectors,
+            "prompt_tokens": e.prompt_tokens,
+            "latency_ms": e.latency_ms,
+        }))
     };
     // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
     unsafe { answer_json(rt, out_json, err, body) }

@@ -82,6 +82,15 @@ public final class ModelDescriptor {
             return this;
         }
 
+        /**
+         * What the model serves: {@code "chat"} (the default) or {@code "embeddings"} (its
+         * server runs with {@code --embeddings}; see {@link Models#embed}).
+         */
+        public Builder serves(String role) {
+            f.put("serves", role);
+            return this;
+        }
+
         /** More llama-server arguments. */
         public Builder extraArgs(String... args) {
             f.put("extra_args", List.of(args));

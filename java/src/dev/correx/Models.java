@@ -121,6 +121,38 @@ public final class Models {
         return InferenceResult.from(Native.text(out));
     }
 
+    /** As {@link #embed(String, List, Cancellation)} without a cancellation. */
+    public Embeddings embed(String modelId, List<String> inputs) {
+        return embed(modelId, inputs, null);
+    }
+
+    /**
+     * Embeds {@code inputs} (1 to 1,024 texts, none empty) on a loaded model whose descriptor
+     * says {@code serves("embeddings")}, loading it again first if it was evicted; one vector per
+     * input, in input order. Recorded as {@code embedding.completed}.
+     *
+     * @throws InvalidArgumentException for no inputs, an empty one, too many, or a chat model
+     *     (nothing is sent)
+     * @throws UnknownModelException when the model was never loaded through this runtime
+     * @throws InferenceException when the server failed
+     * @throws CancelledException when cancelled
+     */
+    public Embeddings embed(String modelId, List<String> inputs, Cancellation cancel) {
+        byte[] m = Native.utf8(modelId, "modelId");
+        if (inputs == null) {
+            throw new InvalidArgumentException(CorrexException.E_NULL, "inputs is null");
+        }
+        Map<String, Object> body = new java.util.LinkedHashMap<>();
+        body.put("v", 1);
+        body.put("inputs", new java.util.ArrayList<Object>(inputs));
+        byte[] i = Native.utf8(Json.write(body), "inputs");
+        byte[] out;
+        try (Handle.Use u = runtime.handle.use(); Handle.Use c = use(cancel)) {
+            out = Native.embed(u.ptr, m, i, c == null ? 0 : c.ptr);
+        }
+        return Embeddings.from(Native.text(out));
+    }
+
     /** As {@link #stream(String, InferenceRequest, ChunkListener, Cancellation)} without a cancellation. */
     public InferenceResult stream(String modelId, InferenceRequest request, ChunkListener listener) {
         return stream(modelId, request, listener, null);

@@ -172,6 +172,8 @@ final class Native {
 
     static native byte[] infer(long rt, byte[] model, byte[] request, long cancel);
 
+    static native byte[] embed(long rt, byte[] model, byte[] inputs, long cancel);
+
     static native byte[] sessionInfer(long rt, byte[] session, byte[] step, byte[] model, byte[] request, long cancel,
                                       ChunkBridge bridge);
 
