@@ -182,6 +182,252 @@ impl Drop for TlsSite {
     }
 }
 
+/// A loopback server that keeps every connection open for more requests (as a shared front
+/// does, whatever `Connection: close` says) and records each request it reads, head and body.
+struct Front {
+    port: u16,
+    seen: Arc<std::sync::Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Front {
+    fn start() -> std::io::Result<Front> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (seen, stop) = (seen.clone(), stop.clone());
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    let seen = seen.clone();
+                    std::thread::spawn(move || Front::serve(conn, &seen));
+                }
+            })
+        };
+        Ok(Front {
+            port,
+            seen,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Requests until the client is quiet for a second: each recorded as its head's first
+    /// line and Host, and its body; each answered `ok`.
+    fn serve(mut conn: TcpStream, seen: &std::sync::Mutex<Vec<String>>) {
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut buf: Vec<u8> = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut chunk) {
+                    Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                    _ => return,
+                }
+            }
+            let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            buf.drain(..end);
+            let lower = head.to_ascii_lowercase();
+            let length = lower
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            let chunked = lower.contains("transfer-encoding: chunked");
+            let complete = |b: &[u8]| match (length, chunked) {
+                (Some(n), _) => b.len() >= n,
+                (None, true) => b.windows(5).any(|w| w == b"0\r\n\r\n"),
+                _ => true,
+            };
+            while !complete(&buf) {
+                match conn.read(&mut chunk) {
+                    Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                    _ => break,
+                }
+            }
+            let body_len = match (length, chunked) {
+                (Some(n), _) => n.min(buf.len()),
+                (None, true) => buf
+                    .windows(5)
+                    .position(|w| w == b"0\r\n\r\n")
+                    .map_or(buf.len(), |i| i + 5),
+                _ => 0,
+            };
+            let body = String::from_utf8_lossy(&buf[..body_len]).into_owned();
+            buf.drain(..body_len);
+            let first = head.lines().next().unwrap_or_default().to_owned();
+            let host = head
+                .lines()
+                .find(|l| l.to_ascii_lowercase().starts_with("host:"))
+                .unwrap_or_default()
+                .to_owned();
+            if let Ok(mut s) = seen.lock() {
+                s.push(format!("{first} | {host} | {body}"));
+            }
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n");
+        }
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Plain HTTP through the proxy carries one request per connection: a second one, pipelined
+/// or sent after the first answer, naming another host or the same, never reaches a server
+/// (the front here would serve it); a body goes whole, by length or in chunks, and nothing
+/// after it; a head two parsers could frame two ways is refused before anything is sent.
+fn one_request_scenario() -> TestResult {
+    let work = TempDir::new("net-one-request");
+    let front = Front::start()?;
+    let port = front.port;
+    let t = shell(
+        Allowlist {
+            allow: vec![format!("a.test:{port}"), format!("b.test:{port}")],
+            resolve: pinned(&["a.test", "b.test"]),
+            ..Allowlist::default()
+        },
+        work.path(),
+    );
+    let req = |method: &str, host: &str, path: &str, extra: &str| {
+        format!(
+            "{method} http://{host}:{port}{path} HTTP/1.1\r\nHost: {host}:{port}\r\n{extra}\r\n"
+        )
+    };
+    let second = req("GET", "b.test", "/second", "");
+    // What, the bytes sent, the bytes sent after the first answer, what reaches the server,
+    // the refusal recorded.
+    type Case<'a> = (&'a str, String, Option<String>, Vec<String>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            "pipelined",
+            req("GET", "a.test", "/one", "") + &second,
+            None,
+            vec![format!("GET /one HTTP/1.1 | Host: a.test:{port} | ")],
+            "pipelined",
+        ),
+        (
+            "after the answer",
+            req("GET", "a.test", "/one", ""),
+            Some(second.clone()),
+            vec![format!("GET /one HTTP/1.1 | Host: a.test:{port} | ")],
+            "pipelined",
+        ),
+        (
+            "a body by length, then another request",
+            req("POST", "a.test", "/up", "Content-Length: 5\r\n") + "hello" + &second,
+            None,
+            vec![format!("POST /up HTTP/1.1 | Host: a.test:{port} | hello")],
+            "pipelined",
+        ),
+        (
+            "a chunked body, then another request",
+            req("POST", "a.test", "/up", "Transfer-Encoding: chunked\r\n")
+                + "5\r\nhello\r\n0\r\n\r\n"
+                + &second,
+            None,
+            vec![format!(
+                "POST /up HTTP/1.1 | Host: a.test:{port} | 5\r\nhello\r\n0\r\n\r\n"
+            )],
+            "pipelined",
+        ),
+        (
+            "a length beside a coding",
+            req(
+                "POST",
+                "a.test",
+                "/up",
+                "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+            ) + "0\r\n\r\n"
+                + &second,
+            None,
+            vec![],
+            "bad_request",
+        ),
+        (
+            "two lengths",
+            req(
+                "POST",
+                "a.test",
+                "/up",
+                "Content-Length: 5\r\nContent-Length: 0\r\n",
+            ) + "hello",
+            None,
+            vec![],
+            "bad_request",
+        ),
+        (
+            "a bare LF in a chunk line",
+            req("POST", "a.test", "/up", "Transfer-Encoding: chunked\r\n")
+                + "5\nhello\r\n0\r\n\r\n",
+            None,
+            vec![format!("POST /up HTTP/1.1 | Host: a.test:{port} | ")],
+            "bad_request",
+        ),
+    ];
+    for (what, first, after, expected, reason) in cases {
+        let before = front.seen().len();
+        // The run speaks to its proxy itself: one connection, the bytes as given, then (after
+        // the first answer) `after`, then reads to the end.
+        let script = format!(
+            "import socket, sys, time\n\
+             s = socket.create_connection(('127.0.0.1', 3128))\n\
+             s.settimeout(10)\n\
+             s.sendall({first:?}.encode())\n\
+             after = {after:?}\n\
+             got = b''\n\
+             if after:\n\
+             \x20   while b'ok' not in got:\n\
+             \x20       got += s.recv(65536)\n\
+             \x20   time.sleep(0.2)\n\
+             \x20   try:\n\
+             \x20       s.sendall(after.encode())\n\
+             \x20   except OSError:\n\
+             \x20       pass\n\
+             try:\n\
+             \x20   while True:\n\
+             \x20       b = s.recv(65536)\n\
+             \x20       if not b:\n\
+             \x20           break\n\
+             \x20       got += b\n\
+             except OSError:\n\
+             \x20   pass\n\
+             sys.stdout.write(got.decode('latin-1'))\n",
+            after = after.as_deref().unwrap_or("")
+        );
+        let (ok, out, data) = run(&t, &["python3", "-c", &script]);
+        assert!(ok, "{what}: {out}");
+        // The server is quiet for a second before it gives a connection up.
+        std::thread::sleep(Duration::from_millis(1500));
+        let seen = front.seen()[before..].to_vec();
+        assert_eq!(seen, expected, "{what}: what reached the server");
+        assert!(
+            denied(&data).contains(&("a.test".to_owned(), reason.to_owned())),
+            "{what}: {data}"
+        );
+        if expected.is_empty() {
+            assert!(out.starts_with("HTTP/1.1 400"), "{what}: {out}");
+        }
+    }
+    Ok(())
+}
+
 fn run(tool: &ShellTool, argv: &[&str]) -> (bool, String, Value) {
     let req = ToolRequest::new(
         SessionId::from("network"),
@@ -987,6 +1233,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("subreaper", subreaper_scenario),
     ("mediated", mediated_scenario),
     ("loopback", loopback_scenario),
+    ("one_request", one_request_scenario),
 ];
 
 /// Runs the scenario in a child test process inside a network namespace of its own (as root),
@@ -1072,4 +1319,9 @@ fn pip_and_git_fetch_from_allowed_names_only() -> TestResult {
 #[test]
 fn under_a_subreaper_an_allowlist_gets_a_namespace_or_no_run() -> TestResult {
     in_private_network("subreaper")
+}
+
+#[test]
+fn a_plain_http_connection_carries_one_request_and_nothing_after_it() -> TestResult {
+    in_private_network("one_request")
 }

@@ -281,8 +281,10 @@ pub enum DomainEvent {
         /// The port asked for.
         port: u16,
         /// Why: `not_allowed`, `denied`, `address_literal`, `private_address`, `unresolved`,
-        /// `sni_mismatch`, `no_sni`, `encrypted_client_hello`, `host_mismatch`,
-        /// `too_many_connections`, `byte_limit`, `bad_request`, `unreachable`.
+        /// `sni_mismatch`, `no_sni`, `encrypted_client_hello`, `host_mismatch`, `pipelined`
+        /// (bytes after a plain request's end on its connection: never passed on),
+        /// `too_many_connections`, `byte_limit`, `bad_request`, `unreachable`,
+        /// `direct_connect`.
         reason: String,
     },
     /// A staged run's change set, as it ended: every path it changed, its text files' diff,

@@ -11,6 +11,7 @@
 //! in place of the run's, or refuses ([`crate::sys::mediate`]); Landlock then lets the run
 //! connect nowhere on its own.
 
+mod http1;
 mod policy;
 pub(crate) mod proxy;
 mod tls;

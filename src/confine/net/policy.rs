@@ -256,6 +256,9 @@ pub(crate) enum Refusal {
     EncryptedClientHello,
     /// A plain request's Host header names another host than its URL.
     HostMismatch,
+    /// Bytes after a plain request's end on its connection (a second request, pipelined or
+    /// after the answer): never passed on, the connection closed.
+    Pipelined,
     /// The run opened its allowed number of connections.
     TooManyConnections,
     /// The run moved its allowed number of bytes.
@@ -283,6 +286,7 @@ impl Refusal {
             Refusal::EncryptedClientHello => "encrypted_client_hello",
             Refusal::Direct => "direct_connect",
             Refusal::HostMismatch => "host_mismatch",
+            Refusal::Pipelined => "pipelined",
             Refusal::TooManyConnections => "too_many_connections",
             Refusal::ByteLimit => "byte_limit",
             Refusal::BadRequest => "bad_request",

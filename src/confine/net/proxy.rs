@@ -1,6 +1,7 @@
 //! The proxy a run with an allowlist reaches the network through: HTTP `CONNECT` (checked
 //! against the TLS ClientHello's server name) and plain-HTTP forwarding (checked against the
-//! Host header), each target checked against the allowlist, resolved once by the proxy, and
+//! Host header, one request per connection: its body is passed on to its end and nothing
+//! after it), each target checked against the allowlist, resolved once by the proxy, and
 //! connected to at the address it checked. It stops with the run.
 //!
 //! Where it listens depends on the run's [`Route`]: inside the run's network namespace (the
@@ -8,6 +9,7 @@
 //! loopback that takes only the connections correx itself made for the run (every other
 //! client is closed unread).
 
+use super::http1::{self, Framing};
 use super::policy::{split_port, Host, Refusal, Rules};
 use super::tls;
 use crate::confine::Route;
@@ -401,7 +403,7 @@ struct Request<'a> {
 
 /// A request head, strictly: no control character anywhere (a bare LF would be a line break
 /// to some servers and not to us), header names of token characters, no folded lines, at most
-/// one Host, and not both Content-Length and Transfer-Encoding (a smuggling ground).
+/// one Host. How its body is framed is [`http1::framing`]'s to check.
 fn parse_head(head: &str) -> Option<Request<'_>> {
     let control = |t: &str| t.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f);
     let token = |t: &str| {
@@ -436,7 +438,7 @@ fn parse_head(head: &str) -> Option<Request<'_>> {
             .filter(|(k, _)| k.eq_ignore_ascii_case(name))
             .count()
     };
-    if count("host") > 1 || (count("content-length") > 0 && count("transfer-encoding") > 0) {
+    if count("host") > 1 {
         return None;
     }
     Some(Request {
@@ -540,6 +542,14 @@ fn serve(shared: &Arc<Shared>, client: TcpStream) {
     if let Err(why) = shared.rules.check(&host, port) {
         return refuse(shared, &mut *client, &name, port, why);
     }
+    let framing = if connect {
+        Framing::None
+    } else {
+        match http1::framing(req.version, &req.headers) {
+            Some(f) => f,
+            None => return refuse(shared, &mut *client, &name, port, Refusal::BadRequest),
+        }
+    };
     if !connect {
         // The Host header must name what the URL names (no fronting on plain HTTP).
         let header = req
@@ -566,7 +576,7 @@ fn serve(shared: &Arc<Shared>, client: TcpStream) {
     if connect {
         tunnel(shared, client, &rest, to);
     } else {
-        forward(shared, client, &req, &rest, to);
+        forward(shared, client, &req, (&rest, framing), to);
     }
 }
 
@@ -620,16 +630,24 @@ fn tunnel(shared: &Arc<Shared>, client: &mut TcpStream, rest: &[u8], to: Target<
     if upstream.write_all(&raw).is_err() {
         return;
     }
-    splice(shared, client, upstream, (name, port), raw.len() as u64);
+    splice(
+        shared,
+        client,
+        upstream,
+        (name, port),
+        raw.len() as u64,
+        None,
+    );
 }
 
 /// A plain-HTTP request: sent upstream with the Host that was checked, without the
-/// hop-by-hop and proxy headers, as the connection's only request.
+/// hop-by-hop and proxy headers, as the connection's only request: its body (what came after
+/// the head, `body.0`, then the client's bytes, framed as `body.1`) to its end, nothing after.
 fn forward(
     shared: &Arc<Shared>,
     client: &mut TcpStream,
     req: &Request<'_>,
-    rest: &[u8],
+    body: (&[u8], Framing),
     to: Target<'_>,
 ) {
     let Target {
@@ -664,13 +682,41 @@ fn forward(
             out.push_str(&format!("{k}: {v}\r\n"));
         }
     }
-    // One request per connection: a pipelined second one cannot reach another host.
+    // One request per connection: the upstream closes after its answer, and what the
+    // client sends after the body is never passed on.
     out.push_str("Connection: close\r\n\r\n");
-    let sent = out.len() as u64 + rest.len() as u64;
-    if upstream.write_all(out.as_bytes()).is_err() || upstream.write_all(rest).is_err() {
+    if upstream.write_all(out.as_bytes()).is_err() {
         return;
     }
-    splice(shared, client, upstream, (name, port), sent);
+    splice(
+        shared,
+        client,
+        upstream,
+        (name, port),
+        out.len() as u64,
+        Some(body),
+    );
+}
+
+/// A read that waits out its socket's timeouts while `keep_waiting` says so.
+struct Patient<'a, R> {
+    inner: R,
+    keep_waiting: &'a dyn Fn() -> bool,
+}
+
+impl<R: Read> Read for Patient<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.inner.read(buf) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) && (self.keep_waiting)() => {}
+                other => return other,
+            }
+        }
+    }
 }
 
 /// A connection to the first of `addresses` that answers.
@@ -718,13 +764,17 @@ fn copy_by_hand(
     total
 }
 
-/// Copies both ways until both ends are done, counting bytes against the run's bound.
+/// Copies both ways until both ends are done, counting bytes against the run's bound. With
+/// `body` (a plain request's: what came after its head, and its framing) the client's bytes
+/// go up to the body's end only; bytes after it are a refusal (`pipelined`), and the
+/// connection ends with the answer.
 fn splice(
     shared: &Arc<Shared>,
     client: &TcpStream,
     upstream: TcpStream,
     key: (String, u16),
     already_up: u64,
+    body: Option<(&[u8], Framing)>,
 ) {
     let upstream = shared.track(upstream);
     let upstream: &TcpStream = &upstream;
@@ -751,19 +801,20 @@ fn splice(
             && shared.now_ms().saturating_sub(last.load(Ordering::SeqCst))
                 < IDLE_TIMEOUT.as_millis() as u64
     };
+    // Counts a chunk against the run's bound before it is passed on.
+    let allow = |from: &TcpStream, to: &TcpStream, n: u64| {
+        last.store(shared.now_ms(), Ordering::SeqCst);
+        let moved = shared.bytes.fetch_add(n, Ordering::SeqCst) + n;
+        if moved > shared.rules.max_bytes {
+            shared.deny(&key.0, key.1, Refusal::ByteLimit);
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+            return false;
+        }
+        true
+    };
     let copy = |from: &TcpStream, to: &TcpStream| -> u64 {
-        // Counts a chunk against the run's bound before it is passed on.
-        let allow = |n: u64| {
-            last.store(shared.now_ms(), Ordering::SeqCst);
-            let moved = shared.bytes.fetch_add(n, Ordering::SeqCst) + n;
-            if moved > shared.rules.max_bytes {
-                shared.deny(&key.0, key.1, Refusal::ByteLimit);
-                let _ = from.shutdown(Shutdown::Both);
-                let _ = to.shutdown(Shutdown::Both);
-                return false;
-            }
-            true
-        };
+        let allow = |n| allow(from, to, n);
         // Through a pipe, without a copy in user space; read and write where splice is
         // refused.
         let pumped = crate::sys::net::pump(from.as_raw_fd(), to.as_raw_fd(), allow, keep_waiting);
@@ -771,9 +822,45 @@ fn splice(
         let _ = to.shutdown(Shutdown::Write);
         total
     };
+    // One request's body, then a look for anything after it.
+    let one_body = |from: &TcpStream, to: &TcpStream, (rest, framing): (&[u8], Framing)| {
+        let mut input = io::BufReader::new(Patient {
+            inner: rest.chain(from),
+            keep_waiting: &keep_waiting,
+        });
+        let mut output = to;
+        let sent = http1::copy_body(framing, &mut input, &mut output, &|n| allow(from, to, n));
+        let sent = match sent {
+            Ok(n) => n,
+            Err(e) => {
+                if e.kind() == io::ErrorKind::InvalidData {
+                    shared.deny(&key.0, key.1, Refusal::BadRequest);
+                }
+                let _ = from.shutdown(Shutdown::Both);
+                let _ = to.shutdown(Shutdown::Both);
+                return 0;
+            }
+        };
+        // Waits until the client sends more (refused) or the answer has ended (the client's
+        // reads are shut then).
+        let mut byte = [0u8; 1];
+        if !input.buffer().is_empty() || input.read(&mut byte).is_ok_and(|n| n > 0) {
+            shared.deny(&key.0, key.1, Refusal::Pipelined);
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+        }
+        sent
+    };
     let (up, down) = std::thread::scope(|s| {
-        let up = s.spawn(|| copy(client, upstream));
+        let up = s.spawn(|| match body {
+            None => copy(client, upstream),
+            Some(body) => one_body(client, upstream, body),
+        });
         let down = copy(upstream, client);
+        if body.is_some() {
+            // The answer has ended: so has the connection, and the look for more.
+            let _ = client.shutdown(Shutdown::Both);
+        }
         (up.join().unwrap_or(0), down)
     });
     let mut r = shared.report.lock();
@@ -834,10 +921,11 @@ mod tests {
         assert!(parse_head("GET http://a/ HTTP/1.1\r\nX: 1\r\n folded").is_none());
         assert!(parse_head("GET http://a/ HTTP/1.1\r\nX: a\x1bb").is_none());
         assert!(parse_head("GET http://a/ HTTP/1.1\r\nBad Name: 1").is_none());
-        assert!(parse_head(
-            "POST http://a/ HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked"
+        let both = parse_head(
+            "POST http://a/ HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked",
         )
-        .is_none());
+        .expect("a head");
+        assert_eq!(http1::framing(both.version, &both.headers), None);
         assert!(parse_head("GET http://a/ HTTP/1.1\r\nX: tab\there").is_some());
         assert_eq!(
             authority("[::1]:8080", 80),
