@@ -597,3 +597,71 @@ fn a_runtime_seals_its_log_to_the_configured_file_up_to_its_last_event() -> Test
     }
     Ok(())
 }
+
+/// With `signing_key_file`, the runtime's seals are Ed25519 checkpoints: each verifies with the
+/// public key alone and commits to every event up to its position, so an event changed later,
+/// its chain recomputed by someone without the key, no longer matches the root.
+#[test]
+fn a_runtime_writes_signed_checkpoints_that_catch_a_recomputed_chain() -> TestResult {
+    use correx::evidence::{check_checkpoints, Checkpoint, SigningKey};
+    let tmp = TempDir::new("evidence-runtime-signed");
+    let db = tmp.join("events.db");
+    let seals = tmp.join("log.checkpoints");
+    let key_path = tmp.join("log.ed25519");
+    let key = SigningKey::generate(&key_path)?;
+    let config = correx::RuntimeConfig::from_json(&format!(
+        r#"{{"v": 1, "event_log": {:?}, "sandbox_root": {:?},
+            "seal": {{"file": {:?}, "interval_ms": 50, "signing_key_file": {:?}}}}}"#,
+        db,
+        tmp.join("work"),
+        seals,
+        key_path
+    ))?;
+    {
+        let rt = correx::Runtime::new(&config, Arc::new(correx::DenyAll))?;
+        let store = rt.events().clone();
+        append(&store, 30)?;
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        append(&store, 30)?;
+    }
+    let last = SqliteEventStore::open(&db)?.last_position()?;
+    let text = std::fs::read_to_string(&seals)?;
+    let written = Checkpoint::parse_all(&text, &key.public())?;
+    assert!(written.len() >= 2, "{text}");
+    assert_eq!(written.last().map(|c| c.position), Some(last));
+    assert!(written.windows(2).all(|w| w[0].position < w[1].position));
+    assert!(check_checkpoints(&db, &written)?.is_empty());
+    // Another key's public half refuses every line.
+    let other = SigningKey::generate(&tmp.join("other.ed25519"))?;
+    assert!(Checkpoint::parse_all(&text, &other.public()).is_err());
+    // An event changed and every hash after it recomputed: the chain holds, the roots do not.
+    sql(
+        &db,
+        "UPDATE events SET payload = '{\"n\": 0, \"text\": \"changed\"}' WHERE position = 5",
+    )?;
+    recompute_chain(&db, 5)?;
+    assert!(
+        verify_log(&db)?.problems.is_empty(),
+        "the chain was recomputed"
+    );
+    assert!(!check_checkpoints(&db, &written)?.is_empty());
+    for (json, field) in [
+        (r#"{"signing_key_file": "/k"}"#, "seal.signing_key_file"),
+        (
+            r#"{"file": "/s", "key_file": "/a", "signing_key_file": "/b"}"#,
+            "seal.signing_key_file",
+        ),
+        (
+            r#"{"file": "/s", "signing_key_file": "k"}"#,
+            "seal.signing_key_file",
+        ),
+    ] {
+        let e = correx::RuntimeConfig::from_json(&format!(
+            r#"{{"v": 1, "event_log": "/e.db", "seal": {json}}}"#
+        ))
+        .expect_err(field)
+        .to_string();
+        assert!(e.contains(field), "{e}");
+    }
+    Ok(())
+}

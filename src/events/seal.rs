@@ -77,6 +77,8 @@ pub enum SealError {
         /// The file.
         path: PathBuf,
     },
+    /// An Ed25519 checkpoint could not be made or its key read.
+    Checkpoint(super::evidence::EvidenceError),
 }
 
 impl fmt::Display for SealError {
@@ -97,6 +99,7 @@ impl fmt::Display for SealError {
             SealError::EmptyKey { path } => {
                 write!(f, "{}: the key file is empty", path.display())
             }
+            SealError::Checkpoint(e) => write!(f, "an Ed25519 checkpoint: {e}"),
         }
     }
 }
@@ -106,6 +109,7 @@ impl std::error::Error for SealError {
         match self {
             SealError::Store(e) => Some(e),
             SealError::Io { source, .. } => Some(source),
+            SealError::Checkpoint(e) => Some(e),
             _ => None,
         }
     }
@@ -330,6 +334,9 @@ pub struct SealOptions {
     pub every: Duration,
     /// The key to sign with, if any.
     pub key: Option<SealKey>,
+    /// Write Ed25519-signed checkpoints (as `correx log seal --signing-key` does) with this
+    /// key instead of seals; a SQLite log only.
+    pub signing: Option<Arc<super::evidence::SigningKey>>,
 }
 
 struct Stop {
@@ -433,13 +440,48 @@ fn seal_once(
     if *last == Some(seal.position) {
         return Ok(());
     }
-    seal.append_to(&options.file, options.key.as_ref())?;
+    match &options.signing {
+        None => seal.append_to(&options.file, options.key.as_ref())?,
+        // An empty log has no tree to sign yet: its first checkpoint follows its first event.
+        Some(_) if seal.position == 0 => return Ok(()),
+        Some(key) => {
+            let sqlite = store.as_sqlite().ok_or_else(|| {
+                SealError::Checkpoint(super::evidence::EvidenceError::Log(
+                    "Ed25519 checkpoints are made of SQLite logs; this log is on PostgreSQL: \
+                     use key_file (HMAC seals) there"
+                        .into(),
+                ))
+            })?;
+            let checkpoint =
+                super::evidence::checkpoint_of_log(sqlite.path()).map_err(SealError::Checkpoint)?;
+            append_line(&options.file, &checkpoint.to_json(key).to_string())?;
+        }
+    }
     *last = Some(seal.position);
     Ok(())
 }
 
+/// Appends `text` and a newline to `path`, synced.
+fn append_line(path: &Path, text: &str) -> Result<(), SealError> {
+    use std::io::Write;
+    let io = |source| SealError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
+    f.write_all(format!("{text}\n").as_bytes())
+        .and_then(|()| f.sync_data())
+        .map_err(io)
+}
+
 /// The runtime config's `seal` section: `{"file": "/var/lib/me/log.seals", "interval_ms":
-/// 60000, "key_file": "/etc/me/seal.key"}`. Without `file`, nothing is sealed.
+/// 60000, "key_file": "/etc/me/seal.key"}`, or with `"signing_key_file":
+/// "/etc/me/log.ed25519"` (from `correx log keygen`) signed checkpoints instead of seals.
+/// Without `file`, nothing is sealed.
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SealConfig {
@@ -453,6 +495,10 @@ pub struct SealConfig {
     pub every: Duration,
     /// The file whose bytes sign each seal (HMAC-SHA256), if any.
     pub key_file: Option<PathBuf>,
+    /// An Ed25519 key file (`correx log keygen`): each seal is then a signed checkpoint (log
+    /// id, position, head hash, Merkle tree size and root), checked with `correx log verify
+    /// --seal FILE --public-key KEY`; a SQLite log only, and not with `key_file`.
+    pub signing_key_file: Option<PathBuf>,
 }
 
 impl Default for SealConfig {
@@ -461,6 +507,7 @@ impl Default for SealConfig {
             file: None,
             every: Duration::from_secs(60),
             key_file: None,
+            signing_key_file: None,
         }
     }
 }
@@ -471,10 +518,21 @@ impl crate::settings::Section for SealConfig {
         positive_ms("interval_ms", self.every)?;
         absolute("file", self.file.as_slice())?;
         absolute("key_file", self.key_file.as_slice())?;
+        absolute("signing_key_file", self.signing_key_file.as_slice())?;
         check(
             self.file.is_some() || self.key_file.is_none(),
             "key_file",
             "signs seals, but no seal file is set: add \"file\"",
+        )?;
+        check(
+            self.file.is_some() || self.signing_key_file.is_none(),
+            "signing_key_file",
+            "signs checkpoints, but no seal file is set: add \"file\"",
+        )?;
+        check(
+            self.key_file.is_none() || self.signing_key_file.is_none(),
+            "signing_key_file",
+            "key_file signs HMAC seals, signing_key_file Ed25519 checkpoints: give one",
         )
     }
 }
@@ -497,6 +555,12 @@ impl SealConfig {
                 .as_deref()
                 .map(SealKey::from_file)
                 .transpose()?,
+            signing: self
+                .signing_key_file
+                .as_deref()
+                .map(|p| super::evidence::SigningKey::from_file(p).map(Arc::new))
+                .transpose()
+                .map_err(SealError::Checkpoint)?,
         }))
     }
 }
