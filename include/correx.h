@@ -208,6 +208,11 @@
 #define MAX_STEP_KEY 256
 
 /**
+ * The largest signal payload, in bytes of JSON.
+ */
+#define MAX_SIGNAL_BYTES (1 << 20)
+
+/**
  * What one endpoint offers, as probed when its model was loaded (`model.loaded` records it
  * per endpoint). A request that needs what its endpoint lacks goes to one that has it, or
  * fails with [`crate::InferenceError::Unsupported`] before anything is sent.
@@ -1248,6 +1253,74 @@ int32_t correx_session_transcript(const struct correx_runtime *rt,
                                   const char *session_id,
                                   char **out_json,
                                   struct correx_error **err);
+
+/**
+ * Waits for a signal as step `step` of session `session_id`, once: the first call records
+ * that the step waits (`session.waiting`); a signal sent from any process
+ * (`correx_session_signal`) answers it, the step records its payload, and a later call with
+ * the key returns that payload without waiting.
+ *
+ * # Parameters
+ * - `session_id`, `step`: as `correx_session_infer`.
+ * - `wait_json`: `{"v": 1, "name": "the signal", "wait_ms": 0}`: the name (1 to 256 bytes,
+ *   no control characters) and how long to wait for it now (0: look once).
+ * - `cancel`: NULL, or a token that ends the wait (`CORREX_E_CANCELLED`).
+ * - `out_json`: receives `{"v": 1, "payload": <the signal's JSON>, "replayed": bool,
+ *   "attempt": 1, "recovered": false}`.
+ *
+ * # Returns
+ * `CORREX_OK`; `CORREX_E_PENDING` when no signal came within `wait_ms` (the wait is
+ * recorded: call the step again, from any process, after the signal);
+ * `CORREX_E_CONFLICT` when the key belongs to another step or another signal's wait;
+ * `CORREX_E_CANCELLED`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_EVENT_STORE`, `CORREX_E_NULL`,
+ * `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Blocks up to `wait_ms` (reading the log every few milliseconds). Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented; `cancel` is NULL or live for the whole call.
+ */
+int32_t correx_session_wait(const struct correx_runtime *rt,
+                            const char *session_id,
+                            const char *step,
+                            const char *wait_json,
+                            const struct correx_cancel *cancel,
+                            char **out_json,
+                            struct correx_error **err);
+
+/**
+ * Sends a signal to session `session_id`'s waits (recorded as `session.signaled`): every
+ * wait step for its name, in any process, now or later, gets its payload. The first signal
+ * of a name is the one.
+ *
+ * # Parameters
+ * - `signal_json`: `{"v": 1, "name": "the signal", "payload": <any JSON, at most 1 MiB>,
+ *   "by": "who sends it (optional, recorded)"}`.
+ * - `out_json`: receives `{"v": 1, "position": N}`: where the signal is in the log.
+ *
+ * # Returns
+ * `CORREX_OK`; `CORREX_E_CONFLICT` when a signal of the name was sent already (the message
+ * says where); `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_EVENT_STORE`, `CORREX_E_NULL`,
+ * `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * One append to the log. Any thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_session_signal(const struct correx_runtime *rt,
+                              const char *session_id,
+                              const char *signal_json,
+                              char **out_json,
+                              struct correx_error **err);
 
 /**
  * Subscribes to every event after position `after` (0: from the first event).

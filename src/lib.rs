@@ -129,7 +129,7 @@ pub use services::mcp::{
     McpClientMethod, McpHub, McpRefusal, McpRequestHandler, McpServerConfig, McpServerRequest,
     McpServers, McpStart, McpToolSettings, MCP_STREAM, PROTOCOL_VERSIONS,
 };
-pub use sessions::{Session, SessionError, Step, MAX_STEP_KEY};
+pub use sessions::{Session, SessionError, Step, MAX_SIGNAL_BYTES, MAX_STEP_KEY};
 pub use settings::{ConfigError, Section};
 pub use tools::{
     looks_secret, BuildContext, BuiltinTool, ConfineError, DispatchingToolExecutor,

@@ -530,3 +530,66 @@ fn embeddings_through_the_abi() -> TestResult {
     }
     Ok(())
 }
+
+/// `correx_session_wait` and `correx_session_signal`: a wait is pending until a signal, then
+/// answers with its payload, from the log after; a second signal of the name and wrong shapes
+/// are typed errors.
+#[test]
+fn a_session_wait_is_answered_by_a_signal_through_the_abi() -> TestResult {
+    let dir = TempDir::new("ffi-wait");
+    let rt = runtime(&dir, free_port())?;
+    let session = CString::new("abi-wait")?;
+    let step = CString::new("confirm")?;
+    let wait = |json: &str| -> (i32, String) {
+        let json = CString::new(json).unwrap_or_default();
+        // SAFETY: live runtime, valid strings, out-params from call_json.
+        call_json(|out, err| unsafe {
+            correx_session_wait(
+                rt.0,
+                session.as_ptr(),
+                step.as_ptr(),
+                json.as_ptr(),
+                ptr::null(),
+                out,
+                err,
+            )
+        })
+    };
+    let signal = |json: &str| -> (i32, String) {
+        let json = CString::new(json).unwrap_or_default();
+        // SAFETY: as above.
+        call_json(|out, err| unsafe {
+            correx_session_signal(rt.0, session.as_ptr(), json.as_ptr(), out, err)
+        })
+    };
+    let (rc, message) = wait(r#"{"v": 1, "name": "go"}"#);
+    assert_eq!(rc, CORREX_E_PENDING, "{message}");
+    assert!(message.contains("\"go\""), "{message}");
+    let (rc, sent) = signal(r#"{"v": 1, "name": "go", "payload": {"ok": 1}, "by": "me"}"#);
+    assert_eq!(rc, CORREX_OK, "{sent}");
+    let sent: serde_json::Value = serde_json::from_str(&sent)?;
+    assert!(sent["position"].as_u64() > Some(0));
+    let (rc, got) = wait(r#"{"v": 1, "name": "go", "wait_ms": 1000}"#);
+    assert_eq!(rc, CORREX_OK, "{got}");
+    let got: serde_json::Value = serde_json::from_str(&got)?;
+    assert_eq!(got["payload"], serde_json::json!({"ok": 1}));
+    assert_eq!(got["replayed"], false);
+    let (_, again) = wait(r#"{"v": 1, "name": "go"}"#);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&again)?["replayed"],
+        true
+    );
+    let (rc, m) = signal(r#"{"v": 1, "name": "go", "payload": 2}"#);
+    assert_eq!(rc, CORREX_E_CONFLICT, "{m}");
+    for bad in [
+        r#"{"v": 1, "name": ""}"#,
+        r#"{"v": 1, "name": "go", "extra": 1}"#,
+        r#"["go"]"#,
+        r#"{"name": "go"}"#,
+    ] {
+        assert_eq!(signal(bad).0, CORREX_E_INVALID_ARGUMENT, "{bad}");
+    }
+    let (rc, m) = wait(r#"{"v": 1, "name": "other"}"#);
+    assert_eq!(rc, CORREX_E_CONFLICT, "a key is one signal's: {m}");
+    Ok(())
+}

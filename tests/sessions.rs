@@ -1112,3 +1112,121 @@ fn a_step_whose_owner_died_mid_run_is_closed_by_a_runtime_opened_before_the_deat
     assert_eq!(starts, 1, "the run was not started again");
     Ok(())
 }
+
+/// A wait step records that it waits, is answered by a signal from any process (another
+/// handle on the log, opened on its own), records the signal's payload once, and answers from
+/// the log after; the first signal of a name wins; a key of another step, or another signal,
+/// is a conflict; bad names and payloads are refused.
+#[test]
+fn a_wait_is_answered_once_by_the_first_signal_from_any_process() -> TestResult {
+    let dir = TempDir::new("session-wait");
+    let db = dir.join("events.db");
+    let store = |_: ()| -> Result<Arc<correx::SqliteEventStore>, correx::EventStoreError> {
+        Ok(Arc::new(correx::SqliteEventStore::open(&db)?))
+    };
+    let waiter = correx::Session::open(store(())?, "w1")?;
+    let cancel = CancelToken::new();
+    // Nothing sent: the step waits, recorded once however often it is asked.
+    for _ in 0..3 {
+        let e = waiter
+            .wait("approve-deploy", "deploy-ok", Duration::ZERO, &cancel)
+            .unwrap_err();
+        assert!(
+            matches!(&e, SessionError::Waiting { step, name } if step == "approve-deploy" && name == "deploy-ok"),
+            "{e:?}"
+        );
+    }
+    let events = || -> Result<Vec<correx::RecordedEvent>, Box<dyn std::error::Error>> {
+        Ok(store(())?.read_stream("session-w1", 1, 1000)?)
+    };
+    let kinds = |evs: &[correx::RecordedEvent]| -> Vec<String> {
+        evs.iter().map(|e| e.type_id.clone()).collect()
+    };
+    assert_eq!(kinds(&events()?), ["session.waiting"]);
+
+    // Another handle (its own connection) sends it while the first waits.
+    let sender = correx::Session::open(store(())?, "w1")?;
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(150));
+        sender.signal(
+            "deploy-ok",
+            json!({"approved": true, "by": "ops"}),
+            Some("ops-phone"),
+        )
+    });
+    let got = waiter.wait(
+        "approve-deploy",
+        "deploy-ok",
+        Duration::from_secs(30),
+        &cancel,
+    )?;
+    let position = t.join().map_err(|_| "the sender panicked")??;
+    assert_eq!(got.value, json!({"approved": true, "by": "ops"}));
+    assert!(!got.replayed);
+    // Answered from the log after, in a new handle too; the completion is recorded once.
+    let again = correx::Session::open(store(())?, "w1")?.wait(
+        "approve-deploy",
+        "deploy-ok",
+        Duration::ZERO,
+        &cancel,
+    )?;
+    assert!(again.replayed);
+    assert_eq!(again.value, got.value);
+    let evs = events()?;
+    assert_eq!(
+        kinds(&evs),
+        [
+            "session.waiting",
+            "session.signaled",
+            "session.step_completed"
+        ]
+    );
+    assert_eq!(evs[1].position, position);
+    assert_eq!(evs[1].payload["by"], "ops-phone");
+    assert_eq!(evs[2].payload["kind"], "wait");
+
+    // The first signal wins.
+    let e = waiter.signal("deploy-ok", json!(false), None).unwrap_err();
+    assert!(
+        matches!(e, SessionError::AlreadySignaled { position: p, .. } if p == position),
+        "{e:?}"
+    );
+    // A signal sent before its wait answers it at once.
+    waiter.signal("early", json!(7), None)?;
+    assert_eq!(
+        waiter
+            .wait("late-step", "early", Duration::ZERO, &cancel)?
+            .value,
+        json!(7)
+    );
+    // A key is one step's: another signal, or an inference under it, is a conflict.
+    let e = waiter
+        .wait("approve-deploy", "other", Duration::ZERO, &cancel)
+        .unwrap_err();
+    assert!(matches!(e, SessionError::Conflict { .. }), "{e:?}");
+    let _ = waiter.wait("pending-step", "never", Duration::ZERO, &cancel);
+    let e = waiter
+        .infer("pending-step", &double(), &ask("hi"), &cancel)
+        .unwrap_err();
+    assert!(matches!(e, SessionError::Conflict { .. }), "{e:?}");
+    // A cancel ends a wait.
+    let cancelled = CancelToken::new();
+    cancelled.cancel();
+    let e = waiter
+        .wait("pending-step", "never", Duration::from_secs(30), &cancelled)
+        .unwrap_err();
+    assert!(matches!(e, SessionError::Cancelled), "{e:?}");
+    // Bad input, nothing recorded for it.
+    let before = events()?.len();
+    for name in ["", "a\u{7}b", &"n".repeat(300)] {
+        let e = waiter.signal(name, json!(1), None).unwrap_err();
+        assert!(matches!(e, SessionError::InvalidRequest(_)), "{e:?}");
+        let e = waiter.wait("s", name, Duration::ZERO, &cancel).unwrap_err();
+        assert!(matches!(e, SessionError::InvalidRequest(_)), "{e:?}");
+    }
+    let big = json!("x".repeat(correx::MAX_SIGNAL_BYTES));
+    let e = waiter.signal("big", big, None).unwrap_err();
+    assert!(matches!(e, SessionError::InvalidRequest(_)), "{e:?}");
+    assert_eq!(events()?.len(), before);
+    Ok(())
+}

@@ -680,6 +680,36 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_sessionExecute(JNIEnv *env, 
     return answer(env, rc, err, out);
 }
 
+JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_sessionWait(JNIEnv *env, jclass cls, jlong rt,
+                                                               jbyteArray session, jbyteArray step,
+                                                               jbyteArray wait, jlong cancel) {
+    (void)cls;
+    IN(s, session, NULL);
+    IN(k, step, (free(s), NULL));
+    IN(w, wait, (free(s), free(k), NULL));
+    char *out = NULL;
+    correx_error *err = NULL;
+    int32_t rc = correx_session_wait(RT(rt), s, k, w, CANCEL(cancel), &out, &err);
+    free(s);
+    free(k);
+    free(w);
+    return answer(env, rc, err, out);
+}
+
+JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_sessionSignal(JNIEnv *env, jclass cls, jlong rt,
+                                                                 jbyteArray session,
+                                                                 jbyteArray signal) {
+    (void)cls;
+    IN(s, session, NULL);
+    IN(g, signal, (free(s), NULL));
+    char *out = NULL;
+    correx_error *err = NULL;
+    int32_t rc = correx_session_signal(RT(rt), s, g, &out, &err);
+    free(s);
+    free(g);
+    return answer(env, rc, err, out);
+}
+
 JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_approvalsDecide(JNIEnv *env, jclass cls, jlong rt,
                                                                    jbyteArray session, jbyteArray request,
                                                                    jbyteArray decision) {

@@ -235,6 +235,22 @@ public final class LibraryTest {
                 }
             });
 
+            test("a wait step is answered once by the first signal, from the log after", () -> {
+                Session waiter = rt.session("java-wait");
+                expect(PendingException.class, () -> waiter.waitFor("deploy", "ok", 0, null));
+                Thread sender = new Thread(() -> rt.session("java-wait").signal("ok", "{\"go\": true}", "ops"));
+                sender.start();
+                SessionStep<String> got = waiter.waitFor("deploy", "ok", 30_000, null);
+                sender.join();
+                check(got.value().equals("{\"go\":true}") && !got.replayed(), "got " + got);
+                SessionStep<String> again = waiter.waitFor("deploy", "ok", 0, null);
+                check(again.replayed() && again.value().equals(got.value()), "again " + again);
+                expect(ConflictException.class, () -> waiter.signal("ok", "1", null));
+                expect(ConflictException.class, () -> waiter.waitFor("deploy", "other", 0, null));
+                expect(InvalidArgumentException.class, () -> waiter.signal("", "1", null));
+                expect(InvalidArgumentException.class, () -> waiter.signal("x", "{not json", null));
+            });
+
             test("a stale expected version is a ConflictException", () -> {
                 log.append("cas", ExpectedVersion.noStream(), NewEvent.of("x", null));
                 log.append("cas", ExpectedVersion.exact(1), NewEvent.of("x", null));

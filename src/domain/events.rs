@@ -453,7 +453,7 @@ pub enum DomainEvent {
         session_id: String,
         /// The step's key.
         step: String,
-        /// `infer` or `tool`.
+        /// `infer`, `tool` or `wait`.
         kind: String,
         /// As in `session.step_started`.
         digest: String,
@@ -478,6 +478,34 @@ pub enum DomainEvent {
         /// run's recorded outcome: that outcome's type (the tool's output itself was lost).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         recovered: Option<String>,
+        /// A wait step's answer: the payload of the signal that ended it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<serde_json::Value>,
+    },
+    /// A session step waits for a signal by name (`Session::wait`); a signal from any
+    /// process answers it.
+    #[serde(rename = "session.waiting")]
+    SessionWaiting {
+        /// The session.
+        session_id: String,
+        /// The step's key.
+        step: String,
+        /// The signal it waits for.
+        name: String,
+    },
+    /// A signal for a session's waits (`Session::signal`): the first of a name answers every
+    /// wait for it; another of the same name is refused.
+    #[serde(rename = "session.signaled")]
+    SessionSignaled {
+        /// The session.
+        session_id: String,
+        /// The signal's name.
+        name: String,
+        /// What it carries, as the sender gave it.
+        payload: serde_json::Value,
+        /// Who sent it, as the sender said.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
     },
     /// A session step's try ended without a result (an inference error or a cancel): no side
     /// effect happened, and the next call with the key tries again.
@@ -641,6 +669,8 @@ type_ids! {
     SessionStepStarted => "session.step_started",
     SessionStepCompleted => "session.step_completed",
     SessionStepFailed => "session.step_failed",
+    SessionWaiting => "session.waiting",
+    SessionSignaled => "session.signaled",
 }
 
 /// Every domain event is at schema version 1.
@@ -678,7 +708,9 @@ impl DomainEvent {
             | DomainEvent::McpServerExited { .. } => self.process_summary(),
             DomainEvent::SessionStepStarted { .. }
             | DomainEvent::SessionStepCompleted { .. }
-            | DomainEvent::SessionStepFailed { .. } => self.step_summary(),
+            | DomainEvent::SessionStepFailed { .. }
+            | DomainEvent::SessionWaiting { .. }
+            | DomainEvent::SessionSignaled { .. } => self.step_summary(),
         }
     }
 
@@ -934,6 +966,20 @@ impl DomainEvent {
     /// [`DomainEvent::summary`] of a durable session step's start, result or failed try.
     fn step_summary(&self) -> String {
         match self {
+            DomainEvent::SessionWaiting {
+                session_id,
+                step,
+                name,
+            } => format!("session {session_id}: step {step:?} waits for signal {name:?}"),
+            DomainEvent::SessionSignaled {
+                session_id,
+                name,
+                by,
+                ..
+            } => match by {
+                Some(by) => format!("session {session_id}: signal {name:?} sent by {by}"),
+                None => format!("session {session_id}: signal {name:?} sent"),
+            },
             DomainEvent::SessionStepStarted {
                 session_id,
                 step,
@@ -980,6 +1026,7 @@ impl DomainEvent {
             answer,
             result,
             context,
+            signal,
             ..
         } = self
         else {
@@ -1008,8 +1055,8 @@ impl DomainEvent {
                 return Some("a step's context lacks keep or entries".into());
             }
         }
-        if answer.is_none() && result.is_none() {
-            return Some("a step's record holds neither an answer nor a result".into());
+        if answer.is_none() && result.is_none() && signal.is_none() {
+            return Some("a step's record holds neither an answer, a result nor a signal".into());
         }
         None
     }

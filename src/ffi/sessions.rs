@@ -23,10 +23,10 @@ pub(super) fn session_failure(e: SessionError) -> Failure {
     }
     let code = match &e {
         SessionError::InvalidRequest(_) => CORREX_E_INVALID_ARGUMENT,
-        SessionError::Conflict { .. } => CORREX_E_CONFLICT,
+        SessionError::Conflict { .. } | SessionError::AlreadySignaled { .. } => CORREX_E_CONFLICT,
         SessionError::InProgress { .. } | SessionError::InDoubt { .. } => CORREX_E_BUSY,
         SessionError::Cancelled => CORREX_E_CANCELLED,
-        SessionError::Pending { .. } => CORREX_E_PENDING,
+        SessionError::Pending { .. } | SessionError::Waiting { .. } => CORREX_E_PENDING,
         _ => CORREX_E_EVENT_STORE,
     };
     Failure::new(code, e.to_string())
@@ -259,6 +259,123 @@ pub unsafe extern "C" fn correx_session_transcript(
         let session = session_of(r, session_id)?;
         let pack = session.transcript().map_err(session_failure)?;
         Ok(serde_json::to_value(&pack).unwrap_or(Value::Null))
+    };
+    // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
+    unsafe { answer_json(rt, out_json, err, body) }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WaitIn {
+    name: String,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+/// Waits for a signal as step `step` of session `session_id`, once: the first call records
+/// that the step waits (`session.waiting`); a signal sent from any process
+/// (`correx_session_signal`) answers it, the step records its payload, and a later call with
+/// the key returns that payload without waiting.
+///
+/// # Parameters
+/// - `session_id`, `step`: as `correx_session_infer`.
+/// - `wait_json`: `{"v": 1, "name": "the signal", "wait_ms": 0}`: the name (1 to 256 bytes,
+///   no control characters) and how long to wait for it now (0: look once).
+/// - `cancel`: NULL, or a token that ends the wait (`CORREX_E_CANCELLED`).
+/// - `out_json`: receives `{"v": 1, "payload": <the signal's JSON>, "replayed": bool,
+///   "attempt": 1, "recovered": false}`.
+///
+/// # Returns
+/// `CORREX_OK`; `CORREX_E_PENDING` when no signal came within `wait_ms` (the wait is
+/// recorded: call the step again, from any process, after the signal);
+/// `CORREX_E_CONFLICT` when the key belongs to another step or another signal's wait;
+/// `CORREX_E_CANCELLED`, `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_EVENT_STORE`, `CORREX_E_NULL`,
+/// `CORREX_E_UNUSABLE`.
+///
+/// # Memory and lifetimes
+/// `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+///
+/// # Blocking and threads
+/// Blocks up to `wait_ms` (reading the log every few milliseconds). Any thread.
+///
+/// # Safety
+/// Pointers are NULL or valid as documented; `cancel` is NULL or live for the whole call.
+#[no_mangle]
+pub unsafe extern "C" fn correx_session_wait(
+    rt: *const correx_runtime,
+    session_id: *const c_char,
+    step: *const c_char,
+    wait_json: *const c_char,
+    cancel: *const correx_cancel,
+    out_json: *mut *mut c_char,
+    err: *mut *mut correx_error,
+) -> i32 {
+    let body = |_: &correx_runtime, session: &Session, step: &str| -> FfiResult<Value> {
+        // SAFETY: forwarded.
+        let asked: WaitIn = unsafe { request_arg(wait_json, "wait_json") }?;
+        let got = session
+            .wait(
+                step,
+                &asked.name,
+                std::time::Duration::from_millis(asked.wait_ms),
+                &token(cancel),
+            )
+            .map_err(session_failure)?;
+        Ok(step_json(&got, |payload| json!({ "payload": payload })))
+    };
+    // SAFETY: rt, session_id, step, out_json and err are NULL or valid, per this function's
+    // contract.
+    unsafe { answer_step(rt, session_id, step, out_json, err, body) }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignalIn {
+    name: String,
+    #[serde(default)]
+    payload: Value,
+    #[serde(default)]
+    by: Option<String>,
+}
+
+/// Sends a signal to session `session_id`'s waits (recorded as `session.signaled`): every
+/// wait step for its name, in any process, now or later, gets its payload. The first signal
+/// of a name is the one.
+///
+/// # Parameters
+/// - `signal_json`: `{"v": 1, "name": "the signal", "payload": <any JSON, at most 1 MiB>,
+///   "by": "who sends it (optional, recorded)"}`.
+/// - `out_json`: receives `{"v": 1, "position": N}`: where the signal is in the log.
+///
+/// # Returns
+/// `CORREX_OK`; `CORREX_E_CONFLICT` when a signal of the name was sent already (the message
+/// says where); `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_EVENT_STORE`, `CORREX_E_NULL`,
+/// `CORREX_E_UNUSABLE`.
+///
+/// # Memory and lifetimes
+/// `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+///
+/// # Blocking and threads
+/// One append to the log. Any thread.
+///
+/// # Safety
+/// Pointers are NULL or valid as documented.
+#[no_mangle]
+pub unsafe extern "C" fn correx_session_signal(
+    rt: *const correx_runtime,
+    session_id: *const c_char,
+    signal_json: *const c_char,
+    out_json: *mut *mut c_char,
+    err: *mut *mut correx_error,
+) -> i32 {
+    let body = |r: &correx_runtime| -> FfiResult<Value> {
+        let session = session_of(r, session_id)?;
+        // SAFETY: forwarded.
+        let sent: SignalIn = unsafe { request_arg(signal_json, "signal_json") }?;
+        let position = session
+            .signal(&sent.name, sent.payload, sent.by.as_deref())
+            .map_err(session_failure)?;
+        Ok(json!({ "position": position }))
     };
     // SAFETY: rt, out_json and err are NULL or valid, per this function's contract.
     unsafe { answer_json(rt, out_json, err, body) }

@@ -124,7 +124,9 @@ impl LogMetrics {
             | DomainEvent::ToolProgress { .. }
             // Its decision is counted, with the time it waited.
             | DomainEvent::ToolApprovalRequested { .. }
-            | DomainEvent::SessionStepStarted { .. } => {}
+            | DomainEvent::SessionStepStarted { .. }
+            | DomainEvent::SessionWaiting { .. }
+            | DomainEvent::SessionSignaled { .. } => {}
         }
     }
 

@@ -198,6 +198,8 @@ fn run_state(
                     | EventType::ModelCacheRestored
                     | EventType::ModelCacheMissed
                     | EventType::ModelCacheSaved
+                    | EventType::SessionWaiting
+                    | EventType::SessionSignaled
                     | EventType::JobStarted
                     | EventType::JobExited
                     | EventType::McpServerStarted

@@ -11,10 +11,12 @@ use crate::tools::ToolRequest;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-/// `infer` or `tool`: what a step does.
+/// `infer`, `tool` or `wait`: what a step does.
 pub(super) const INFER: &str = "infer";
 /// See [`INFER`].
 pub(super) const TOOL: &str = "tool";
+/// See [`INFER`].
+pub(super) const WAIT: &str = "wait";
 
 fn sha256(value: &serde_json::Value) -> String {
     // Serializing a Value cannot fail.
@@ -32,6 +34,11 @@ pub(super) fn of_inference(model: &str, request: &InferenceRequest) -> String {
 /// with it still answers (which model answered it is not in its digest).
 pub(super) fn of_inference_without_model(request: &InferenceRequest) -> String {
     sha256(&json!({"kind": INFER, "request": request}))
+}
+
+/// The digest of a wait step for signal `name`.
+pub(super) fn of_wait(name: &str) -> String {
+    sha256(&json!({"kind": WAIT, "name": name}))
 }
 
 /// The digest of a tool step's request.

@@ -80,6 +80,10 @@ pub(super) struct Index {
     /// Tool entries since the last inference, in order; a retry under a new key with the same
     /// call id replaces its entry.
     tail: Vec<ContextEntry>,
+    /// Steps recorded waiting, with the signal each waits for.
+    pub waits: HashMap<String, String>,
+    /// Signals sent, by name: the first's payload and position.
+    pub signals: HashMap<String, (Value, u64)>,
 }
 
 impl Index {
@@ -153,6 +157,14 @@ impl Index {
             | DomainEvent::ToolExecutionRejected {
                 ref invocation_id, ..
             } => self.fold_run_outcome(invocation_id, &event),
+            DomainEvent::SessionWaiting { step, name, .. } => {
+                self.waits.entry(step).or_insert(name);
+            }
+            // The first signal of a name is the one (a second is refused before it is
+            // appended; one appended by an older correx changes nothing).
+            DomainEvent::SessionSignaled { name, payload, .. } => {
+                self.signals.entry(name).or_insert((payload, e.position));
+            }
             // Where recovery left a staged run's working dirs.
             DomainEvent::WorkspaceSettled {
                 ref invocation_id,

@@ -86,6 +86,23 @@ pub enum SessionError {
         /// When it expires (milliseconds since the Unix epoch); none: never.
         deadline_ms: Option<i64>,
     },
+    /// The wait step waits for signal `name` ([`Session::wait`]), recorded as
+    /// `session.waiting`: send it from any process ([`Session::signal`]), then call the step
+    /// again (same key, any process).
+    Waiting {
+        /// The key.
+        step: String,
+        /// The signal it waits for.
+        name: String,
+    },
+    /// A signal of this name was already sent to the session: the first is the one every wait
+    /// for it gets.
+    AlreadySignaled {
+        /// The signal's name.
+        name: String,
+        /// Where the first is in the log.
+        position: u64,
+    },
     /// The inference failed; nothing was recorded as the step's result, and the next call
     /// with the key tries again.
     Inference(InferenceError),
@@ -134,6 +151,16 @@ impl fmt::Display for SessionError {
                 f,
                 "step {step:?} waits for approval request {request_id:?} (`correx approvals \
                  list` shows it); call the step again after a decision"
+            ),
+            SessionError::Waiting { step, name } => write!(
+                f,
+                "step {step:?} waits for signal {name:?}; send it (Session::signal, \
+                 correx_session_signal) from any process, then call the step again"
+            ),
+            SessionError::AlreadySignaled { name, position } => write!(
+                f,
+                "signal {name:?} was already sent to this session (position {position}); the \
+                 first one answers its waits"
             ),
             SessionError::Inference(e) => write!(f, "inference failed: {e}"),
             SessionError::Cancelled => f.write_str("cancelled while waiting for the step"),
@@ -281,6 +308,9 @@ fn backoff(round: u32) -> Duration {
 /// process starts the run within a few milliseconds (one short read per poll).
 const PENDING_POLL: Duration = Duration::from_millis(2);
 
+/// The largest signal payload, in bytes of JSON.
+pub const MAX_SIGNAL_BYTES: usize = 1 << 20;
+
 impl Session {
     /// Opens session `id` of `events`: reads its stream (`session-<id>`, where its tool runs
     /// are recorded too) once; later calls read only what was appended since.
@@ -386,6 +416,14 @@ impl Session {
                         requested: digest.to_owned(),
                     });
                 }
+            }
+            // A key that waits for a signal is that wait's.
+            if let Some(name) = ix.waits.get(step) {
+                return Err(SessionError::Conflict {
+                    step: step.to_owned(),
+                    recorded: digest::of_wait(name),
+                    requested: digest.to_owned(),
+                });
             }
             let attempt = match next_try(&ix, step, state)? {
                 NextTry::Recorded(payload, at) => return Ok(Begun::Recorded(payload, at)),
@@ -534,6 +572,7 @@ impl Session {
                 result: Some(serde_json::to_value(&result).unwrap_or(Value::Null)),
                 call_id: call_id.clone(),
                 recovered: Some(outcome.type_id().to_owned()),
+                signal: None,
             })
         })?;
         if in_doubt {
@@ -644,6 +683,7 @@ impl Session {
             result: None,
             call_id: None,
             recovered: None,
+            signal: None,
         };
         self.record(guard, step, completed, answer, recorded_answer)
     }
@@ -802,6 +842,7 @@ impl Session {
                 result: Some(recorded.clone()),
                 call_id: call_id.map(str::to_owned),
                 recovered: None,
+                signal: None,
             };
             return self.record(guard, step, completed, result, recorded_result);
         }
@@ -848,6 +889,155 @@ impl Session {
             })
         })?;
         Ok(())
+    }
+
+    /// Waits for signal `name` as step `step`, once: the first call records that the step
+    /// waits (`session.waiting`); a signal from any process ([`Session::signal`]) answers
+    /// it, and the step records its payload, so a later call with the key returns it
+    /// (`replayed`) without waiting. Waits up to `wait` (reading the log every few
+    /// milliseconds), then [`SessionError::Waiting`]: the host may exit and call the step
+    /// again from any process.
+    ///
+    /// # Errors
+    /// [`SessionError::InvalidRequest`] for a malformed key or name;
+    /// [`SessionError::Conflict`] when the key was used for another request (or another
+    /// signal); [`SessionError::Waiting`]; [`SessionError::Cancelled`]; as [`Session::open`].
+    pub fn wait(
+        &self,
+        step: &str,
+        name: &str,
+        wait: Duration,
+        cancel: &CancelToken,
+    ) -> Result<Step<Value>, SessionError> {
+        check_key("step key", step)?;
+        check_key("signal name", name)?;
+        let digest = digest::of_wait(name);
+        let until = Instant::now() + wait;
+        loop {
+            let (signal, waiting) = {
+                let mut ix = self.index.lock();
+                self.refresh(&mut ix)?;
+                let recorded = ix
+                    .steps
+                    .get(step)
+                    .map(|s| s.digest().to_owned())
+                    .or_else(|| ix.waits.get(step).map(|n| digest::of_wait(n)));
+                if let Some(recorded) = recorded.filter(|d| *d != digest) {
+                    return Err(SessionError::Conflict {
+                        step: step.to_owned(),
+                        recorded,
+                        requested: digest,
+                    });
+                }
+                if let Some(StepState::Done { payload, .. }) = ix.steps.get(step) {
+                    return Ok(Step {
+                        value: payload["signal"].clone(),
+                        replayed: true,
+                        attempt: attempt_of(payload),
+                        recovered: false,
+                    });
+                }
+                (
+                    ix.signals.get(name).map(|(p, _)| p.clone()),
+                    ix.waits.contains_key(step),
+                )
+            };
+            if let Some(payload) = signal {
+                let completed = |ix: &Index| {
+                    (!ix.recorded(step)).then(|| DomainEvent::SessionStepCompleted {
+                        session_id: self.id.clone(),
+                        step: step.to_owned(),
+                        kind: digest::WAIT.into(),
+                        digest: digest.clone(),
+                        attempt: 1,
+                        answer: None,
+                        context: None,
+                        result: None,
+                        call_id: None,
+                        recovered: None,
+                        signal: Some(payload.clone()),
+                    })
+                };
+                if self.append_at(completed)?.is_some() {
+                    return Ok(Step {
+                        value: payload,
+                        replayed: false,
+                        attempt: 1,
+                        recovered: false,
+                    });
+                }
+                // Recorded by another caller meanwhile: the loop returns its record.
+                continue;
+            }
+            if !waiting {
+                self.append_at(|ix| {
+                    (!ix.waits.contains_key(step) && !ix.recorded(step)).then(|| {
+                        DomainEvent::SessionWaiting {
+                            session_id: self.id.clone(),
+                            step: step.to_owned(),
+                            name: name.to_owned(),
+                        }
+                    })
+                })?;
+            }
+            if cancel.is_cancelled() {
+                return Err(SessionError::Cancelled);
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Err(SessionError::Waiting {
+                    step: step.to_owned(),
+                    name: name.to_owned(),
+                });
+            }
+            std::thread::sleep(PENDING_POLL.min(until - now));
+        }
+    }
+
+    /// Sends signal `name` to the session's waits (recorded as `session.signaled`, with `by`,
+    /// the sender as it names itself): every wait step for it, in any process, now or
+    /// later, records `payload` as its answer. Returns the signal's position in the log.
+    ///
+    /// # Errors
+    /// [`SessionError::InvalidRequest`] for a malformed name, a `by` over 256 bytes or a
+    /// payload over 1 MiB; [`SessionError::AlreadySignaled`] when one of the name was sent
+    /// (the first wins); as [`Session::open`].
+    pub fn signal(
+        &self,
+        name: &str,
+        payload: Value,
+        by: Option<&str>,
+    ) -> Result<u64, SessionError> {
+        check_key("signal name", name)?;
+        if let Some(by) = by {
+            check_key("sender name", by)?;
+        }
+        let size = serde_json::to_vec(&payload).map_or(0, |b| b.len());
+        if size > MAX_SIGNAL_BYTES {
+            return Err(SessionError::InvalidRequest(format!(
+                "a signal's payload is at most {MAX_SIGNAL_BYTES} bytes of JSON, not {size}"
+            )));
+        }
+        let mut first = None;
+        let appended = self.append_at(|ix| match ix.signals.get(name) {
+            Some((_, at)) => {
+                first = Some(*at);
+                None
+            }
+            None => Some(DomainEvent::SessionSignaled {
+                session_id: self.id.clone(),
+                name: name.to_owned(),
+                payload: payload.clone(),
+                by: by.map(str::to_owned),
+            }),
+        })?;
+        match appended {
+            Some((_, at)) => Ok(at),
+            None => Err(SessionError::AlreadySignaled {
+                name: name.to_owned(),
+                position: first.unwrap_or(0),
+            }),
+        }
     }
 
     /// The conversation as the log tells it: the last inference's context (its system prompt,

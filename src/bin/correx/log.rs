@@ -576,14 +576,17 @@ impl History {
             | EventType::EmbeddingCompleted
             | EventType::ModelCacheRestored
             | EventType::ModelCacheMissed
-            | EventType::ModelCacheSaved => {}
+            | EventType::ModelCacheSaved
+            // A signal marks no step: the wait it answers records its own completion.
+            | EventType::SessionSignaled => {}
             EventType::JobStarted
             | EventType::JobExited
             | EventType::McpServerStarted
             | EventType::McpServerExited => self.add_process_event(ty, e, session),
             EventType::SessionStepStarted
             | EventType::SessionStepCompleted
-            | EventType::SessionStepFailed => self.add_step_event(ty, e, session),
+            | EventType::SessionStepFailed
+            | EventType::SessionWaiting => self.add_step_event(ty, e, session),
             EventType::ToolApprovalDecided
             | EventType::ToolApprovalRequested
             | EventType::ToolExecutionStarted
@@ -713,6 +716,12 @@ impl History {
         };
         let step = &mut self.steps[i];
         match ty {
+            EventType::SessionWaiting => {
+                step.started_ms.get_or_insert(t);
+                step.kind = "wait".into();
+                step.failures
+                    .push(format!("waits for signal {:?}", s("name")));
+            }
             EventType::SessionStepStarted => {
                 step.started_ms.get_or_insert(t);
                 step.tries += 1;
@@ -843,7 +852,9 @@ fn record_tool_event(run: &mut Run, ty: EventType, e: &RecordedEvent) -> Option<
         | EventType::ToolProgress
         | EventType::SessionStepStarted
         | EventType::SessionStepCompleted
-        | EventType::SessionStepFailed => {}
+        | EventType::SessionStepFailed
+        | EventType::SessionWaiting
+        | EventType::SessionSignaled => {}
     }
     None
 }

@@ -169,6 +169,8 @@ impl SpanFold {
             | DomainEvent::SessionStepStarted { .. }
             | DomainEvent::SessionStepCompleted { .. }
             | DomainEvent::SessionStepFailed { .. }
+            | DomainEvent::SessionWaiting { .. }
+            | DomainEvent::SessionSignaled { .. }
             | DomainEvent::JobStarted { .. }
             | DomainEvent::JobExited { .. }
             | DomainEvent::McpServerStarted { .. }

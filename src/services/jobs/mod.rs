@@ -661,6 +661,8 @@ fn close_interrupted(
                     | EventType::ModelCacheRestored
                     | EventType::ModelCacheMissed
                     | EventType::ModelCacheSaved
+                    | EventType::SessionWaiting
+                    | EventType::SessionSignaled
                     | EventType::McpServerStarted
                     | EventType::McpServerExited
                     | EventType::SessionStepStarted

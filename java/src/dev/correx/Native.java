@@ -193,6 +193,10 @@ final class Native {
 
     static native void sessionEnd(long rt, byte[] session);
 
+    static native byte[] sessionWait(long rt, byte[] session, byte[] step, byte[] wait, long cancel);
+
+    static native byte[] sessionSignal(long rt, byte[] session, byte[] signal);
+
     static native byte[] approvalsDecide(long rt, byte[] session, byte[] request, byte[] decision);
 
     static native byte[] approvalsList(long rt, byte[] session, int all);

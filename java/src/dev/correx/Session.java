@@ -142,6 +142,64 @@ public final class Session {
     }
 
     /**
+     * Wait step {@code step}: waits for the signal {@code name} once. The first call records
+     * that the step waits; a signal from any process ({@link #signal}) answers it, and the
+     * step records its payload, which later calls with the key return ({@code replayed})
+     * without waiting. Waits up to {@code waitMillis} (0: looks once); the value is the
+     * signal's payload as JSON text.
+     *
+     * @throws PendingException when no signal came in time (call the step again later, from
+     *     any process)
+     * @throws ConflictException when the key belongs to another step or another signal's wait
+     * @throws CancelledException when {@code cancel} ended the wait
+     */
+    public SessionStep<String> waitFor(String step, String name, long waitMillis, Cancellation cancel) {
+        if (name == null) {
+            throw new InvalidArgumentException(CorrexException.E_NULL, "name is null");
+        }
+        Map<String, Object> m = new LinkedHashMap<>();
+        m.put("v", 1);
+        m.put("name", name);
+        m.put("wait_ms", Math.max(0, waitMillis));
+        byte[] s = Native.utf8(id, "session");
+        byte[] k = Native.utf8(step, "step");
+        byte[] w = Native.utf8(Json.write(m), "wait");
+        byte[] out;
+        try (Handle.Use u = runtime.handle.use(); Handle.Use c = Models.use(cancel)) {
+            out = Native.sessionWait(u.ptr, s, k, w, c == null ? 0 : c.ptr);
+        }
+        Map<String, Object> o = Json.parseObject(Native.text(out));
+        return new SessionStep<>(Json.write(o.get("payload")), Json.bool(o, "replayed"),
+                (int) Json.num(o, "attempt", 1), Json.bool(o, "recovered"));
+    }
+
+    /**
+     * Sends the signal {@code name} with {@code payloadJson} (any JSON, at most 1 MiB) to this
+     * session's waits, from any process; {@code by} (may be null) names the sender in the log.
+     * Returns the signal's position in the log.
+     *
+     * @throws ConflictException when a signal of the name was sent already (the first wins)
+     * @throws InvalidArgumentException for a bad name, sender or payload
+     */
+    public long signal(String name, String payloadJson, String by) {
+        if (name == null || payloadJson == null) {
+            throw new InvalidArgumentException(CorrexException.E_NULL, "name or payloadJson is null");
+        }
+        Map<String, Object> m = new LinkedHashMap<>();
+        m.put("v", 1);
+        m.put("name", name);
+        m.put("payload", Json.parse(payloadJson));
+        if (by != null) m.put("by", by);
+        byte[] s = Native.utf8(id, "session");
+        byte[] g = Native.utf8(Json.write(m), "signal");
+        byte[] out;
+        try (Handle.Use u = runtime.handle.use()) {
+            out = Native.sessionSignal(u.ptr, s, g);
+        }
+        return Json.num(Json.parseObject(Native.text(out)), "position", 0);
+    }
+
+    /**
      * The conversation as the log tells it, as JSON in the shape of an inference request's
      * {@code context}: {@code {"v": 1, "system", "task", "entries": [{"source", "content",
      * "tool_calls"?, "tool_call_id"?}]}}. A new process continues the conversation from it.
