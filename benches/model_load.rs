@@ -2,7 +2,9 @@
 //! measured against an independent poller hitting `/health` every 2 ms; `load()` against the
 //! same server spawned by hand and polled every millisecond (`load_ratio_vs_bare`); short
 //! requests alternating between two resident models against the same requests to one
-//! (`hot_switch_ratio`); a load that must evict (`evict_and_load_ms_p50`); and a confined load
+//! (`hot_switch_ratio`), beside the same switch by a bare client straight to the two servers
+//! (`raw_hot_switch_ratio`: what alternating two llama-server processes costs the machine) and
+//! their quotient (`hot_switch_vs_raw`: correx's part); a load that must evict (`evict_and_load_ms_p50`); and a confined load
 //! against one with `isolation: none` (`confined_load_ratio`); embeddings through the manager
 //! against the same body POSTed to the same server's `/v1/embeddings` by a bare client on a
 //! kept-alive connection, both answers parsed into vectors (`embed_ratio_vs_raw`, of the
@@ -238,9 +240,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Warm both prompt caches.
     pa.infer(&request)?;
     pb.infer(&request)?;
-    let (mut one, mut alternating) = (Vec::new(), Vec::new());
+    // The same switch by a bare client straight to the two servers: what alternating between
+    // two llama-server processes costs on this machine without correx (their threads compete
+    // for the same cores and caches).
+    let ports: Vec<u16> = manager.status().iter().filter_map(|s| s.port).collect();
+    let [port_a, port_b] = ports[..] else {
+        return Err("two servers were not resident".into());
+    };
+    let body = correx::chat_body("gemma", &request).to_string();
+    let (mut one, mut alternating, mut raw_one, mut raw_alternating) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..4 {
-        let run = |alternate: bool| -> Result<f64, Box<dyn std::error::Error>> {
+        let ours = |alternate: bool| -> Result<f64, Box<dyn std::error::Error>> {
             let t = Instant::now();
             for i in 0..SWITCH_REQUESTS / 4 {
                 let p = if alternate && i % 2 == 1 { &pb } else { &pa };
@@ -248,16 +259,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             Ok(t.elapsed().as_secs_f64())
         };
+        let raw = |alternate: bool| -> Result<f64, Box<dyn std::error::Error>> {
+            // Connected anew for each block: llama-server closes a connection idle for 5 s.
+            let mut bare = [BareClient::connect(port_a)?, BareClient::connect(port_b)?];
+            let t = Instant::now();
+            for i in 0..SWITCH_REQUESTS / 4 {
+                let c = usize::from(alternate && i % 2 == 1);
+                bare[c].post("/v1/chat/completions", &body)?;
+            }
+            Ok(t.elapsed().as_secs_f64())
+        };
         // Alternate which goes first, so drift favours neither.
         if round % 2 == 0 {
-            one.push(run(false)?);
-            alternating.push(run(true)?);
+            one.push(ours(false)?);
+            alternating.push(ours(true)?);
+            raw_one.push(raw(false)?);
+            raw_alternating.push(raw(true)?);
         } else {
-            alternating.push(run(true)?);
-            one.push(run(false)?);
+            raw_alternating.push(raw(true)?);
+            raw_one.push(raw(false)?);
+            alternating.push(ours(true)?);
+            one.push(ours(false)?);
         }
     }
-    let hot_switch_ratio = alternating.iter().sum::<f64>() / one.iter().sum::<f64>();
+    let sum = |v: &[f64]| v.iter().sum::<f64>();
+    let hot_switch_ratio = sum(&alternating) / sum(&one);
+    let raw_hot_switch_ratio = sum(&raw_alternating) / sum(&raw_one);
 
     // Three models, two slots: every load of the absent one evicts the least recently used.
     let c = descriptor("gemma-c");
@@ -302,6 +329,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("readiness_lag_ms_max: {:.2}", pct(lags, 1.0));
     println!("load_ratio_vs_bare: {:.4}", pct(bare_ratios, 0.5));
     println!("hot_switch_ratio: {hot_switch_ratio:.4}");
+    println!("raw_hot_switch_ratio: {raw_hot_switch_ratio:.4}");
+    println!(
+        "hot_switch_vs_raw: {:.4}",
+        hot_switch_ratio / raw_hot_switch_ratio
+    );
     println!("confined_load_ratio: {:.4}", pct(confined_ratios, 0.5));
     println!("evict_and_load_ms_p50: {:.1}", pct(evictions, 0.5));
     println!(
