@@ -709,3 +709,41 @@ fn an_argument_that_is_not_utf8_is_a_usage_error() -> Result<(), Box<dyn std::er
     );
     Ok(())
 }
+
+/// `correx session signal` answers a wait another process recorded; a second signal of the
+/// name fails naming the first; a payload that is not JSON is a usage error.
+#[test]
+fn session_signal_answers_a_recorded_wait() -> TestResult {
+    let tmp = TempDir::new("cli-signal");
+    let db = tmp.join("events.db");
+    let store = std::sync::Arc::new(SqliteEventStore::open(&db)?);
+    let session = correx::Session::open(store.clone(), "s1")?;
+    let cancel = correx::CancelToken::new();
+    let waiting = session.wait("deploy", "go", Duration::ZERO, &cancel);
+    assert!(matches!(waiting, Err(correx::SessionError::Waiting { .. })));
+    let db = db.display().to_string();
+    let (code, out, err) = run(&[
+        "session",
+        "signal",
+        &db,
+        "s1",
+        "go",
+        r#"{"ok": true}"#,
+        "--by",
+        "tester",
+    ])?;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("signal \"go\" sent to session s1 by tester"),
+        "{out}"
+    );
+    let got = session.wait("deploy", "go", Duration::ZERO, &cancel)?;
+    assert_eq!(got.value, serde_json::json!({"ok": true}));
+    let (code, _, err) = run(&["session", "signal", &db, "s1", "go"])?;
+    assert_ne!(code, 0);
+    assert!(err.contains("already sent"), "{err}");
+    let (code, _, err) = run(&["session", "signal", &db, "s1", "other", "{not json"])?;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("PAYLOAD is not JSON"), "{err}");
+    Ok(())
+}

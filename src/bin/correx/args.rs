@@ -96,4 +96,25 @@ impl Args {
         }
         Ok(self.positional.iter().map(String::as_str).collect())
     }
+
+    /// As [`Args::positionals`], with `optional` ones allowed after `names`.
+    pub fn positionals_between(
+        &self,
+        names: &[&str],
+        optional: &[&str],
+    ) -> Result<Vec<&str>, UsageError> {
+        if self.positional.len() < names.len() {
+            return Err(UsageError(format!(
+                "missing {}",
+                names[self.positional.len()..].join(" and ")
+            )));
+        }
+        if self.positional.len() > names.len() + optional.len() {
+            return Err(UsageError(format!(
+                "unexpected argument {:?}",
+                self.positional[names.len() + optional.len()]
+            )));
+        }
+        Ok(self.positional.iter().map(String::as_str).collect())
+    }
 }

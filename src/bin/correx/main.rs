@@ -34,6 +34,7 @@ usage:
   correx log audit DB [--session S]
   correx log trace DB [--session S] > trace.json
   correx session show DB S [--json]
+  correx session signal DB S NAME [PAYLOAD] [--by NAME]
   correx run diff DB INVOCATION [--json]
   correx approvals list DB [--all] [--json]
   correx approvals decide DB SESSION ID approve|deny [--remember] [--by NAME] [--reason R]
@@ -140,6 +141,7 @@ fn run(argv: &[String]) -> Result<(), Failure> {
         ["log", "trace", rest @ ..] => trace::trace(Args::parse(rest, &["--session"], &[])?),
         ["metrics", rest @ ..] => log::metrics(Args::parse(rest, &[], &[])?),
         ["session", "show", rest @ ..] => session::show(Args::parse(rest, &[], &["--json"])?),
+        ["session", "signal", rest @ ..] => session::signal(Args::parse(rest, &["--by"], &[])?),
         ["run", "diff", rest @ ..] => run::diff(Args::parse(rest, &[], &["--json"])?),
         ["run", ..] => Err(Failure::Usage("`correx run` has one command: diff".into())),
         ["approvals", "list", rest @ ..] => {
@@ -152,7 +154,7 @@ fn run(argv: &[String]) -> Result<(), Failure> {
             "`correx approvals` needs list or decide".into(),
         )),
         ["session", ..] => Err(Failure::Usage(
-            "`correx session` has one command: show".into(),
+            "`correx session` needs show or signal".into(),
         )),
         ["doctor", rest @ ..] => doctor::doctor(Args::parse(rest, &["--config"], &["--no-serve"])?),
         ["tool", "run", rest @ ..] => {

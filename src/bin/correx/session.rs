@@ -1,4 +1,5 @@
-//! `correx session show DB S`: a durable session's conversation, rebuilt from the log.
+//! `correx session show DB S`: a durable session's conversation, rebuilt from the log;
+//! `correx session signal DB S NAME [PAYLOAD]`: a signal to its waits.
 
 use crate::args::Args;
 use crate::log::open;
@@ -46,5 +47,33 @@ pub fn show(args: Args) -> Result<(), Failure> {
             ));
         }
     }
+    Ok(())
+}
+
+/// `correx session signal DB S NAME [PAYLOAD] [--by NAME]`: answers the session's waits for
+/// NAME with PAYLOAD (JSON; default `null`).
+pub fn signal(args: Args) -> Result<(), Failure> {
+    let positional = args.positionals_between(&["DB", "SESSION", "NAME"], &["PAYLOAD"])?;
+    let (db, id, name) = (positional[0], positional[1], positional[2]);
+    let payload = match positional.get(3) {
+        Some(text) => serde_json::from_str(text)
+            .map_err(|e| Failure::Usage(format!("PAYLOAD is not JSON: {e}")))?,
+        None => serde_json::Value::Null,
+    };
+    let by = match args.value("--by") {
+        Some(by) => by.to_owned(),
+        None => format!(
+            "{}@cli",
+            std::env::var("USER").unwrap_or_else(|_| "someone".into())
+        ),
+    };
+    let store: Arc<dyn EventStore> = open(db)?;
+    let session = Session::open(store, id).map_err(|e| Failure::Run(e.to_string()))?;
+    let position = session
+        .signal(name, payload, Some(&by))
+        .map_err(|e| Failure::Run(e.to_string()))?;
+    line(&format!(
+        "signal {name:?} sent to session {id} by {by} (log position {position})"
+    ));
     Ok(())
 }
