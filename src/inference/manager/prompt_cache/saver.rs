@@ -54,7 +54,16 @@ impl Saver {
                 for job in rx {
                     let generation = job.generation;
                     if !seen.discarded.lock().contains(&generation) {
-                        save(&store, events.as_ref(), &caps, job);
+                        // A save that panics must not leave its count up: a stop of its
+                        // server waits for that count.
+                        let saved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            save(&store, events.as_ref(), &caps, job)
+                        }));
+                        if saved.is_err() {
+                            log::error!(
+                                "a prompt cache save panicked; its server keeps its older save"
+                            );
+                        }
                     }
                     let mut by = seen.by_generation.lock();
                     if let Some(n) = by.get_mut(&generation) {
