@@ -55,6 +55,7 @@ mod confine;
 mod domain;
 mod events;
 pub mod ffi;
+mod http;
 mod ids;
 mod inference;
 mod install;

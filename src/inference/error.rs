@@ -202,3 +202,17 @@ impl fmt::Display for InferenceError {
 }
 
 impl std::error::Error for InferenceError {}
+
+impl From<crate::http::HttpError> for InferenceError {
+    fn from(e: crate::http::HttpError) -> Self {
+        use crate::http::HttpError;
+        match e {
+            HttpError::ConnectionRefused { url, detail } => {
+                InferenceError::ConnectionRefused { url, detail }
+            }
+            HttpError::Timeout { url, detail } => InferenceError::Timeout { url, detail },
+            HttpError::Transport { url, detail } => InferenceError::Transport { url, detail },
+            HttpError::Cancelled => InferenceError::Cancelled,
+        }
+    }
+}

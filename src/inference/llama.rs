@@ -1,7 +1,6 @@
 //! [`LlamaCppInferenceProvider`] and [`LlamaCppTokenizer`]: llama-server's OpenAI-compatible
 //! API over one shared keep-alive HTTP agent.
 
-use super::http::{Endpoint, HttpClient};
 use super::stream::{read_events, tool_call, usage_of};
 use super::{
     CapabilityScore, ContextPack, FinishReason, InferenceError, InferenceProvider,
@@ -9,6 +8,7 @@ use super::{
     SourceType, StreamChunk, StreamControl, Tokenizer, ToolChoice,
 };
 use crate::cancel::CancelToken;
+use crate::http::{Endpoint, HttpClient};
 use crate::ids::ProviderId;
 use serde_json::{json, Value};
 use std::io::{BufReader, Read};

@@ -3,7 +3,6 @@
 mod contract;
 mod embedding;
 mod error;
-mod http;
 mod llama;
 mod manager;
 mod manager_error;

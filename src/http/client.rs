@@ -1,18 +1,61 @@
-//! A small HTTP/1.1 client for chat calls to a plain-`http://` server: kept-alive connections,
-//! chunked and length-framed bodies, and a socket a [`CancelToken`] can close.
+//! A small HTTP/1.1 client for a plain-`http://` server: kept-alive connections, chunked and
+//! length-framed bodies, and a socket a [`CancelToken`] can close.
 //!
 //! ureq reads a body until it ends or a timeout fires; nothing another thread does interrupts
 //! the read, so an abandoned generation kept decoding on the server to `max_tokens`. Here every
 //! call registers a `shutdown` of its socket with the token: a cancel wakes the blocked read at
-//! once, and llama-server sees the connection close and frees the slot. `https://` servers go
-//! through ureq (the `tls` feature), where a cancel takes effect at the next chunk.
+//! once, and the server sees the connection close (llama-server frees the slot). `https://`
+//! servers go through ureq (the `tls` feature), where a cancel takes effect at the next chunk.
 
-use super::InferenceError;
 use crate::cancel::{CancelHook, CancelToken};
 use parking_lot::Mutex;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// Why a request got no response head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HttpError {
+    /// Nothing listens at the address.
+    ConnectionRefused { url: String, detail: String },
+    /// Connecting or reading the head took longer than the timeout.
+    Timeout { url: String, detail: String },
+    /// Any other failure of the connection or of the server's HTTP.
+    Transport { url: String, detail: String },
+    /// The caller's token was cancelled.
+    Cancelled,
+}
+
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HttpError::ConnectionRefused { url, detail } => {
+                write!(f, "{url}: connection refused ({detail})")
+            }
+            HttpError::Timeout { url, detail } => write!(f, "{url}: timed out ({detail})"),
+            HttpError::Transport { url, detail } => write!(f, "{url}: {detail}"),
+            HttpError::Cancelled => f.write_str("cancelled"),
+        }
+    }
+}
+
+/// The addresses a client may connect to for a host and port (a network policy's answer), or
+/// why none.
+pub(crate) type Resolver = Arc<dyn Fn(&str, u16) -> io::Result<Vec<SocketAddr>> + Send + Sync>;
+
+/// One request: its method, path (below the endpoint's prefix, with any query), extra header
+/// lines and body.
+pub(crate) struct Request<'a> {
+    /// `GET`, `POST`, `DELETE`.
+    pub method: &'a str,
+    /// The path below the endpoint's prefix.
+    pub path: &'a str,
+    /// Header lines besides `Host` and `Content-Length`; a value holding CR or LF is refused.
+    pub headers: &'a [(&'a str, &'a str)],
+    /// The body (`Content-Length` is sent unless it is empty and the method is `GET`).
+    pub body: &'a [u8],
+}
 
 /// Idle connections kept per server: one per concurrent caller in a typical host.
 const MAX_IDLE: usize = 8;
@@ -62,6 +105,16 @@ impl Endpoint {
         })
     }
 
+    /// The host (a name or an address, without brackets).
+    pub(crate) fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The port.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
     fn host_header(&self) -> String {
         if self.host.contains(':') {
             format!("[{}]:{}", self.host, self.port)
@@ -80,6 +133,8 @@ pub(crate) struct HttpClient {
     idle: Mutex<Vec<TcpStream>>,
     /// An `Authorization` header's value; never printed.
     authorization: Option<String>,
+    /// Where a host may be reached; `None`: wherever it resolves to.
+    resolver: Option<Resolver>,
 }
 
 impl std::fmt::Debug for HttpClient {
@@ -101,7 +156,26 @@ pub(crate) struct Response<'a> {
     pub status: u16,
     /// The `Content-Type`, lowercased; empty when absent.
     pub content_type: String,
+    /// Every header, its name lowercased, its value as sent (trimmed).
+    pub headers: Vec<(String, String)>,
     body: Body<'a>,
+}
+
+impl Response<'_> {
+    /// The first header named `name` (lowercase).
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Closes the connection now (a stream abandoned before its end is not pooled).
+    pub(crate) fn close(mut self) {
+        if let Some(conn) = self.body.conn.take() {
+            let _ = conn.get_ref().shutdown(Shutdown::Both);
+        }
+    }
 }
 
 impl Read for Response<'_> {
@@ -247,16 +321,14 @@ impl Read for Body<'_> {
     }
 }
 
-/// Why a call failed before its body: mapped to [`InferenceError`] by [`HttpClient::post`].
-fn io_error(url: &str, e: &io::Error, what: &str) -> InferenceError {
+/// Why a call failed before its body.
+fn io_error(url: &str, e: &io::Error, what: &str) -> HttpError {
     let detail = format!("{what}: {e}");
     let url = url.to_owned();
     match e.kind() {
-        io::ErrorKind::ConnectionRefused => InferenceError::ConnectionRefused { url, detail },
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => {
-            InferenceError::Timeout { url, detail }
-        }
-        _ => InferenceError::Transport { url, detail },
+        io::ErrorKind::ConnectionRefused => HttpError::ConnectionRefused { url, detail },
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => HttpError::Timeout { url, detail },
+        _ => HttpError::Transport { url, detail },
     }
 }
 
@@ -274,6 +346,7 @@ fn stale(e: &io::Error) -> bool {
 struct Head {
     status: u16,
     content_type: String,
+    headers: Vec<(String, String)>,
     framing: Framing,
     keep_alive: bool,
 }
@@ -301,6 +374,7 @@ fn read_head(conn: &mut BufReader<TcpStream>) -> io::Result<Head> {
         })?;
     let mut keep_alive = version == "HTTP/1.1";
     let (mut length, mut chunked, mut content_type) = (None, false, String::new());
+    let mut headers = Vec::new();
     for _ in 0..MAX_HEADERS {
         if read_line_limited(conn, &mut line)? == 0 {
             return Err(eof("the server closed the connection in the headers"));
@@ -319,6 +393,7 @@ fn read_head(conn: &mut BufReader<TcpStream>) -> io::Result<Head> {
             return Ok(Head {
                 status,
                 content_type,
+                headers,
                 framing,
                 keep_alive,
             });
@@ -327,8 +402,10 @@ fn read_head(conn: &mut BufReader<TcpStream>) -> io::Result<Head> {
         let Some((name, value)) = text.split_once(':') else {
             continue;
         };
+        let name = name.trim().to_ascii_lowercase();
+        headers.push((name.clone(), value.trim().to_owned()));
         let value = value.trim().to_ascii_lowercase();
-        match name.trim().to_ascii_lowercase().as_str() {
+        match name.as_str() {
             "content-length" => {
                 length = Some(value.parse().map_err(|_| {
                     io::Error::new(io::ErrorKind::InvalidData, "a bad Content-Length")
@@ -365,7 +442,14 @@ impl HttpClient {
             read_timeout,
             idle: Mutex::new(Vec::new()),
             authorization: None,
+            resolver: None,
         }
+    }
+
+    /// This client connecting only where `resolver` says a host may be reached.
+    pub(crate) fn with_resolver(mut self, resolver: Resolver) -> HttpClient {
+        self.resolver = Some(resolver);
+        self
     }
 
     /// This client sending `Authorization: <value>` with every request.
@@ -395,7 +479,12 @@ impl HttpClient {
     }
 
     fn connect(&self) -> io::Result<TcpStream> {
-        let addrs = (self.endpoint.host.as_str(), self.endpoint.port).to_socket_addrs()?;
+        let addrs: Vec<SocketAddr> = match &self.resolver {
+            Some(resolve) => resolve(&self.endpoint.host, self.endpoint.port)?,
+            None => (self.endpoint.host.as_str(), self.endpoint.port)
+                .to_socket_addrs()?
+                .collect(),
+        };
         let mut last = io::Error::new(io::ErrorKind::NotFound, "the host has no address");
         for addr in addrs {
             match TcpStream::connect_timeout(&addr, self.connect_timeout) {
@@ -409,35 +498,74 @@ impl HttpClient {
         Err(last)
     }
 
-    /// POSTs `body` as JSON to `path` and reads the response head. A cancel of `token` while
-    /// the call or the body read blocks shuts the socket down. A kept-alive connection the
-    /// server had closed is retried once on a fresh one.
+    /// POSTs `body` as JSON to `path` and reads the response head; see [`HttpClient::send`].
     ///
     /// # Errors
-    /// Connection, timeout and protocol failures; [`InferenceError::Cancelled`].
+    /// Connection, timeout and protocol failures; [`HttpError::Cancelled`].
     pub(crate) fn post(
         &self,
         path: &str,
         body: &[u8],
         token: &CancelToken,
-    ) -> Result<Response<'_>, InferenceError> {
-        let url = self.url(path);
-        let auth = self
-            .authorization
-            .as_ref()
-            .map(|a| format!("Authorization: {a}\r\n"))
-            .unwrap_or_default();
-        let mut request = format!(
-            "POST {}{path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: text/event-stream, application/json\r\n{auth}Content-Length: {}\r\n\r\n",
-            self.endpoint.prefix,
-            self.host_header,
-            body.len()
+    ) -> Result<Response<'_>, HttpError> {
+        let headers = [
+            ("Content-Type", "application/json"),
+            ("Accept", "text/event-stream, application/json"),
+        ];
+        self.send(
+            &Request {
+                method: "POST",
+                path,
+                headers: &headers,
+                body,
+            },
+            token,
+            None,
         )
-        .into_bytes();
-        request.extend_from_slice(body);
+    }
+
+    /// Sends `request` and reads the response head, within `timeout` (the client's read
+    /// timeout when `None`; it also bounds each read of the body). A cancel of `token` while
+    /// the call or the body read blocks shuts the socket down. A kept-alive connection the
+    /// server had closed is retried once on a fresh one.
+    ///
+    /// # Errors
+    /// Connection, timeout and protocol failures; [`HttpError::Cancelled`].
+    pub(crate) fn send(
+        &self,
+        request: &Request<'_>,
+        token: &CancelToken,
+        timeout: Option<Duration>,
+    ) -> Result<Response<'_>, HttpError> {
+        let url = self.url(request.path);
+        let timeout = timeout
+            .unwrap_or(self.read_timeout)
+            .max(Duration::from_millis(1));
+        let mut head = format!(
+            "{} {}{} HTTP/1.1\r\nHost: {}\r\n",
+            request.method, self.endpoint.prefix, request.path, self.host_header
+        );
+        for (name, value) in request.headers {
+            if value.contains(['\r', '\n']) || name.contains(['\r', '\n', ':']) {
+                return Err(HttpError::Transport {
+                    url,
+                    detail: format!("the header {name:?} holds a line break"),
+                });
+            }
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        if let Some(a) = &self.authorization {
+            head.push_str(&format!("Authorization: {a}\r\n"));
+        }
+        if request.method != "GET" || !request.body.is_empty() {
+            head.push_str(&format!("Content-Length: {}\r\n", request.body.len()));
+        }
+        head.push_str("\r\n");
+        let mut bytes = head.into_bytes();
+        bytes.extend_from_slice(request.body);
         for attempt in 0..2 {
             if token.is_cancelled() {
-                return Err(InferenceError::Cancelled);
+                return Err(HttpError::Cancelled);
             }
             let pooled = if attempt == 0 { self.pooled() } else { None };
             let reused = pooled.is_some();
@@ -448,8 +576,8 @@ impl HttpClient {
                     .map_err(|e| io_error(&url, &e, "connecting"))?,
             };
             stream
-                .set_read_timeout(Some(self.read_timeout))
-                .and_then(|()| stream.set_write_timeout(Some(self.read_timeout)))
+                .set_read_timeout(Some(timeout))
+                .and_then(|()| stream.set_write_timeout(Some(timeout)))
                 .map_err(|e| io_error(&url, &e, "setting socket timeouts"))?;
             let waker = stream
                 .try_clone()
@@ -458,13 +586,14 @@ impl HttpClient {
                 let _ = waker.shutdown(Shutdown::Both);
             });
             let mut conn = BufReader::new(stream);
-            let sent = conn.get_mut().write_all(&request);
+            let sent = conn.get_mut().write_all(&bytes);
             let head = sent.and_then(|()| read_head(&mut conn));
             match head {
                 Ok(head) => {
                     return Ok(Response {
                         status: head.status,
                         content_type: head.content_type,
+                        headers: head.headers,
                         body: Body {
                             client: self,
                             conn: Some(conn),
@@ -474,12 +603,12 @@ impl HttpClient {
                         },
                     })
                 }
-                Err(_) if token.is_cancelled() => return Err(InferenceError::Cancelled),
+                Err(_) if token.is_cancelled() => return Err(HttpError::Cancelled),
                 Err(e) if reused && stale(&e) => continue,
                 Err(e) => return Err(io_error(&url, &e, "reading the answer")),
             }
         }
-        Err(InferenceError::Transport {
+        Err(HttpError::Transport {
             url,
             detail: "the server closed a fresh connection before answering".into(),
         })
