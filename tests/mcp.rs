@@ -964,6 +964,30 @@ fn bad_mcp_config_is_named() {
             "mcp_servers.a.bogus",
         ),
         (json!(["a"]), "mcp_servers"),
+        (
+            json!({"a": {"url": "https://mcp.example.com/mcp"}}),
+            "mcp_servers.a.url",
+        ),
+        (
+            json!({"a": {"url": "ftp://mcp.example.com"}}),
+            "mcp_servers.a.url",
+        ),
+        (
+            json!({"a": {"url": "http://h/mcp", "command": ["x"]}}),
+            "mcp_servers.a.url",
+        ),
+        (
+            json!({"a": {"url": "http://h/mcp", "network": {"allow": ["bad host"]}}}),
+            "mcp_servers.a.network.allow[0]",
+        ),
+        (
+            json!({"a": {"url": "http://h/mcp", "network": ["h"]}}),
+            "mcp_servers.a.network",
+        ),
+        (
+            json!({"a": {"command": ["x"], "network": {"allow": ["h"]}}}),
+            "mcp_servers.a.network",
+        ),
     ] {
         let text = json!({"v": 1, "event_log": "/tmp/e.db", "mcp_servers": servers}).to_string();
         let e = RuntimeConfig::from_json(&text).expect_err(field);

@@ -20,6 +20,7 @@ mod install;
 mod jobs;
 mod manager;
 mod mcp;
+mod mcp_remote;
 mod network;
 mod observe;
 mod openai;

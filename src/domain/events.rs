@@ -400,9 +400,27 @@ pub enum DomainEvent {
         protocol_version: String,
         /// Its tools' names (without the server's prefix).
         tools: Vec<String>,
-        /// How it is confined, as applied.
+        /// How it is confined, as applied (a server correx runs).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         isolation: Option<serde_json::Value>,
+        /// A remote server's endpoint: its scheme, host, port and path (never a query, which
+        /// may carry a key).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        url: Option<String>,
+    },
+    /// A request to a remote MCP server was refused by its network policy before anything was
+    /// sent (`mcp_servers.<name>.network`).
+    #[serde(rename = "mcp.request_refused")]
+    McpRequestRefused {
+        /// The server's name in the config.
+        server: String,
+        /// The host asked for (a name, or an address as written).
+        host: String,
+        /// The port asked for.
+        port: u16,
+        /// Why: `not_allowed`, `denied`, `address_literal`, `private_address` or
+        /// `unresolved`.
+        reason: String,
     },
     /// An MCP server ended and every process of it is gone.
     #[serde(rename = "mcp.server_exited")]
@@ -410,7 +428,9 @@ pub enum DomainEvent {
         /// The server's name in the config.
         server: String,
         /// `stopped` (by correx: the runtime closed, or it failed to start), `exited` (code
-        /// 0, on its own), `crashed`, or `line_too_long` (it wrote a line past its bound).
+        /// 0, on its own), `crashed`, `line_too_long` (it wrote a line past its bound), or,
+        /// for a remote server, `disconnected` (a request could not reach it; it is
+        /// connected again on a later use).
         reason: String,
         /// Its exit code, when it exited.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -666,6 +686,7 @@ type_ids! {
     JobExited => "job.exited",
     McpServerStarted => "mcp.server_started",
     McpServerExited => "mcp.server_exited",
+    McpRequestRefused => "mcp.request_refused",
     SessionStepStarted => "session.step_started",
     SessionStepCompleted => "session.step_completed",
     SessionStepFailed => "session.step_failed",
@@ -705,7 +726,8 @@ impl DomainEvent {
             DomainEvent::JobStarted { .. }
             | DomainEvent::JobExited { .. }
             | DomainEvent::McpServerStarted { .. }
-            | DomainEvent::McpServerExited { .. } => self.process_summary(),
+            | DomainEvent::McpServerExited { .. }
+            | DomainEvent::McpRequestRefused { .. } => self.process_summary(),
             DomainEvent::SessionStepStarted { .. }
             | DomainEvent::SessionStepCompleted { .. }
             | DomainEvent::SessionStepFailed { .. }
@@ -958,6 +980,12 @@ impl DomainEvent {
                 };
                 format!("mcp server {server} ended ({reason}{how})")
             }
+            DomainEvent::McpRequestRefused {
+                server,
+                host,
+                port,
+                reason,
+            } => format!("mcp server {server}: a request to {host}:{port} refused ({reason})"),
             // `summary` routes no other type here; were one, its type id is what it shows.
             _ => self.type_id().to_owned(),
         }

@@ -130,7 +130,7 @@ pub(crate) struct HttpClient {
     host_header: String,
     connect_timeout: Duration,
     read_timeout: Duration,
-    idle: Mutex<Vec<TcpStream>>,
+    idle: Arc<Mutex<Vec<TcpStream>>>,
     /// An `Authorization` header's value; never printed.
     authorization: Option<String>,
     /// Where a host may be reached; `None`: wherever it resolves to.
@@ -151,17 +151,17 @@ impl std::fmt::Debug for HttpClient {
 
 /// A response whose body is read through [`Read`]; the connection goes back to the pool when
 /// the body was read to its end, and is closed when the response is dropped before that.
-pub(crate) struct Response<'a> {
+pub(crate) struct Response {
     /// The HTTP status.
     pub status: u16,
     /// The `Content-Type`, lowercased; empty when absent.
     pub content_type: String,
     /// Every header, its name lowercased, its value as sent (trimmed).
     pub headers: Vec<(String, String)>,
-    body: Body<'a>,
+    body: Body,
 }
 
-impl Response<'_> {
+impl Response {
     /// The first header named `name` (lowercase).
     pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
@@ -169,16 +169,9 @@ impl Response<'_> {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
     }
-
-    /// Closes the connection now (a stream abandoned before its end is not pooled).
-    pub(crate) fn close(mut self) {
-        if let Some(conn) = self.body.conn.take() {
-            let _ = conn.get_ref().shutdown(Shutdown::Both);
-        }
-    }
 }
 
-impl Read for Response<'_> {
+impl Read for Response {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.body.read(buf)
     }
@@ -195,8 +188,9 @@ enum Framing {
     Done,
 }
 
-struct Body<'a> {
-    client: &'a HttpClient,
+struct Body {
+    /// Where the connection goes back once the body was read to its end.
+    pool: Arc<Mutex<Vec<TcpStream>>>,
     conn: Option<BufReader<TcpStream>>,
     framing: Framing,
     keep_alive: bool,
@@ -219,7 +213,7 @@ fn read_line_limited(r: &mut impl BufRead, line: &mut Vec<u8>) -> io::Result<usi
     Ok(n)
 }
 
-impl Body<'_> {
+impl Body {
     /// Reads the end of the body: the connection can serve the next call.
     fn finish(&mut self) {
         self.framing = Framing::Done;
@@ -227,7 +221,7 @@ impl Body<'_> {
         self.hook = None;
         if let Some(conn) = self.conn.take() {
             if self.keep_alive && conn.buffer().is_empty() {
-                let mut idle = self.client.idle.lock();
+                let mut idle = self.pool.lock();
                 if idle.len() < MAX_IDLE {
                     idle.push(conn.into_inner());
                 }
@@ -242,7 +236,7 @@ impl Body<'_> {
     }
 }
 
-impl Read for Body<'_> {
+impl Read for Body {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
@@ -440,7 +434,7 @@ impl HttpClient {
             endpoint,
             connect_timeout,
             read_timeout,
-            idle: Mutex::new(Vec::new()),
+            idle: Arc::new(Mutex::new(Vec::new())),
             authorization: None,
             resolver: None,
         }
@@ -507,7 +501,7 @@ impl HttpClient {
         path: &str,
         body: &[u8],
         token: &CancelToken,
-    ) -> Result<Response<'_>, HttpError> {
+    ) -> Result<Response, HttpError> {
         let headers = [
             ("Content-Type", "application/json"),
             ("Accept", "text/event-stream, application/json"),
@@ -536,7 +530,7 @@ impl HttpClient {
         request: &Request<'_>,
         token: &CancelToken,
         timeout: Option<Duration>,
-    ) -> Result<Response<'_>, HttpError> {
+    ) -> Result<Response, HttpError> {
         let url = self.url(request.path);
         let timeout = timeout
             .unwrap_or(self.read_timeout)
@@ -595,7 +589,7 @@ impl HttpClient {
                         content_type: head.content_type,
                         headers: head.headers,
                         body: Body {
-                            client: self,
+                            pool: self.idle.clone(),
                             conn: Some(conn),
                             framing: head.framing,
                             keep_alive: head.keep_alive,

@@ -121,6 +121,7 @@ impl LogMetrics {
             | DomainEvent::ToolExecutionStarted { .. }
             | DomainEvent::McpServerStarted { .. }
             | DomainEvent::McpServerExited { .. }
+            | DomainEvent::McpRequestRefused { .. }
             | DomainEvent::ToolProgress { .. }
             // Its decision is counted, with the time it waited.
             | DomainEvent::ToolApprovalRequested { .. }

@@ -204,6 +204,7 @@ fn run_state(
                     | EventType::JobExited
                     | EventType::McpServerStarted
                     | EventType::McpServerExited
+                    | EventType::McpRequestRefused
                     // A session step names the invocation it runs; its claim and its result
                     // neither start nor close the run.
                     | EventType::SessionStepStarted

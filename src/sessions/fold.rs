@@ -193,7 +193,8 @@ impl Index {
             | DomainEvent::JobStarted { .. }
             | DomainEvent::JobExited { .. }
             | DomainEvent::McpServerStarted { .. }
-            | DomainEvent::McpServerExited { .. } => {}
+            | DomainEvent::McpServerExited { .. }
+            | DomainEvent::McpRequestRefused { .. } => {}
         }
         Ok(())
     }

@@ -582,7 +582,8 @@ impl History {
             EventType::JobStarted
             | EventType::JobExited
             | EventType::McpServerStarted
-            | EventType::McpServerExited => self.add_process_event(ty, e, session),
+            | EventType::McpServerExited
+            | EventType::McpRequestRefused => self.add_process_event(ty, e, session),
             EventType::SessionStepStarted
             | EventType::SessionStepCompleted
             | EventType::SessionStepFailed
@@ -675,12 +676,22 @@ impl History {
                 let alarming = s("reason") == "interrupted";
                 self.instants.push((t, sess, label, alarming));
             }
-            EventType::McpServerStarted | EventType::McpServerExited => {
+            EventType::McpServerStarted
+            | EventType::McpServerExited
+            | EventType::McpRequestRefused => {
                 let label = match ty {
                     EventType::McpServerStarted => format!("mcp {} started", s("server")),
+                    EventType::McpRequestRefused => format!(
+                        "mcp {}: a request to {}:{} refused ({})",
+                        s("server"),
+                        s("host"),
+                        e.payload["port"],
+                        s("reason")
+                    ),
                     _ => format!("mcp {} ended ({})", s("server"), s("reason")),
                 };
-                let alarming = matches!(s("reason").as_str(), "crashed" | "line_too_long");
+                let alarming = ty == EventType::McpRequestRefused
+                    || matches!(s("reason").as_str(), "crashed" | "line_too_long");
                 self.instants.push((t, s("server"), label, alarming));
             }
             // `add` routes no other type here.
@@ -849,6 +860,7 @@ fn record_tool_event(run: &mut Run, ty: EventType, e: &RecordedEvent) -> Option<
         | EventType::JobExited
         | EventType::McpServerStarted
         | EventType::McpServerExited
+        | EventType::McpRequestRefused
         | EventType::ToolProgress
         | EventType::SessionStepStarted
         | EventType::SessionStepCompleted

@@ -16,8 +16,8 @@ mod policy;
 pub(crate) mod proxy;
 mod tls;
 
-pub(crate) use policy::Rules;
 pub use policy::{Allowlist, NetworkPolicy};
+pub(crate) use policy::{Host, Rules};
 pub(crate) use proxy::{RunProxy, PROXY_PORT};
 
 /// The variables that point a run's clients at its proxy; a config cannot set them.

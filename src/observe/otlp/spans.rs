@@ -175,6 +175,7 @@ impl SpanFold {
             | DomainEvent::JobExited { .. }
             | DomainEvent::McpServerStarted { .. }
             | DomainEvent::McpServerExited { .. }
+            | DomainEvent::McpRequestRefused { .. }
             | DomainEvent::ToolProgress { .. } => {}
         }
     }

@@ -665,6 +665,7 @@ fn close_interrupted(
                     | EventType::SessionSignaled
                     | EventType::McpServerStarted
                     | EventType::McpServerExited
+                    | EventType::McpRequestRefused
                     | EventType::SessionStepStarted
                     | EventType::SessionStepCompleted
                     | EventType::SessionStepFailed,

@@ -1,6 +1,6 @@
 //! [`McpServers`]: the config section `mcp_servers`, a server per name.
 
-use crate::confine::IsolationOptions;
+use crate::confine::{Allowlist, IsolationOptions};
 use crate::settings::{self, ConfigError, Section};
 use crate::tools::Tier;
 use serde::Deserialize;
@@ -27,13 +27,21 @@ pub struct McpToolSettings {
     pub tier: Option<i32>,
 }
 
-/// One MCP server (`mcp_servers.<name>`).
+/// One MCP server (`mcp_servers.<name>`): a program correx runs (`command`, spoken to over
+/// its stdio) or a remote server (`url`, spoken to over Streamable HTTP).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct McpServerConfig {
     /// The program (an absolute path, or a name resolved through the fixed PATH) and its
     /// arguments.
     pub command: Vec<String>,
+    /// A remote server's endpoint, `http://host[:port]/path` (instead of `command`).
+    pub url: Option<String>,
+    /// Where a remote server's requests may go: its own host must be allowed here by name
+    /// (or address), and a name must resolve to public addresses unless `allow_private`.
+    /// Default: the `url`'s host and port alone, public addresses only (an address literal
+    /// in the `url` is allowed as written).
+    pub network: Option<Allowlist>,
     /// Variables the server gets besides `PATH` and `TMPDIR`; nothing of the host's.
     pub env: BTreeMap<String, String>,
     /// Directories it may write in, the first its working directory; also its MCP roots.
@@ -53,7 +61,8 @@ pub struct McpServerConfig {
     /// One call's limit; default 60 s.
     #[serde(rename = "call_timeout_ms", with = "settings::millis")]
     pub call_timeout: Duration,
-    /// The longest line it may write; a longer one ends it. Default 4 MiB.
+    /// The longest line it may write (a remote server: the longest body or event); a longer
+    /// one ends it. Default 4 MiB.
     pub max_line_bytes: usize,
 }
 
@@ -61,6 +70,8 @@ impl Default for McpServerConfig {
     fn default() -> Self {
         McpServerConfig {
             command: Vec::new(),
+            url: None,
+            network: None,
             env: BTreeMap::new(),
             working_dirs: Vec::new(),
             isolation: IsolationOptions::default(),
@@ -88,16 +99,54 @@ impl McpServerConfig {
 
 impl Section for McpServerConfig {
     fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(url) = &self.url {
+            settings::check(
+                self.command.is_empty(),
+                "url",
+                "a server is a command or a url, not both",
+            )?;
+            settings::check(
+                !url.starts_with("https://"),
+                "url",
+                "https:// is not spoken to remote MCP servers yet (plain http:// only; \
+                 put a TLS-terminating proxy you run on loopback in front of it)",
+            )?;
+            settings::check(
+                crate::http::Endpoint::parse(url).is_some() && !url.contains(['#', ' ']),
+                "url",
+                "must be http://host[:port]/path",
+            )?;
+            if let Some(n) = &self.network {
+                n.validate().map_err(|e| e.under("network"))?;
+            }
+            return self.validate_common();
+        }
+        settings::check(
+            self.network.is_none(),
+            "network",
+            "is a remote server's (with `url`); a command's network is `isolation.network`",
+        )?;
         settings::check(
             !self.command.is_empty() && !self.command[0].is_empty(),
             "command",
-            "must name the server's program: [\"/path/server\", \"arg\", ...]",
+            "must name the server's program: [\"/path/server\", \"arg\", ...] (or give a \
+             remote server's `url`)",
         )?;
         settings::check(
             self.command.iter().all(|a| !a.contains('\0')),
             "command",
             "holds a NUL byte",
         )?;
+        self.isolation
+            .validate()
+            .map_err(|e| e.under("isolation"))?;
+        self.validate_common()
+    }
+}
+
+impl McpServerConfig {
+    /// What a command and a remote server have in common.
+    fn validate_common(&self) -> Result<(), ConfigError> {
         settings::absolute("working_dirs", &self.working_dirs)?;
         settings::check((0..=3).contains(&self.tier), "tier", "must be 0, 1, 2 or 3")?;
         for (name, t) in &self.tools {
@@ -116,8 +165,7 @@ impl Section for McpServerConfig {
             "call_timeout_ms",
             "must be at most 7 days",
         )?;
-        settings::positive("max_line_bytes", self.max_line_bytes as u64)?;
-        self.isolation.validate().map_err(|e| e.under("isolation"))
+        settings::positive("max_line_bytes", self.max_line_bytes as u64)
     }
 }
 

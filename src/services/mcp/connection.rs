@@ -13,6 +13,7 @@
 use super::host_requests::{
     HandlerSlot, McpClientMethod, McpRefusal, McpServerRequest, MAX_IN_FLIGHT,
 };
+use super::remote::Remote;
 use crate::cancel::CancelToken;
 use crate::sys::spawn::Sink;
 use parking_lot::{Condvar, Mutex};
@@ -20,7 +21,7 @@ use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// Progress notifications kept per call (the last ones).
@@ -41,6 +42,8 @@ pub(crate) enum RpcError {
     Cancelled,
     /// The server ended (or was ended) before answering.
     Gone(String),
+    /// A remote server refused the request at the HTTP level.
+    Http { status: u16, message: String },
 }
 
 impl std::fmt::Display for RpcError {
@@ -52,6 +55,9 @@ impl std::fmt::Display for RpcError {
             RpcError::TimedOut => f.write_str("the server did not answer in time"),
             RpcError::Cancelled => f.write_str("cancelled by the host"),
             RpcError::Gone(why) => write!(f, "the server ended before answering: {why}"),
+            RpcError::Http { status, message } => {
+                write!(f, "the server answered HTTP {status}: {message}")
+            }
         }
     }
 }
@@ -120,8 +126,12 @@ pub(crate) struct Shared {
     /// The server said its tool list changed.
     pub tools_changed: AtomicBool,
     roots: Vec<String>,
-    /// The server's stdin, until it ended.
+    /// The server's stdin, until it ended (a server correx runs).
     stdin: Mutex<Option<std::os::fd::OwnedFd>>,
+    /// A remote server's connection (instead of a stdin).
+    remote: Option<Remote>,
+    /// This, for what a remote answer hands on.
+    me: Weak<Shared>,
     /// Cancelling it ends the server's run.
     pub kill: CancelToken,
     /// It wrote a line past the bound.
@@ -152,9 +162,10 @@ impl Shared {
         roots: Vec<String>,
         max_line: usize,
         handlers: HandlerSlot,
+        remote: Option<Remote>,
     ) -> Arc<Shared> {
         let declared = handlers.methods();
-        Arc::new(Shared {
+        Arc::new_cyclic(|me| Shared {
             name: name.to_owned(),
             waiters: Mutex::new(HashMap::new()),
             answered: Condvar::new(),
@@ -163,6 +174,8 @@ impl Shared {
             tools_changed: AtomicBool::new(false),
             roots,
             stdin: Mutex::new(None),
+            remote,
+            me: me.clone(),
             kill: CancelToken::new(),
             overflowed: AtomicBool::new(false),
             max_line,
@@ -181,7 +194,67 @@ impl Shared {
         Ok(())
     }
 
+    /// The remote server's connection, when it is one.
+    pub fn remote(&self) -> Option<&Remote> {
+        self.remote.as_ref()
+    }
+
+    /// The server's name in the config.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A request id no other request of this connection has.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Hands on what a remote server sent: one message or a batch, as a line of stdout.
+    pub fn dispatch(&self, bytes: &[u8]) {
+        if let Some(me) = self.me.upgrade() {
+            me.line(bytes);
+        }
+    }
+
+    /// Whether request `id` has its answer (or is no longer waited for).
+    pub fn settled(&self, id: u64) -> bool {
+        self.waiters
+            .lock()
+            .get(&id)
+            .is_none_or(|w| w.answer.is_some())
+    }
+
+    /// Gives request `id` its answer, unless it has one.
+    pub fn settle(&self, id: u64, answer: Result<Value, RpcError>) {
+        if let Some(w) = self.waiters.lock().get_mut(&id) {
+            if w.answer.is_none() {
+                w.answer = Some(answer);
+            }
+        }
+        self.answered.notify_all();
+    }
+
     fn send(&self, message: &Value) -> Result<(), RpcError> {
+        self.send_within(message, None, WRITE_TIMEOUT)
+    }
+
+    /// Sends `message`: a line on a stdin (`cancel` and `timeout` bound only a remote
+    /// server's POST).
+    fn send_within(
+        &self,
+        message: &Value,
+        cancel: Option<&CancelToken>,
+        timeout: Duration,
+    ) -> Result<(), RpcError> {
+        if let Some(remote) = &self.remote {
+            if self.is_ended() {
+                return Err(RpcError::Gone(self.why_ended()));
+            }
+            let Some(me) = self.me.upgrade() else {
+                return Err(RpcError::Gone("the connection is closed".into()));
+            };
+            return remote.post(&me, message, cancel, timeout);
+        }
         let mut line = serde_json::to_vec(message).unwrap_or_default();
         line.push(b'\n');
         let stdin = self.stdin.lock();
@@ -203,7 +276,7 @@ impl Shared {
         }
     }
 
-    fn why_ended(&self) -> String {
+    pub(crate) fn why_ended(&self) -> String {
         self.ended
             .lock()
             .as_ref()
@@ -228,6 +301,9 @@ impl Shared {
         // stopped) and drops it then.
         if let Some(mut stdin) = self.stdin.try_lock() {
             drop(stdin.take());
+        }
+        if let Some(remote) = &self.remote {
+            remote.close();
         }
         let mut waiters = self.waiters.lock();
         for w in waiters.values_mut() {
@@ -301,15 +377,19 @@ impl Shared {
         cancel: Option<&CancelToken>,
         on_progress: Option<&dyn Fn(&Value)>,
     ) -> (Result<Value, RpcError>, Vec<Value>) {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         // The id doubles as the progress token: notifications name the call they belong to.
         params
             .entry("_meta")
             .or_insert_with(|| json!({}))
             .as_object_mut()
             .map(|m| m.insert("progressToken".into(), json!(id)));
-        if let Err(e) = self.send_request(id, method, params) {
-            return (Err(e), Vec::new());
+        match self.send_request(id, method, params, cancel, timeout) {
+            Ok(()) => {}
+            // A remote server's POST was given up: as a wait for an answer would have been.
+            Err(RpcError::Cancelled) => return self.abandon(id, method, true, Vec::new()),
+            Err(RpcError::TimedOut) => return self.abandon(id, method, false, Vec::new()),
+            Err(e) => return (Err(e), Vec::new()),
         }
         self.await_answer(id, method, timeout, cancel, on_progress)
     }
@@ -321,6 +401,8 @@ impl Shared {
         id: u64,
         method: &str,
         params: Map<String, Value>,
+        cancel: Option<&CancelToken>,
+        timeout: Duration,
     ) -> Result<(), RpcError> {
         self.waiters.lock().insert(
             id,
@@ -334,8 +416,11 @@ impl Shared {
             self.waiters.lock().remove(&id);
             return Err(RpcError::Gone(self.why_ended()));
         }
-        let sent =
-            self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let sent = self.send_within(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+            cancel,
+            timeout,
+        );
         if let Err(e) = sent {
             self.waiters.lock().remove(&id);
             return Err(e);
@@ -424,6 +509,9 @@ impl Shared {
         } else {
             "timed out"
         };
+        if let Some(remote) = &self.remote {
+            remote.abandon(id);
+        }
         if method != "initialize" {
             let _ = self.notify(
                 "notifications/cancelled",
@@ -687,6 +775,12 @@ impl Shared {
         }));
         match answered {
             Ok(Ok(result @ Value::Object(_))) => {
+                let result = match method {
+                    McpClientMethod::Elicitation => {
+                        super::host_requests::with_defaults(params, result)
+                    }
+                    McpClientMethod::Sampling => result,
+                };
                 json!({"jsonrpc": "2.0", "id": id, "result": result})
             }
             Ok(Ok(other)) => {
@@ -853,7 +947,7 @@ mod tests {
         let slot = HandlerSlot::default();
         let host = Arc::new(host);
         slot.set(Some(host.clone()));
-        let shared = Shared::new("t", vec!["/w".into()], 1 << 20, slot);
+        let shared = Shared::new("t", vec!["/w".into()], 1 << 20, slot, None);
         let (ours, theirs) = UnixStream::pair().expect("a socket pair");
         shared
             .attach_stdin(std::os::fd::OwnedFd::from(ours))

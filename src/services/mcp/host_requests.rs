@@ -154,3 +154,49 @@ impl HandlerSlot {
             .unwrap_or_default()
     }
 }
+
+/// An elicitation's answer with the defaults of the fields it left out: a form's
+/// `requestedSchema` may give each property a `default`, which the user saw pre-filled, so an
+/// accepted answer that omits one means it (SEP-1034). Other answers are left as they are.
+pub(crate) fn with_defaults(params: &Value, mut answer: Value) -> Value {
+    if answer["action"] != "accept" {
+        return answer;
+    }
+    let Some(properties) = params["requestedSchema"]["properties"].as_object() else {
+        return answer;
+    };
+    if answer.get("content").is_none_or(Value::is_null) {
+        answer["content"] = Value::Object(serde_json::Map::new());
+    }
+    if let Some(content) = answer["content"].as_object_mut() {
+        for (field, schema) in properties {
+            if let Some(default) = schema.get("default") {
+                if !content.contains_key(field) {
+                    content.insert(field.clone(), default.clone());
+                }
+            }
+        }
+    }
+    answer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_accepted_elicitation_gets_the_defaults_of_what_it_left_out() {
+        let params = json!({"requestedSchema": {"type": "object", "properties": {
+            "name": {"type": "string", "default": "Ada"},
+            "age": {"type": "integer", "default": 36},
+            "note": {"type": "string"}
+        }}});
+        let answer = with_defaults(&params, json!({"action": "accept", "content": {"age": 28}}));
+        assert_eq!(answer["content"], json!({"name": "Ada", "age": 28}));
+        let answer = with_defaults(&params, json!({"action": "accept"}));
+        assert_eq!(answer["content"], json!({"name": "Ada", "age": 36}));
+        let declined = json!({"action": "decline"});
+        assert_eq!(with_defaults(&params, declined.clone()), declined);
+    }
+}

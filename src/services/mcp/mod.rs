@@ -1,5 +1,6 @@
 //! MCP servers as tools: each configured server (config `mcp_servers`) is a long-lived,
-//! confined run of its command spoken to over stdio (JSON-RPC 2.0, protocol revisions
+//! confined run of its command spoken to over stdio, or a remote server spoken to over
+//! Streamable HTTP within its network policy (JSON-RPC 2.0, protocol revisions
 //! [`PROTOCOL_VERSIONS`]); its tools join the registry as `<server>.<tool>` and every call is a
 //! sandboxed run like a built-in's: validated against the tool's `inputSchema` before
 //! approval, gated by its tier, recorded, cancellable.
@@ -7,8 +8,10 @@
 mod config;
 mod connection;
 mod host_requests;
+mod remote;
 mod schema;
 mod server;
+mod sse;
 
 pub use config::{McpServerConfig, McpServers, McpStart, McpToolSettings};
 pub use host_requests::{McpClientMethod, McpRefusal, McpRequestHandler, McpServerRequest};
@@ -67,6 +70,38 @@ impl McpHub {
         let mut servers = BTreeMap::new();
         let handlers = host_requests::HandlerSlot::default();
         for (name, c) in &config.0 {
+            let reach = match &c.url {
+                Some(url) => server::Reach::Remote(
+                    remote::RemoteSpec::new(name, url, c.network.as_ref(), events.clone())
+                        .map_err(|reason| {
+                            (
+                                name.clone(),
+                                ToolError::InvalidSetting {
+                                    field: "url",
+                                    reason,
+                                },
+                            )
+                        })?,
+                ),
+                None => server::Reach::Command(Box::new(Self::launcher(name, c)?)),
+            };
+            servers.insert(
+                name.clone(),
+                Arc::new(McpServer::new(
+                    name.clone(),
+                    c.clone(),
+                    reach,
+                    events.clone(),
+                    handlers.clone(),
+                )),
+            );
+        }
+        Ok(McpHub { servers, handlers })
+    }
+
+    /// The confined launcher of a server correx runs.
+    fn launcher(name: &str, c: &McpServerConfig) -> Result<ShellTool, (String, ToolError)> {
+        {
             let launcher = ShellTool::new(ShellOptions {
                 allowed_executables: vec![c.command[0].clone()],
                 env: c.env.clone(),
@@ -75,24 +110,14 @@ impl McpHub {
                 timeout: crate::tools::MAX_TIMEOUT,
                 ..ShellOptions::default()
             })
-            .map_err(|e| (name.clone(), e))?;
+            .map_err(|e| (name.to_owned(), e))?;
             // A kernel that cannot confine it as required: its start fails, saying why (its
             // tools are listed as one disabled entry), as a shell's runs are refused.
             if let Some(why) = launcher.refusal() {
                 log::warn!("mcp server {name}: it cannot be started: {why}");
             }
-            servers.insert(
-                name.clone(),
-                Arc::new(McpServer::new(
-                    name.clone(),
-                    c.clone(),
-                    launcher,
-                    events.clone(),
-                    handlers.clone(),
-                )),
-            );
+            Ok(launcher)
         }
-        Ok(McpHub { servers, handlers })
     }
 
     /// Registers the host's handler of the requests servers send their client (sampling,
@@ -295,6 +320,10 @@ impl Tool for McpTool {
                     RpcError::TimedOut => (ToolErrorKind::TimedOut, true),
                     RpcError::Server { .. } => (ToolErrorKind::InvalidRequest, false),
                     RpcError::Gone(_) => (ToolErrorKind::Io, true),
+                    RpcError::Http { status, .. } if status >= 500 || status == 429 => {
+                        (ToolErrorKind::Io, true)
+                    }
+                    RpcError::Http { .. } => (ToolErrorKind::InvalidRequest, false),
                 };
                 return ToolResult::failure_of(
                     id,

@@ -6,6 +6,7 @@
 use super::config::McpServerConfig;
 use super::connection::{Lines, RpcError, Shared};
 use super::host_requests::HandlerSlot;
+use super::remote::{Listened, RemoteSpec};
 use crate::cancel::CancelToken;
 use crate::domain::DomainEvent;
 use crate::events::{EventStore, ExpectedVersion};
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 pub const MCP_STREAM: &str = "mcp-servers";
 
 /// The protocol revisions this client speaks, newest first; it asks for the first.
-pub const PROTOCOL_VERSIONS: &[&str] = &["2025-06-18", "2025-03-26", "2024-11-05"];
+pub const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
 /// Most pages of `tools/list` read (a server that pages forever is cut off).
 const MAX_PAGES: usize = 100;
@@ -68,7 +69,8 @@ enum State {
 pub(crate) struct McpServer {
     pub name: String,
     pub config: McpServerConfig,
-    launcher: ShellTool,
+    /// How it is reached: a program correx runs, or a remote endpoint.
+    reach: Reach,
     events: Arc<dyn EventStore>,
     state: Mutex<State>,
     /// The runtime closed: it never starts again.
@@ -88,8 +90,16 @@ impl std::fmt::Debug for McpServer {
     }
 }
 
+/// How a server is reached.
+pub(crate) enum Reach {
+    /// A program correx starts, confined as this launcher says.
+    Command(Box<ShellTool>),
+    /// A remote server over Streamable HTTP.
+    Remote(RemoteSpec),
+}
+
 /// Appends one lifecycle event to [`MCP_STREAM`]; a refusal is logged (a server's life goes on).
-fn record(events: &dyn EventStore, name: &str, e: DomainEvent) {
+pub(crate) fn record(events: &dyn EventStore, name: &str, e: DomainEvent) {
     if let Err(err) = events.append(MCP_STREAM, ExpectedVersion::Any, &[e.to_new_event()]) {
         log::error!("mcp server {name}: recording {}: {err}", e.type_id());
     }
@@ -139,6 +149,54 @@ fn supervise(
     );
 }
 
+/// A remote server's thread: follows its GET stream (reopened after the server's `retry`, or
+/// a backoff after a failure) until the connection ends, then ends the session and records
+/// why it ended.
+fn follow_remote(shared: &Arc<Shared>, stopping: &AtomicBool, events: &dyn EventStore, name: &str) {
+    let Some(remote) = shared.remote() else {
+        return;
+    };
+    let pause = |d: Duration| {
+        let end = Instant::now() + d;
+        while Instant::now() < end && !shared.is_ended() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let (mut listening, mut failures) = (true, 0);
+    while !shared.is_ended() {
+        if !listening || !remote.ready() {
+            pause(Duration::from_millis(20));
+            continue;
+        }
+        match remote.listen(shared) {
+            Ok(Listened::Unsupported) => listening = false,
+            Ok(Listened::Ended(retry)) => {
+                failures = 0;
+                pause(retry);
+            }
+            Err(e) => {
+                log::debug!("mcp server {name}: its GET stream: {e}");
+                pause(backoff(failures));
+                failures += 1;
+            }
+        }
+    }
+    let stopped = stopping.load(Ordering::Acquire);
+    if stopped {
+        remote.end_session();
+    }
+    record(
+        events,
+        name,
+        DomainEvent::McpServerExited {
+            server: name.to_owned(),
+            reason: if stopped { "stopped" } else { "disconnected" }.into(),
+            exit_code: None,
+            signal: None,
+        },
+    );
+}
+
 fn backoff(failures: u32) -> Duration {
     Duration::from_millis(250u64.saturating_mul(1 << failures.min(7))).min(Duration::from_secs(30))
 }
@@ -147,14 +205,14 @@ impl McpServer {
     pub fn new(
         name: String,
         config: McpServerConfig,
-        launcher: ShellTool,
+        reach: Reach,
         events: Arc<dyn EventStore>,
         handlers: HandlerSlot,
     ) -> McpServer {
         McpServer {
             name,
             config,
-            launcher,
+            reach,
             events,
             state: Mutex::new(State::Down(Down::default())),
             closed: AtomicBool::new(false),
@@ -311,17 +369,18 @@ impl McpServer {
     }
 
     fn start(self: &Arc<Self>, failures_before: u32) -> Result<Live, String> {
+        let launcher = match &self.reach {
+            Reach::Command(launcher) => launcher,
+            Reach::Remote(spec) => return self.connect(spec, failures_before),
+        };
         let shared = Shared::new(
             &self.name,
-            self.config
-                .working_dirs
-                .iter()
-                .map(|d| d.display().to_string())
-                .collect(),
+            self.roots(),
             self.config.max_line_bytes,
             self.handlers.clone(),
+            None,
         );
-        let (mut started, cleanup) = self.launcher.start_server(&self.config.command)?;
+        let (mut started, cleanup) = launcher.start_server(&self.config.command)?;
         // Until its thread owns it, a server that fails to start is killed before what it
         // held is cleaned up.
         let attached = match started.take_stdin() {
@@ -358,13 +417,67 @@ impl McpServer {
             started_at: Instant::now(),
             failures_before,
         };
-        match initialize(&shared, self.config.startup_timeout) {
+        self.initialized(live, Some(launcher.applied_policy().to_json()), None)
+    }
+
+    /// The working dirs, as MCP roots.
+    fn roots(&self) -> Vec<String> {
+        self.config
+            .working_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect()
+    }
+
+    /// A new connection to a remote server: initialized, its GET stream followed by a
+    /// thread of its own (which records the end, as a process's supervisor does).
+    fn connect(self: &Arc<Self>, spec: &RemoteSpec, failures_before: u32) -> Result<Live, String> {
+        let shared = Shared::new(
+            &self.name,
+            self.roots(),
+            self.config.max_line_bytes,
+            self.handlers.clone(),
+            Some(spec.connect(&self.config)),
+        );
+        let stopping = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (events, name, shared, stopping) = (
+                self.events.clone(),
+                self.name.clone(),
+                shared.clone(),
+                stopping.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("correx-mcp-{}", self.name))
+                .spawn(move || follow_remote(&shared, &stopping, events.as_ref(), &name))
+                .map_err(|e| e.to_string())?
+        };
+        let live = Live {
+            shared,
+            tools: Vec::new(),
+            thread: Some(thread),
+            stopping,
+            started_at: Instant::now(),
+            failures_before,
+        };
+        self.initialized(live, None, Some(spec.shown.clone()))
+    }
+
+    /// Initializes a started server: recorded as started with its tools, or stopped.
+    fn initialized(
+        &self,
+        live: Live,
+        isolation: Option<Value>,
+        url: Option<String>,
+    ) -> Result<Live, String> {
+        match initialize(&live.shared, self.config.startup_timeout) {
             Ok((protocol, tools)) => {
                 self.record(DomainEvent::McpServerStarted {
                     server: self.name.clone(),
                     protocol_version: protocol,
                     tools: tools.iter().map(|t| t.name.clone()).collect(),
-                    isolation: Some(self.launcher.applied_policy().to_json()),
+                    isolation,
+                    url,
                 });
                 Ok(Live { tools, ..live })
             }
@@ -494,7 +607,11 @@ fn stop(live: Live) {
 /// How long servers get to exit once their stdin is closed, before they are killed.
 pub(crate) const STOP_GRACE: Duration = EXIT_GRACE;
 
-/// `initialize`, `notifications/initialized`, then the tool list.
+/// How long a start waits for a remote server's first answer to its GET stream.
+const OPEN_STREAM: Duration = Duration::from_secs(2);
+
+/// `initialize`, `notifications/initialized` (a remote server's GET stream opened), then the
+/// tool list.
 fn initialize(shared: &Shared, timeout: Duration) -> Result<(String, Vec<Arc<ToolDef>>), String> {
     let deadline = Instant::now().checked_add(timeout);
     let mut params = Map::new();
@@ -520,12 +637,19 @@ fn initialize(shared: &Shared, timeout: Duration) -> Result<(String, Vec<Arc<Too
             PROTOCOL_VERSIONS.join(", ")
         ));
     }
+    if let Some(remote) = shared.remote() {
+        remote.negotiated(&version);
+    }
     if answer["capabilities"].get("tools").is_none() {
         log::warn!("an mcp server offers no tools capability; listing anyway");
     }
     shared
         .notify("notifications/initialized", json!({}))
         .map_err(|e| e.to_string())?;
+    let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+    if let Some(remote) = shared.remote() {
+        remote.open_stream(left.min(OPEN_STREAM));
+    }
     let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
     let tools = list_tools(shared, left)?;
     Ok((version, tools))

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs the official MCP conformance suite's client scenarios against correx's client
+# (examples/mcp_conformance.rs, which drives a runtime with the scenario's server as a remote
+# MCP server). The scenarios run are the 2025-11-25 revision's required client scenarios that
+# need no OAuth; the suite exits non-zero when any check fails, and so does this.
+# Needs scripts/install-mcp.sh first (the suite and the Node 22 it runs on).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${CORREX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/correx}"
+ENV="$CACHE/mcp/env"
+[ -f "$ENV" ] || { echo "conformance: run scripts/install-mcp.sh first" >&2; exit 1; }
+node22=$(sed -n 's/^node22=//p' "$ENV")
+suite=$(sed -n 's/^conformance=//p' "$ENV")
+cargo build --quiet --example mcp_conformance
+client="$PWD/target/debug/examples/mcp_conformance"
+out=$(mktemp -d /tmp/correx-conformance-XXXXXX)
+trap 'rm -rf "$out"' EXIT
+for scenario in initialize tools_call elicitation-sep1034-client-defaults sse-retry; do
+  echo "== conformance client --scenario $scenario (2025-11-25)"
+  if ! (cd "$out" && "$node22" "$suite" client --command "$client" --scenario "$scenario" \
+    --spec-version 2025-11-25 -o "$out" >"$out/log" 2>&1); then
+    cat "$out/log"
+    exit 1
+  fi
+  grep -E "Passed:|OVERALL" "$out/log"
+done

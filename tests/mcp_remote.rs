@@ -1,0 +1,376 @@
+//! Remote MCP servers over Streamable HTTP, on loopback: `@modelcontextprotocol/server-everything`
+//! (npm, the TypeScript SDK's Streamable HTTP transport) for calls, progress, cancellation and a
+//! restart mid-session; a stub (named so: a real server cannot be made to answer 429 forever or
+//! never answer) for a 429 storm and a server that never answers; and the network policy every
+//! remote request goes through, which refuses a private address or a host it does not allow
+//! before anything is sent.
+
+use crate::mcp::installed;
+use crate::util::TempDir;
+use correx::{EventStore, Runtime, RuntimeConfig, ToolExecutor, ToolRequest, ToolResult};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn runtime(dir: &TempDir, servers: Value) -> Result<Runtime, Box<dyn std::error::Error>> {
+    let config = RuntimeConfig::from_json(
+        &json!({
+            "v": 1,
+            "event_log": dir.join("events.db"),
+            "sandbox_root": dir.join("sandbox"),
+            "mcp_servers": servers,
+            "approvals": {"engine": "auto", "max_tier": 1}
+        })
+        .to_string(),
+    )?;
+    Ok(Runtime::new(&config, Arc::new(correx::DenyAll))?)
+}
+
+fn call(rt: &Runtime, tool: &str, params: Value) -> ToolResult {
+    let req = ToolRequest::json("s", tool, params).expect("an object");
+    rt.executor().execute(&req)
+}
+
+fn kind(r: &ToolResult) -> String {
+    match r {
+        ToolResult::Failure { kind, .. } => kind.as_str().to_owned(),
+        ToolResult::Success { .. } => "success".into(),
+    }
+}
+
+fn events(rt: &Runtime, prefix: &str) -> Vec<(String, Value)> {
+    rt.events()
+        .read_stream(correx::MCP_STREAM, 1, 10_000)
+        .expect("the stream")
+        .into_iter()
+        .filter(|e| e.type_id.starts_with(prefix))
+        .map(|e| (e.type_id, e.payload))
+        .collect()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// server-everything over Streamable HTTP on `port`, killed when dropped.
+struct Everything(Child);
+
+impl Everything {
+    fn start(env: &std::collections::HashMap<String, String>, port: u16) -> Everything {
+        let child = Command::new(&env["node"])
+            .arg(&env["mcp_everything"])
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("node starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "server-everything did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Everything(child)
+    }
+}
+
+impl Drop for Everything {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_remote_server_is_called_with_progress_cancelled_and_outlives_its_restart() -> TestResult {
+    let Some(env) = installed() else {
+        return Ok(());
+    };
+    let port = free_port();
+    let mut server = Everything::start(&env, port);
+    let dir = TempDir::new("mcp-remote");
+    let rt = runtime(
+        &dir,
+        json!({"ev": {"url": format!("http://127.0.0.1:{port}/mcp"), "tier": 0}}),
+    )?;
+    let r = call(&rt, "ev.echo", json!({"message": "over http"}));
+    let ToolResult::Success { output, .. } = &r else {
+        return Err(format!("{r:?}").into());
+    };
+    assert_eq!(output, "Echo: over http");
+    let started = events(&rt, "mcp.server_started");
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(started[0].1["url"], format!("http://127.0.0.1:{port}/mcp"));
+    assert_eq!(started[0].1["protocol_version"], "2025-11-25");
+
+    // Progress over the call's SSE stream, recorded while it runs.
+    let r = call(
+        &rt,
+        "ev.trigger-long-running-operation",
+        json!({"duration": 1, "steps": 3}),
+    );
+    let ToolResult::Success { data: Some(d), .. } = &r else {
+        return Err(format!("{r:?}").into());
+    };
+    assert!(
+        d["progress"].as_array().is_some_and(|p| !p.is_empty()),
+        "{d}"
+    );
+    let progress = rt
+        .events()
+        .read_stream(correx::MCP_STREAM, 1, 10_000)?
+        .into_iter()
+        .filter(|e| e.type_id == "tool.progress")
+        .count();
+    assert!(progress >= 1, "no tool.progress recorded");
+
+    // A cancel ends the call at once (the server is told, its stream closed).
+    let req = ToolRequest::json(
+        "s",
+        "ev.trigger-long-running-operation",
+        json!({"duration": 30, "steps": 30}),
+    )?;
+    let cancel = correx::CancelToken::new();
+    let t0 = Instant::now();
+    let r = std::thread::scope(|scope| {
+        let caller = scope.spawn(|| rt.executor().execute_cancellable(&req, &cancel));
+        std::thread::sleep(Duration::from_millis(500));
+        cancel.cancel();
+        caller.join().expect("the caller")
+    });
+    assert_eq!(kind(&r), "cancelled", "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+
+    // The server restarts (its sessions forgotten): the next call makes a new session and
+    // succeeds, without an error to the caller.
+    drop(server);
+    server = Everything::start(&env, port);
+    let r = call(&rt, "ev.echo", json!({"message": "again"}));
+    let ToolResult::Success { output, .. } = &r else {
+        return Err(format!("after the restart: {r:?}").into());
+    };
+    assert_eq!(output, "Echo: again");
+    drop(rt);
+    let exited = events_of(&dir)?;
+    assert_eq!(
+        exited.last().map(|e| e["reason"].clone()),
+        Some(json!("stopped"))
+    );
+    drop(server);
+    Ok(())
+}
+
+/// The `mcp.server_exited` payloads in the log of `dir`'s runtime (closed).
+fn events_of(dir: &TempDir) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
+    let store = correx::SqliteEventStore::open(dir.join("events.db"))?;
+    Ok(store
+        .read_stream(correx::MCP_STREAM, 1, 10_000)?
+        .into_iter()
+        .filter(|e| e.type_id == "mcp.server_exited")
+        .map(|e| e.payload)
+        .collect())
+}
+
+/// What the stub does with a `tools/call`.
+#[derive(Clone, Copy)]
+enum OnCall {
+    /// 429, `Retry-After: 0`, every time.
+    Busy,
+    /// Nothing, ever (the connection held open).
+    Silent,
+}
+
+/// A stub Streamable HTTP server: answers `initialize` and `tools/list` (one tool, `t`) with
+/// JSON, every notification with 202, a GET with 405, and a `tools/call` as `on_call` says.
+/// Counts connections and `tools/call` requests.
+struct Stub {
+    port: u16,
+    connections: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Stub {
+    fn start(on_call: OnCall) -> Stub {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a listener");
+        let port = listener.local_addr().expect("an address").port();
+        let (connections, calls) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (conns, calls2) = (connections.clone(), calls.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                conns.fetch_add(1, Ordering::SeqCst);
+                let calls = calls2.clone();
+                std::thread::spawn(move || serve(stream, on_call, &calls));
+            }
+        });
+        Stub {
+            port,
+            connections,
+            calls,
+        }
+    }
+}
+
+fn serve(stream: TcpStream, on_call: OnCall, calls: &AtomicUsize) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
+    let mut out = stream.try_clone().expect("a clone");
+    let mut r = BufReader::new(stream);
+    loop {
+        let (mut method, mut length) = (String::new(), 0usize);
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        method.push_str(line.split(' ').next().unwrap_or(""));
+        loop {
+            line.clear();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0; length];
+        if r.read_exact(&mut body).is_err() {
+            return;
+        }
+        let reply = |status: &str, extra: &str, body: &str| {
+            format!(
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        };
+        let text = if method != "POST" {
+            reply("405 Method Not Allowed", "", "")
+        } else {
+            let m: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let id = m["id"].clone();
+            match m["method"].as_str() {
+                Some("initialize") => reply(
+                    "200 OK",
+                    "Mcp-Session-Id: stub-session\r\n",
+                    &json!({"jsonrpc": "2.0", "id": id, "result": {
+                        "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "stub", "version": "1"}}})
+                    .to_string(),
+                ),
+                Some("tools/list") => reply(
+                    "200 OK",
+                    "",
+                    &json!({"jsonrpc": "2.0", "id": id, "result": {"tools": [
+                        {"name": "t", "inputSchema": {"type": "object"}}]}})
+                    .to_string(),
+                ),
+                Some("tools/call") => {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    match on_call {
+                        OnCall::Busy => reply("429 Too Many Requests", "Retry-After: 0\r\n", ""),
+                        OnCall::Silent => {
+                            std::thread::sleep(Duration::from_secs(60));
+                            return;
+                        }
+                    }
+                }
+                _ => reply("202 Accepted", "", ""),
+            }
+        };
+        if out.write_all(text.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_429_storm_is_retried_a_bounded_number_of_times_and_a_silent_server_times_out() -> TestResult {
+    let busy = Stub::start(OnCall::Busy);
+    let silent = Stub::start(OnCall::Silent);
+    let dir = TempDir::new("mcp-remote-stub");
+    let rt = runtime(
+        &dir,
+        json!({
+            "busy": {"url": format!("http://127.0.0.1:{}/mcp", busy.port), "tier": 0},
+            "silent": {"url": format!("http://127.0.0.1:{}/mcp", silent.port), "tier": 0,
+                       "call_timeout_ms": 1000}
+        }),
+    )?;
+    let r = call(&rt, "busy.t", json!({}));
+    assert_eq!(kind(&r), "io", "{r:?}");
+    let ToolResult::Failure { reason, .. } = &r else {
+        unreachable!()
+    };
+    assert!(reason.contains("429"), "{reason}");
+    // One call, then three retries: bounded, no storm.
+    assert_eq!(busy.calls.load(Ordering::SeqCst), 4);
+    for _ in 0..3 {
+        call(&rt, "busy.t", json!({}));
+    }
+    assert_eq!(busy.calls.load(Ordering::SeqCst), 16);
+
+    let t0 = Instant::now();
+    let r = call(&rt, "silent.t", json!({}));
+    assert_eq!(kind(&r), "timed_out", "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(silent.calls.load(Ordering::SeqCst), 1);
+    Ok(())
+}
+
+#[test]
+fn a_remote_server_outside_its_network_policy_is_refused_and_recorded_with_nothing_sent(
+) -> TestResult {
+    let stub = Stub::start(OnCall::Busy);
+    let port = stub.port;
+    let dir = TempDir::new("mcp-remote-refused");
+    let rt = runtime(
+        &dir,
+        json!({
+            // A name resolving to loopback: private, refused by default.
+            "local": {"url": format!("http://localhost:{port}/mcp")},
+            // An address the policy does not list.
+            "other": {"url": format!("http://127.0.0.1:{port}/mcp"),
+                      "network": {"allow": ["mcp.example.com"]}},
+            // A name pinned to loopback and allowed: reached.
+            "pinned": {"url": format!("http://mcp.test:{port}/mcp"), "tier": 0,
+                       "network": {"allow": [format!("mcp.test:{port}")],
+                                   "resolve": {"mcp.test": "127.0.0.1"}}}
+        }),
+    )?;
+    for (server, reason) in [("local", "private_address"), ("other", "address_literal")] {
+        let r = call(&rt, &format!("{server}.t"), json!({}));
+        let ToolResult::Failure { reason: why, .. } = &r else {
+            return Err(format!("{server}: {r:?}").into());
+        };
+        assert!(why.contains("network policy"), "{server}: {why}");
+        let refused: Vec<Value> = events(&rt, "mcp.request_refused")
+            .into_iter()
+            .map(|(_, p)| p)
+            .filter(|p| p["server"] == server)
+            .collect();
+        assert!(!refused.is_empty(), "{server}: nothing recorded");
+        assert_eq!(refused[0]["reason"], reason, "{server}: {refused:?}");
+        assert_eq!(refused[0]["port"], port);
+    }
+    assert_eq!(
+        stub.connections.load(Ordering::SeqCst),
+        0,
+        "something was sent"
+    );
+    let r = call(&rt, "pinned.t", json!({}));
+    assert_eq!(kind(&r), "io", "{r:?}");
+    assert!(stub.connections.load(Ordering::SeqCst) > 0);
+    Ok(())
+}
