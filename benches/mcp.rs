@@ -5,6 +5,10 @@
 //!   appends, the confined server's stdio) against its floor: the same JSON-RPC round trip to
 //!   the same server, started by hand and unconfined, plus the same two durable appends, in
 //!   paired rounds (the median of the per-pair ratios).
+//! - `mcp_http_call_overhead`: the same call to server-everything over Streamable HTTP on
+//!   loopback (a remote server: its session, its SSE answer, the network policy's check)
+//!   against the same JSON-RPC POST, in the same session kind, sent by a bare client (ureq,
+//!   kept alive) plus the same two durable appends, in paired rounds.
 //! - `job_start_ms_p50`: a background shell request (`"background": true`) for `/bin/true`,
 //!   through the runtime's sandboxed executor, to the returned job id: the program has exec'd
 //!   confined and contained, and `job.started` is durable. Reported beside it, in the same run,
@@ -96,6 +100,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     drop(rt);
     mcp_call_overhead(&dir)?;
+    mcp_http_call_overhead(&dir)?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
@@ -272,5 +277,157 @@ fn mcp_call_overhead(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Er
     );
     drop(bare.stdin);
     let _ = bare.child.wait();
+    Ok(())
+}
+
+/// server-everything over Streamable HTTP on `port`, killed when dropped.
+struct HttpServer(std::process::Child);
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn mcp_http_call_overhead(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let Some(env) = installed() else {
+        println!("mcp_http_call_overhead: skipped (run scripts/install-mcp.sh)");
+        return Ok(());
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let _server = HttpServer(
+        Command::new(&env["node"])
+            .args([&env["mcp_everything"], "streamableHttp"])
+            .env("PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            return Err("server-everything did not listen".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let config = RuntimeConfig::from_json(
+        &json!({
+            "v": 1,
+            "event_log": dir.join("mcp-http-events.db"),
+            "sandbox_root": dir.join("mcp-http-sandbox"),
+            "mcp_servers": {"ev": {"url": url, "tier": 1, "start": "open"}},
+            "approvals": {"engine": "auto", "max_tier": 1}
+        })
+        .to_string(),
+    )?;
+    let rt = Runtime::new(&config, Arc::new(correx::DenyAll))?;
+    let floor_log = SqliteEventStore::open(dir.join("floor-http-events.db"))?;
+    // The bare client: a session of its own, then the same POST each round.
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let post = |session: Option<&str>, body: serde_json::Value| {
+        let mut req = agent
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        if let Some(s) = session {
+            req = req
+                .header("mcp-session-id", s)
+                .header("mcp-protocol-version", "2025-11-25");
+        }
+        req.send(body.to_string().as_bytes())
+    };
+    let init = post(
+        None,
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "bare", "version": "0"}}}),
+    )?;
+    let session = init
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .ok_or("no session id")?
+        .to_owned();
+    drop(init);
+    post(
+        Some(&session),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )?;
+    let through = || -> Result<Duration, Box<dyn std::error::Error>> {
+        let req = ToolRequest::json("b", "ev.echo", json!({"message": "hello"}))?;
+        let t = Instant::now();
+        let r = rt.executor().execute(&req);
+        let d = t.elapsed();
+        if !r.is_success() {
+            return Err(format!("echo through correx failed: {r:?}").into());
+        }
+        Ok(d)
+    };
+    let mut next = 0u64;
+    let mut floor = || -> Result<Duration, Box<dyn std::error::Error>> {
+        next += 1;
+        let t = Instant::now();
+        floor_log.append(
+            "session-b",
+            ExpectedVersion::Any,
+            &[NewEvent::new(
+                "tool.execution_started",
+                1,
+                json!({"tool_name": "ev.echo"}),
+            )],
+        )?;
+        let mut resp = post(
+            Some(&session),
+            json!({"jsonrpc": "2.0", "id": next, "method": "tools/call",
+                   "params": {"name": "echo", "arguments": {"message": "hello"}}}),
+        )?;
+        let text = resp.body_mut().read_to_string()?;
+        floor_log.append(
+            "session-b",
+            ExpectedVersion::Any,
+            &[NewEvent::new(
+                "tool.execution_completed",
+                1,
+                json!({"tool_name": "ev.echo"}),
+            )],
+        )?;
+        let d = t.elapsed();
+        if !text.contains("Echo: hello") {
+            return Err(format!("echo over a bare POST: {text}").into());
+        }
+        Ok(d)
+    };
+    for _ in 0..20 {
+        through()?;
+        floor()?;
+    }
+    let mut ratios = Vec::new();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for round in 0..300 {
+        let (x, y) = if round % 2 == 0 {
+            let x = through()?;
+            (x, floor()?)
+        } else {
+            let y = floor()?;
+            (through()?, y)
+        };
+        ratios.push(x.as_secs_f64() / y.as_secs_f64());
+        a.push(x);
+        b.push(y);
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!("mcp_http_call_ms_p50: {:.3}", p50(a).as_secs_f64() * 1000.0);
+    println!(
+        "mcp_http_floor_ms_p50: {:.3}",
+        p50(b).as_secs_f64() * 1000.0
+    );
+    println!("mcp_http_call_overhead: {:.3}", ratios[ratios.len() / 2]);
     Ok(())
 }

@@ -192,8 +192,9 @@ enum OnCall {
     Silent,
 }
 
-/// A stub Streamable HTTP server: answers `initialize` and `tools/list` (one tool, `t`) with
-/// JSON, every notification with 202, a GET with 405, and a `tools/call` as `on_call` says.
+/// A stub Streamable HTTP server: answers `initialize` and `tools/list` (`t`, and `typed` with
+/// an output schema) with JSON, every notification with 202, a GET with 405, a call of `typed`
+/// with its arguments as structured content, and a call of `t` as `on_call` says.
 /// Counts connections and `tools/call` requests.
 struct Stub {
     port: u16,
@@ -273,7 +274,19 @@ fn serve(stream: TcpStream, on_call: OnCall, calls: &AtomicUsize) {
                     "200 OK",
                     "",
                     &json!({"jsonrpc": "2.0", "id": id, "result": {"tools": [
-                        {"name": "t", "inputSchema": {"type": "object"}}]}})
+                        {"name": "t", "inputSchema": {"type": "object"}},
+                        {"name": "typed", "inputSchema": {"type": "object"},
+                         "outputSchema": {"type": "object", "required": ["n"],
+                                          "properties": {"n": {"type": "integer"}}}}]}})
+                    .to_string(),
+                ),
+                // Its structured content is what it was given: right or wrong for its schema.
+                Some("tools/call") if m["params"]["name"] == "typed" => reply(
+                    "200 OK",
+                    "",
+                    &json!({"jsonrpc": "2.0", "id": id, "result": {
+                        "content": [{"type": "text", "text": "typed"}],
+                        "structuredContent": m["params"]["arguments"]}})
                     .to_string(),
                 ),
                 Some("tools/call") => {
@@ -372,5 +385,26 @@ fn a_remote_server_outside_its_network_policy_is_refused_and_recorded_with_nothi
     let r = call(&rt, "pinned.t", json!({}));
     assert_eq!(kind(&r), "io", "{r:?}");
     assert!(stub.connections.load(Ordering::SeqCst) > 0);
+    Ok(())
+}
+
+#[test]
+fn structured_content_that_contradicts_the_output_schema_is_not_a_success() -> TestResult {
+    let stub = Stub::start(OnCall::Busy);
+    let dir = TempDir::new("mcp-remote-typed");
+    let rt = runtime(
+        &dir,
+        json!({"s": {"url": format!("http://127.0.0.1:{}/mcp", stub.port), "tier": 0}}),
+    )?;
+    let r = call(&rt, "s.typed", json!({"n": 3}));
+    assert_eq!(kind(&r), "success", "{r:?}");
+    for wrong in [json!({"n": "three"}), json!({})] {
+        let r = call(&rt, "s.typed", wrong.clone());
+        let ToolResult::Failure { kind, reason, .. } = &r else {
+            return Err(format!("{wrong}: {r:?}").into());
+        };
+        assert_eq!(kind.as_str(), "other");
+        assert!(reason.contains("outputSchema"), "{reason}");
+    }
     Ok(())
 }

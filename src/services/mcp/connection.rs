@@ -592,6 +592,14 @@ impl Shared {
             }),
         };
         if let Some(w) = self.waiters.lock().get_mut(&id) {
+            // The first answer wins; a second one for the same id is the server's error.
+            if w.answer.is_some() {
+                log::warn!(
+                    "mcp server {}: a second answer to request {id}; the first stands",
+                    self.name
+                );
+                return;
+            }
             w.answer = Some(answer);
         }
         self.answered.notify_all();
@@ -976,6 +984,22 @@ mod tests {
             entered: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
         }
+    }
+
+    #[test]
+    fn the_first_of_two_answers_to_one_request_wins() {
+        let (shared, _, mut r) = connection(host(json!({})));
+        let id = shared.next_id();
+        let wait = Duration::from_secs(20);
+        shared
+            .send_request(id, "tools/call", Map::new(), None, wait)
+            .expect("sent");
+        assert_eq!(read(&mut r)["id"], id);
+        // Both arrive before the caller looks.
+        shared.line(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"n":1}}}}"#).as_bytes());
+        shared.line(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"n":2}}}}"#).as_bytes());
+        let (answer, _) = shared.await_answer(id, "tools/call", wait, None, None);
+        assert_eq!(answer, Ok(json!({"n": 1})));
     }
 
     #[test]

@@ -350,6 +350,26 @@ impl Tool for McpTool {
             data["progress"] = Value::Array(progress);
         }
         let output = text.join("\n");
+        // A tool that declares an output schema must give structured content matching it
+        // (unless it reports an error): a result that contradicts it is not passed on as one.
+        if let (Some(schema), false) = (&self.def.output_schema, answer["isError"] == true) {
+            let checked = match answer.get("structuredContent") {
+                Some(content) => schema::check(schema, content),
+                None => Err("it gave no structuredContent".to_owned()),
+            };
+            if let Err(why) = checked {
+                return ToolResult::failure_of(
+                    id,
+                    ToolErrorKind::Other,
+                    format!(
+                        "{}: its result does not match the tool's outputSchema: {why}",
+                        self.full_name
+                    ),
+                    Recoverable::No,
+                )
+                .with_data(data);
+            }
+        }
         if answer["isError"] == true {
             let reason = if output.is_empty() {
                 format!("{} reported an error", self.full_name)

@@ -35,6 +35,8 @@ pub(crate) struct ToolDef {
     pub name: String,
     pub description: String,
     pub input_schema: Value,
+    /// The schema its `structuredContent` must match, when it declares one.
+    pub output_schema: Option<Value>,
 }
 
 struct Live {
@@ -687,6 +689,7 @@ fn list_tools(shared: &Shared, timeout: Duration) -> Result<Vec<Arc<ToolDef>>, S
                     .get("inputSchema")
                     .cloned()
                     .unwrap_or_else(|| json!({"type": "object"})),
+                output_schema: t.get("outputSchema").filter(|s| s.is_object()).cloned(),
             }));
         }
         match page["nextCursor"].as_str() {
