@@ -46,7 +46,8 @@ pub(crate) fn installed() -> Option<HashMap<String, String>> {
     found
 }
 
-fn root() -> bool {
+/// Whether this test process runs as root.
+pub(crate) fn root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
@@ -121,7 +122,11 @@ fn everything_server(env: &HashMap<String, String>, marker: &str, extra: Value) 
     )
 }
 
-fn runtime(dir: &TempDir, servers: Value) -> Result<Runtime, Box<dyn std::error::Error>> {
+/// A runtime with `servers` as its MCP servers, approving tiers up to 1.
+pub(crate) fn runtime(
+    dir: &TempDir,
+    servers: Value,
+) -> Result<Runtime, Box<dyn std::error::Error>> {
     let config = RuntimeConfig::from_json(
         &json!({
             "v": 1,
@@ -135,12 +140,14 @@ fn runtime(dir: &TempDir, servers: Value) -> Result<Runtime, Box<dyn std::error:
     Ok(Runtime::new(&config, Arc::new(correx::DenyAll))?)
 }
 
-fn call(rt: &Runtime, tool: &str, params: Value) -> ToolResult {
+/// Calls `tool` in session `s`.
+pub(crate) fn call(rt: &Runtime, tool: &str, params: Value) -> ToolResult {
     let req = ToolRequest::json("s", tool, params).expect("an object");
     rt.executor().execute(&req)
 }
 
-fn kind(r: &ToolResult) -> String {
+/// A result's failure kind, or `success`.
+pub(crate) fn kind(r: &ToolResult) -> String {
     match r {
         ToolResult::Failure { kind, .. } => kind.as_str().to_owned(),
         ToolResult::Success { .. } => "success".into(),

@@ -363,8 +363,7 @@ impl Remote {
         }
         if let Some(id) = request_id.filter(|_| is_stream(&response)) {
             self.streams.lock().insert(id, token.clone());
-            drop(hooks);
-            return self.follow_in_background(shared, response, id, token);
+            return self.follow_in_background(shared, response, id, token, hooks);
         }
         drop(hooks);
         self.take_answer(shared, response)
@@ -419,18 +418,23 @@ impl Remote {
         Ok(())
     }
 
-    /// Reads request `id`'s answer stream on a thread of its own.
+    /// Reads request `id`'s answer stream on a thread of its own; `hooks` link `token` to
+    /// the caller's cancel and the connection's close for as long as it reads.
     fn follow_in_background(
         &self,
         shared: &Arc<Shared>,
         response: Response,
         id: u64,
         token: CancelToken,
+        hooks: Vec<CancelHook>,
     ) -> Result<(), RpcError> {
         let s = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("correx-mcp-stream".into())
             .spawn(move || {
+                // Kept while the stream is read: the caller's cancel or the connection's close
+                // ends the read at once, not at the call's timeout.
+                let _hooks = hooks;
                 if let Some(remote) = s.remote() {
                     let result = remote.follow(&s, response, id, &token);
                     remote.streams.lock().remove(&id);
