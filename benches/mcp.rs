@@ -210,71 +210,23 @@ fn mcp_call_overhead(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Er
         serde_json::to_vec(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))?;
     line.push(b'\n');
     bare.stdin.write_all(&line)?;
-    let through = || -> Result<Duration, Box<dyn std::error::Error>> {
-        let req = ToolRequest::json("b", "ev.echo", json!({"message": "hello"}))?;
-        let t = Instant::now();
-        let r = rt.executor().execute(&req);
-        let d = t.elapsed();
-        if !r.is_success() {
-            return Err(format!("echo through correx failed: {r:?}").into());
-        }
-        Ok(d)
-    };
-    let floor = |bare: &mut Bare| -> Result<Duration, Box<dyn std::error::Error>> {
-        let t = Instant::now();
-        floor_log.append(
-            "session-b",
-            ExpectedVersion::Any,
-            &[NewEvent::new(
-                "tool.execution_started",
-                1,
-                json!({"tool_name": "ev.echo"}),
-            )],
-        )?;
-        let v = bare.request(
-            "tools/call",
-            json!({"name": "echo", "arguments": {"message": "hello"}}),
-        )?;
-        floor_log.append(
-            "session-b",
-            ExpectedVersion::Any,
-            &[NewEvent::new(
-                "tool.execution_completed",
-                1,
-                json!({"tool_name": "ev.echo"}),
-            )],
-        )?;
-        let d = t.elapsed();
-        if v["result"]["content"][0]["text"] != "Echo: hello" {
-            return Err(format!("echo over bare stdio: {v}").into());
-        }
-        Ok(d)
-    };
-    for _ in 0..20 {
-        through()?;
-        floor(&mut bare)?;
-    }
-    let mut ratios = Vec::new();
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for round in 0..300 {
-        let (x, y) = if round % 2 == 0 {
-            let x = through()?;
-            (x, floor(&mut bare)?)
-        } else {
-            let y = floor(&mut bare)?;
-            (through()?, y)
-        };
-        ratios.push(x.as_secs_f64() / y.as_secs_f64());
-        a.push(x);
-        b.push(y);
-    }
-    ratios.sort_by(f64::total_cmp);
-    println!("mcp_call_ms_p50: {:.3}", p50(a).as_secs_f64() * 1000.0);
-    println!("mcp_floor_ms_p50: {:.3}", p50(b).as_secs_f64() * 1000.0);
-    println!(
-        "mcp_call_overhead_vs_floor: {:.3}",
-        ratios[ratios.len() / 2]
-    );
+    compare(
+        "mcp",
+        "mcp_call_overhead_vs_floor",
+        || through(&rt),
+        || {
+            floor_round(&floor_log, || {
+                let v = bare.request(
+                    "tools/call",
+                    json!({"name": "echo", "arguments": {"message": "hello"}}),
+                )?;
+                if v["result"]["content"][0]["text"] != "Echo: hello" {
+                    return Err(format!("echo over bare stdio: {v}").into());
+                }
+                Ok(())
+            })
+        },
+    )?;
     drop(bare.stdin);
     let _ = bare.child.wait();
     Ok(())
@@ -360,50 +312,68 @@ fn mcp_http_call_overhead(dir: &std::path::Path) -> Result<(), Box<dyn std::erro
         Some(&session),
         json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
     )?;
-    let through = || -> Result<Duration, Box<dyn std::error::Error>> {
-        let req = ToolRequest::json("b", "ev.echo", json!({"message": "hello"}))?;
-        let t = Instant::now();
-        let r = rt.executor().execute(&req);
-        let d = t.elapsed();
-        if !r.is_success() {
-            return Err(format!("echo through correx failed: {r:?}").into());
-        }
-        Ok(d)
-    };
     let mut next = 0u64;
-    let mut floor = || -> Result<Duration, Box<dyn std::error::Error>> {
-        next += 1;
-        let t = Instant::now();
-        floor_log.append(
+    compare(
+        "mcp_http",
+        "mcp_http_call_overhead",
+        || through(&rt),
+        || {
+            next += 1;
+            floor_round(&floor_log, || {
+                let mut resp = post(
+                    Some(&session),
+                    json!({"jsonrpc": "2.0", "id": next, "method": "tools/call",
+                           "params": {"name": "echo", "arguments": {"message": "hello"}}}),
+                )?;
+                let text = resp.body_mut().read_to_string()?;
+                if !text.contains("Echo: hello") {
+                    return Err(format!("echo over a bare POST: {text}").into());
+                }
+                Ok(())
+            })
+        },
+    )?;
+    Ok(())
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// One `echo` through correx: approval, the two appends, the server.
+fn through(rt: &Runtime) -> Res<Duration> {
+    let req = ToolRequest::json("b", "ev.echo", json!({"message": "hello"}))?;
+    let t = Instant::now();
+    let r = rt.executor().execute(&req);
+    let d = t.elapsed();
+    if !r.is_success() {
+        return Err(format!("echo through correx failed: {r:?}").into());
+    }
+    Ok(d)
+}
+
+/// One round of the floor: the two appends correx makes, around `send` (the bare round trip).
+fn floor_round(log: &SqliteEventStore, send: impl FnOnce() -> Res<()>) -> Res<Duration> {
+    let append = |type_id: &str| {
+        log.append(
             "session-b",
             ExpectedVersion::Any,
-            &[NewEvent::new(
-                "tool.execution_started",
-                1,
-                json!({"tool_name": "ev.echo"}),
-            )],
-        )?;
-        let mut resp = post(
-            Some(&session),
-            json!({"jsonrpc": "2.0", "id": next, "method": "tools/call",
-                   "params": {"name": "echo", "arguments": {"message": "hello"}}}),
-        )?;
-        let text = resp.body_mut().read_to_string()?;
-        floor_log.append(
-            "session-b",
-            ExpectedVersion::Any,
-            &[NewEvent::new(
-                "tool.execution_completed",
-                1,
-                json!({"tool_name": "ev.echo"}),
-            )],
-        )?;
-        let d = t.elapsed();
-        if !text.contains("Echo: hello") {
-            return Err(format!("echo over a bare POST: {text}").into());
-        }
-        Ok(d)
+            &[NewEvent::new(type_id, 1, json!({"tool_name": "ev.echo"}))],
+        )
     };
+    let t = Instant::now();
+    append("tool.execution_started")?;
+    send()?;
+    append("tool.execution_completed")?;
+    Ok(t.elapsed())
+}
+
+/// Warms both up, then times 300 rounds alternating which goes first; prints
+/// `{prefix}_call_ms_p50`, `{prefix}_floor_ms_p50` and the median ratio as `ratio`.
+fn compare(
+    prefix: &str,
+    ratio: &str,
+    mut through: impl FnMut() -> Res<Duration>,
+    mut floor: impl FnMut() -> Res<Duration>,
+) -> Res<()> {
     for _ in 0..20 {
         through()?;
         floor()?;
@@ -423,11 +393,11 @@ fn mcp_http_call_overhead(dir: &std::path::Path) -> Result<(), Box<dyn std::erro
         b.push(y);
     }
     ratios.sort_by(f64::total_cmp);
-    println!("mcp_http_call_ms_p50: {:.3}", p50(a).as_secs_f64() * 1000.0);
+    println!("{prefix}_call_ms_p50: {:.3}", p50(a).as_secs_f64() * 1000.0);
     println!(
-        "mcp_http_floor_ms_p50: {:.3}",
+        "{prefix}_floor_ms_p50: {:.3}",
         p50(b).as_secs_f64() * 1000.0
     );
-    println!("mcp_http_call_overhead: {:.3}", ratios[ratios.len() / 2]);
+    println!("{ratio}: {:.3}", ratios[ratios.len() / 2]);
     Ok(())
 }

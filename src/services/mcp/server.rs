@@ -394,31 +394,13 @@ impl McpServer {
             cleanup();
             return Err(e);
         }
-        let stopping = Arc::new(AtomicBool::new(false));
-        let thread = {
-            // The thread records the end itself: it may come after the server's owner is gone
-            // (the runtime dropping it).
-            let (events, name, shared, stopping) = (
-                self.events.clone(),
-                self.name.clone(),
-                shared.clone(),
-                stopping.clone(),
-            );
-            std::thread::Builder::new()
-                .name(format!("correx-mcp-{}", self.name))
-                .spawn(move || {
-                    supervise(started, cleanup, &shared, &stopping, events.as_ref(), &name)
-                })
-                .map_err(|e| e.to_string())?
-        };
-        let live = Live {
-            shared: shared.clone(),
-            tools: Vec::new(),
-            thread: Some(thread),
-            stopping,
-            started_at: Instant::now(),
+        let live = self.watched(
+            shared,
             failures_before,
-        };
+            move |shared, stopping, events, name| {
+                supervise(started, cleanup, shared, stopping, events, name);
+            },
+        )?;
         self.initialized(live, Some(launcher.applied_policy().to_json()), None)
     }
 
@@ -441,28 +423,41 @@ impl McpServer {
             self.handlers.clone(),
             Some(spec.connect(&self.config)),
         );
+        let live = self.watched(shared, failures_before, follow_remote)?;
+        self.initialized(live, None, Some(spec.shown.clone()))
+    }
+
+    /// A live server whose end `watch` waits for and records, on a thread of its own: the
+    /// thread records the end itself, as it may come after the server's owner is gone (the
+    /// runtime dropping it).
+    fn watched<W>(
+        &self,
+        shared: Arc<Shared>,
+        failures_before: u32,
+        watch: W,
+    ) -> Result<Live, String>
+    where
+        W: FnOnce(&Arc<Shared>, &AtomicBool, &dyn EventStore, &str) + Send + 'static,
+    {
         let stopping = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (events, name, shared, stopping) = (
-                self.events.clone(),
-                self.name.clone(),
-                shared.clone(),
-                stopping.clone(),
-            );
-            std::thread::Builder::new()
-                .name(format!("correx-mcp-{}", self.name))
-                .spawn(move || follow_remote(&shared, &stopping, events.as_ref(), &name))
-                .map_err(|e| e.to_string())?
-        };
-        let live = Live {
+        let (events, name, watched, stop) = (
+            self.events.clone(),
+            self.name.clone(),
+            shared.clone(),
+            stopping.clone(),
+        );
+        let thread = std::thread::Builder::new()
+            .name(format!("correx-mcp-{}", self.name))
+            .spawn(move || watch(&watched, &stop, events.as_ref(), &name))
+            .map_err(|e| e.to_string())?;
+        Ok(Live {
             shared,
             tools: Vec::new(),
             thread: Some(thread),
             stopping,
             started_at: Instant::now(),
             failures_before,
-        };
-        self.initialized(live, None, Some(spec.shown.clone()))
+        })
     }
 
     /// Initializes a started server: recorded as started with its tools, or stopped.
