@@ -56,8 +56,8 @@ impl From<bool> for NetworkPolicy {
 #[serde(default, deny_unknown_fields)]
 pub struct Allowlist {
     /// Hosts that may be reached: `pypi.org`, `*.crates.io` (any subdomain, not the name
-    /// itself), `github.com:443`; without a port, 80 and 443. An IP address is reached only
-    /// when listed itself.
+    /// itself), `github.com:443`, `dev.test:*` (every port); without a port, 80 and 443. An
+    /// IP address is reached only when listed itself.
     pub allow: Vec<String>,
     /// Hosts that may not be reached, though allowed (same patterns; without a port, every
     /// port). Deny wins.
@@ -119,6 +119,8 @@ pub(crate) struct Pattern {
     host: HostPattern,
     /// `None`: the default ports (80 and 443 for `allow`, every port for `deny`).
     port: Option<u16>,
+    /// `host:*`: every port.
+    any_port: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,9 +131,17 @@ enum HostPattern {
 }
 
 impl Pattern {
-    /// Parses `host`, `*.host`, `host:port`, `1.2.3.4:443` or `[::1]:443`.
+    /// Parses `host`, `*.host`, `host:port`, `host:*` (every port), `1.2.3.4:443` or
+    /// `[::1]:443`.
     pub(crate) fn parse(text: &str) -> Result<Pattern, String> {
+        let (text, any_port) = match text.strip_suffix(":*") {
+            Some(head) => (head, true),
+            None => (text, false),
+        };
         let (host, port) = split_port(text)?;
+        if any_port && port.is_some() {
+            return Err(format!("{text:?}:*: two ports"));
+        }
         let host = host.trim_end_matches('.').to_ascii_lowercase();
         let host = if let Ok(ip) = host.parse::<IpAddr>() {
             HostPattern::Address(ip)
@@ -142,11 +152,16 @@ impl Pattern {
             valid_name(&host)?;
             HostPattern::Exact(host)
         };
-        Ok(Pattern { host, port })
+        Ok(Pattern {
+            host,
+            port,
+            any_port,
+        })
     }
 
     fn covers(&self, host: &Host, port: u16, default_ports: &[u16]) -> bool {
         let port_ok = match self.port {
+            _ if self.any_port => true,
             Some(p) => p == port,
             None => default_ports.is_empty() || default_ports.contains(&port),
         };
@@ -474,9 +489,18 @@ mod tests {
     #[test]
     fn patterns_cover_names_subdomains_ports_and_listed_addresses() {
         let r = rules(
-            &["pypi.org", "*.crates.io", "github.com:22", "10.0.0.5:8080"],
+            &[
+                "pypi.org",
+                "*.crates.io",
+                "github.com:22",
+                "10.0.0.5:8080",
+                "dev.test:*",
+            ],
             &["evil.crates.io", "pypi.org:80"],
         );
+        assert_eq!(r.check(&host("dev.test"), 8123), Ok(()));
+        assert_eq!(r.check(&host("dev.test"), 443), Ok(()));
+        assert_eq!(r.check(&host("x.dev.test"), 8123), Err(Refusal::NotAllowed));
         assert_eq!(r.check(&host("pypi.org"), 443), Ok(()));
         assert_eq!(r.check(&host("PyPI.org."), 443), Ok(()));
         assert_eq!(r.check(&host("pypi.org"), 80), Err(Refusal::Denied));
@@ -506,7 +530,7 @@ mod tests {
         );
         assert_eq!(r.check(&host("[::1]"), 443), Err(Refusal::AddressLiteral));
         for bad in [
-            "", "a..b", "*.", "x:0", "x:70000", "[::1", "bad host", "a/b",
+            "", "a..b", "*.", "x:0", "x:70000", "[::1", "bad host", "a/b", "x:1:*", ":*",
         ] {
             assert!(Pattern::parse(bad).is_err(), "{bad:?} parsed");
         }
