@@ -3,13 +3,16 @@
 //! runs it with the scenario's server URL as its argument and the scenario's name in
 //! `MCP_CONFORMANCE_SCENARIO`. It opens a runtime with that server as `mcp_servers.s` (its
 //! host allowed, loopback included), answers elicitation by accepting with no fields (so the
-//! form's defaults apply), lists the server's tools and calls each with arguments made from
-//! its input schema. It exits 0 once every call was made, whatever the server answered: the
-//! suite judges what it saw on the wire.
+//! form's defaults apply), plays the user's browser when the server asks for OAuth (it
+//! fetches the authorization page, which the suite's authorization server answers with a
+//! redirect to correx's loopback listener, and follows it), lists the server's tools and
+//! calls each with arguments made from its input schema. A pre-registered client's id and
+//! secret come from the scenario's `MCP_CONFORMANCE_CONTEXT`. It exits 0 once every call was
+//! made, whatever the server answered: the suite judges what it saw on the wire.
 
 use correx::{
-    CancelToken, McpClientMethod, McpRefusal, McpRequestHandler, McpServerRequest, Runtime,
-    RuntimeConfig, ToolExecutor, ToolRequest, ToolResult,
+    CancelToken, McpAuthorizer, McpClientMethod, McpRefusal, McpRequestHandler, McpServerRequest,
+    Runtime, RuntimeConfig, ToolExecutor, ToolRequest, ToolResult,
 };
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -24,6 +27,22 @@ impl McpRequestHandler for Host {
 
     fn handle(&self, _: &McpServerRequest<'_>, _: &CancelToken) -> Result<Value, McpRefusal> {
         Ok(json!({"action": "accept", "content": {}}))
+    }
+}
+
+/// The user's browser: loads the authorization page and follows its redirects (to correx's
+/// loopback listener).
+struct Browser;
+
+impl McpAuthorizer for Browser {
+    fn open(&self, _server: &str, url: &str) -> Result<(), String> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let r = agent.get(url).call().map_err(|e| e.to_string())?;
+        eprintln!("browser: {} after the authorization page", r.status());
+        Ok(())
     }
 }
 
@@ -63,13 +82,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .ok_or("usage: mcp_conformance SERVER_URL")?;
     let scenario = std::env::var("MCP_CONFORMANCE_SCENARIO").unwrap_or_default();
-    let authority = url
+    let host = url
         .strip_prefix("http://")
         .and_then(|r| r.split('/').next())
+        .and_then(|a| a.rsplit_once(':').map(|(h, _)| h).or(Some(a)))
         .ok_or("the server URL is not http://")?
         .to_owned();
     let dir = std::env::temp_dir().join(format!("correx-conformance-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    let context: Value = std::env::var("MCP_CONFORMANCE_CONTEXT")
+        .ok()
+        .and_then(|c| serde_json::from_str(&c).ok())
+        .unwrap_or(Value::Null);
+    let mut oauth = json!({
+        "token_file": dir.join("tokens.json"),
+        "client_metadata_url": "https://conformance-test.local/client-metadata.json",
+        "authorize_timeout_ms": 10000
+    });
+    if let Some(id) = context["client_id"].as_str() {
+        oauth["client_id"] = id.into();
+    }
+    if let Some(secret) = context["client_secret"].as_str() {
+        std::env::set_var("CONFORMANCE_CLIENT_SECRET", secret);
+        oauth["client_secret_env"] = "CONFORMANCE_CLIENT_SECRET".into();
+    }
     let config = RuntimeConfig::from_json(
         &json!({
             "v": 1,
@@ -78,7 +114,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "mcp_servers": {"s": {
                 "url": url,
                 "tier": 0,
-                "network": {"allow": [authority], "allow_private": true},
+                // The server and its authorization server, on two ports of one host.
+                "network": {"allow": [format!("{host}:*")], "allow_private": true},
+                "oauth": oauth,
                 "call_timeout_ms": 20000
             }}
         })
@@ -86,6 +124,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let runtime = Runtime::new(&config, Arc::new(correx::DenyAll))?;
     runtime.mcp().set_request_handler(Some(Arc::new(Host)));
+    runtime.mcp().set_authorizer(Some(Arc::new(Browser)));
     let tools = runtime.executor().registry().describe();
     eprintln!("scenario {scenario}: {} tool(s)", tools.len());
     for tool in tools.iter().filter(|t| t.name.starts_with("s.")) {

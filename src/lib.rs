@@ -127,8 +127,9 @@ pub use services::jobs::{
     JobStatus, JobTable, SIGNALS,
 };
 pub use services::mcp::{
-    McpClientMethod, McpHub, McpRefusal, McpRequestHandler, McpServerConfig, McpServerRequest,
-    McpServers, McpStart, McpToolSettings, MCP_STREAM, PROTOCOL_VERSIONS,
+    McpAuthorizer, McpClientMethod, McpHub, McpOAuthConfig, McpRefusal, McpRequestHandler,
+    McpServerConfig, McpServerRequest, McpServers, McpStart, McpToolSettings, MCP_STREAM,
+    PROTOCOL_VERSIONS,
 };
 pub use sessions::{Session, SessionError, Step, MAX_SIGNAL_BYTES, MAX_STEP_KEY};
 pub use settings::{ConfigError, Section};

@@ -117,6 +117,12 @@ const SECTIONS: &[Section] = &[
         extra: &[],
     },
     Section {
+        path: "mcp_servers.NAME.oauth",
+        file: "src/services/mcp/oauth/mod.rs",
+        ty: "McpOAuthConfig",
+        extra: &[],
+    },
+    Section {
         path: "mcp_servers.NAME.tools.TOOL",
         file: "src/services/mcp/config.rs",
         ty: "McpToolSettings",

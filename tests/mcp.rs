@@ -995,6 +995,34 @@ fn bad_mcp_config_is_named() {
             json!({"a": {"command": ["x"], "network": {"allow": ["h"]}}}),
             "mcp_servers.a.network",
         ),
+        (
+            json!({"a": {"command": ["x"], "oauth": {}}}),
+            "mcp_servers.a.oauth",
+        ),
+        (
+            json!({"a": {"url": "http://h/mcp", "oauth": ["client"]}}),
+            "mcp_servers.a.oauth",
+        ),
+        (
+            json!({"a": {"url": "http://h/mcp", "oauth": {"token_file": "tokens.json"}}}),
+            "mcp_servers.a.oauth.token_file",
+        ),
+        (
+            json!({"a": {"url": "http://h/mcp", "oauth": {"client_secret_env": "S"}}}),
+            "mcp_servers.a.oauth.client_secret_env",
+        ),
+        (
+            json!({"a": {"url": "http://h/mcp", "oauth": {"client_metadata_url": "http://c/m.json"}}}),
+            "mcp_servers.a.oauth.client_metadata_url",
+        ),
+        (
+            json!({"a": {"url": "http://h/mcp", "oauth": {"scopes": ["a b"]}}}),
+            "mcp_servers.a.oauth.scopes",
+        ),
+        (
+            json!({"a": {"url": "http://h/mcp", "oauth": {"client_secret": "x"}}}),
+            "mcp_servers.a.oauth.client_secret",
+        ),
     ] {
         let text = json!({"v": 1, "event_log": "/tmp/e.db", "mcp_servers": servers}).to_string();
         let e = RuntimeConfig::from_json(&text).expect_err(field);

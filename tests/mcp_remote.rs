@@ -442,6 +442,127 @@ fn network_policy_scenario() -> TestResult {
     let r = call(&rt, "pinned.t", json!({}));
     assert_eq!(kind(&r), "io", "{r:?}");
     assert!(stub.connections.load(Ordering::SeqCst) > 0);
+    oauth_discovery_scenario()
+}
+
+/// Opens nothing: an authorization must never get this far.
+struct NeverOpened(Arc<AtomicUsize>);
+
+impl correx::McpAuthorizer for NeverOpened {
+    fn open(&self, _: &str, _: &str) -> Result<(), String> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err("not expected".into())
+    }
+}
+
+/// A stub server asking for OAuth: every POST is answered 401 with `challenge`, a GET of its
+/// protected-resource metadata with `prm` (`PORT` in it replaced by its port). Returns its
+/// port and the request lines it got.
+fn protected(challenge: String, prm: Value) -> (u16, Arc<parking_lot::Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let port = listener.local_addr().expect("an address").port();
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut r = BufReader::new(stream.try_clone().expect("a clone"));
+            let (mut line, mut length) = (String::new(), 0usize);
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                continue;
+            }
+            let request = line.trim().to_owned();
+            loop {
+                let mut h = String::new();
+                if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+                if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let _ = r.read_exact(&mut vec![0; length]);
+            let text = if request.starts_with("GET /.well-known/oauth-protected-resource") {
+                let body = prm.to_string().replace("PORT", &port.to_string());
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                format!(
+                    "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: {challenge}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+            };
+            log.lock().push(request);
+            let _ = stream.write_all(text.as_bytes());
+        }
+    });
+    (port, seen)
+}
+
+/// OAuth discovery goes through the server's network policy: a challenge pointing its
+/// metadata at the cloud metadata address, and metadata pointing the authorization server at
+/// loopback, are refused and recorded, with nothing sent there and the user never asked.
+fn oauth_discovery_scenario() -> TestResult {
+    let (metadata_port, _) = protected(
+        r#"Bearer resource_metadata="http://169.254.169.254/latest/meta-data/""#.into(),
+        Value::Null,
+    );
+    // The authorization server loopback is not to be reached: its connections are counted.
+    let auth = TcpListener::bind("127.0.0.1:0")?;
+    let auth_port = auth.local_addr()?.port();
+    auth.set_nonblocking(true)?;
+    let (loopback_port, seen) = protected(
+        "Bearer".into(),
+        json!({"resource": "http://mcp.test:PORT/mcp", "authorization_servers": [format!("http://127.0.0.1:{auth_port}")]}),
+    );
+    let dir = TempDir::new("mcp-remote-oauth-ssrf");
+    let rt = runtime(
+        &dir,
+        json!({
+            "metadata": {"url": format!("http://mcp.test:{metadata_port}/mcp"), "tier": 0,
+                         "network": {"allow": [format!("mcp.test:{metadata_port}")],
+                                     "resolve": {"mcp.test": "127.0.0.1"}},
+                         "oauth": {"token_file": dir.join("t1.json")}},
+            "loopback": {"url": format!("http://mcp.test:{loopback_port}/mcp"), "tier": 0,
+                         "network": {"allow": [format!("mcp.test:{loopback_port}")],
+                                     "resolve": {"mcp.test": "127.0.0.1"}},
+                         "oauth": {"token_file": dir.join("t2.json")}}
+        }),
+    )?;
+    let opened = Arc::new(AtomicUsize::new(0));
+    rt.mcp()
+        .set_authorizer(Some(Arc::new(NeverOpened(opened.clone()))));
+    for (server, host, reason) in [
+        ("metadata", "169.254.169.254", "address_literal"),
+        ("loopback", "127.0.0.1", "address_literal"),
+    ] {
+        let r = call(&rt, &format!("{server}.t"), json!({}));
+        let ToolResult::Failure { reason: why, .. } = &r else {
+            return Err(format!("{server}: {r:?}").into());
+        };
+        assert!(why.contains("network policy"), "{server}: {why}");
+        let refused: Vec<Value> = events(&rt, "mcp.request_refused")
+            .into_iter()
+            .map(|(_, p)| p)
+            .filter(|p| p["server"] == server)
+            .collect();
+        assert_eq!(refused.len(), 1, "{server}: {refused:?}");
+        assert_eq!(refused[0]["host"], host, "{server}: {refused:?}");
+        assert_eq!(refused[0]["reason"], reason, "{server}: {refused:?}");
+    }
+    assert!(
+        matches!(auth.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the loopback authorization server was reached"
+    );
+    assert!(
+        seen.lock()
+            .iter()
+            .any(|l| l.starts_with("GET /.well-known/oauth-protected-resource/mcp")),
+        "{:?}",
+        seen.lock()
+    );
+    assert_eq!(opened.load(Ordering::SeqCst), 0, "the user was asked");
     Ok(())
 }
 
@@ -462,6 +583,246 @@ fn structured_content_that_contradicts_the_output_schema_is_not_a_success() -> T
         };
         assert_eq!(kind.as_str(), "other");
         assert!(reason.contains("outputSchema"), "{reason}");
+    }
+    Ok(())
+}
+
+/// What the stub authorization server has done.
+#[derive(Default)]
+struct AuthState {
+    /// The access token the resource accepts now (`None`: every token has expired).
+    valid: Option<String>,
+    issued: u32,
+    registrations: u32,
+    authorizations: u32,
+    refreshes: u32,
+    /// The refresh token it would accept next.
+    refresh: Option<String>,
+}
+
+/// A stub remote server that is also its own authorization server (named a stub: the
+/// conformance suite runs the real flows; this one lets a test expire a token mid-session).
+fn oauth_stub() -> (u16, Arc<parking_lot::Mutex<AuthState>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let port = listener.local_addr().expect("an address").port();
+    let state = Arc::new(parking_lot::Mutex::new(AuthState::default()));
+    let st = state.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut r = BufReader::new(stream.try_clone().expect("a clone"));
+            let (mut line, mut length, mut auth) = (String::new(), 0usize, String::new());
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                continue;
+            }
+            loop {
+                let mut h = String::new();
+                if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+                let lower = h.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                if lower.starts_with("authorization:") {
+                    auth = h["authorization:".len()..].trim().to_owned();
+                }
+            }
+            let mut body = vec![0; length];
+            let _ = r.read_exact(&mut body);
+            let body = String::from_utf8_lossy(&body).into_owned();
+            let target = line.split(' ').nth(1).unwrap_or("").to_owned();
+            let base = format!("http://mcp.test:{port}");
+            let json_reply = |status: &str, v: Value| {
+                let b = v.to_string();
+                format!("HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}", b.len())
+            };
+            let mut s = st.lock();
+            let text = if target == "/.well-known/oauth-protected-resource/mcp" {
+                json_reply(
+                    "200 OK",
+                    json!({"resource": format!("{base}/mcp"), "authorization_servers": [base]}),
+                )
+            } else if target == "/.well-known/oauth-authorization-server" {
+                json_reply(
+                    "200 OK",
+                    json!({"issuer": base,
+                    "authorization_endpoint": format!("{base}/authorize"),
+                    "token_endpoint": format!("{base}/token"),
+                    "registration_endpoint": format!("{base}/register"),
+                    "code_challenge_methods_supported": ["S256"],
+                    "authorization_response_iss_parameter_supported": true}),
+                )
+            } else if target == "/register" {
+                s.registrations += 1;
+                json_reply("201 Created", json!({"client_id": "c1"}))
+            } else if let Some(q) = target.strip_prefix("/authorize?") {
+                s.authorizations += 1;
+                let get = |k: &str| {
+                    q.split('&')
+                        .find_map(|p| p.strip_prefix(&format!("{k}=")))
+                        .unwrap_or("")
+                        .to_owned()
+                };
+                let redirect = get("redirect_uri").replace("%3A", ":").replace("%2F", "/");
+                let location = format!(
+                    "{redirect}?code=c0de&state={}&iss={}",
+                    get("state"),
+                    base.replace(':', "%3A").replace('/', "%2F")
+                );
+                format!("HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            } else if target == "/token" {
+                let refreshing = body.contains("grant_type=refresh_token");
+                let allowed = if refreshing {
+                    s.refresh
+                        .as_ref()
+                        .is_some_and(|r| body.contains(&format!("refresh_token={r}")))
+                } else {
+                    body.contains("code=c0de") && body.contains("code_verifier=")
+                };
+                if allowed {
+                    s.issued += 1;
+                    if refreshing {
+                        s.refreshes += 1;
+                    }
+                    let (a, rt) = (
+                        format!("secret-access-{}", s.issued),
+                        format!("secret-refresh-{}", s.issued),
+                    );
+                    s.valid = Some(a.clone());
+                    s.refresh = Some(rt.clone());
+                    json_reply(
+                        "200 OK",
+                        json!({"access_token": a, "token_type": "Bearer",
+                                                "expires_in": 3600, "refresh_token": rt}),
+                    )
+                } else {
+                    json_reply("400 Bad Request", json!({"error": "invalid_grant"}))
+                }
+            } else if s
+                .valid
+                .as_ref()
+                .is_some_and(|v| auth == format!("Bearer {v}"))
+            {
+                let m: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                let id = m["id"].clone();
+                match m["method"].as_str() {
+                    Some("initialize") => json_reply(
+                        "200 OK",
+                        json!({"jsonrpc": "2.0", "id": id, "result": {
+                        "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "stub", "version": "1"}}}),
+                    ),
+                    Some("tools/list") => json_reply(
+                        "200 OK",
+                        json!({"jsonrpc": "2.0", "id": id,
+                        "result": {"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}}),
+                    ),
+                    Some("tools/call") => json_reply(
+                        "200 OK",
+                        json!({"jsonrpc": "2.0", "id": id,
+                        "result": {"content": [{"type": "text", "text": "authorized"}]}}),
+                    ),
+                    _ => "HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .to_owned(),
+                }
+            } else {
+                format!("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer resource_metadata=\"{base}/.well-known/oauth-protected-resource/mcp\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            };
+            drop(s);
+            let _ = stream.write_all(text.as_bytes());
+        }
+    });
+    (port, state)
+}
+
+/// The user's browser: loads the authorization page, following its redirect to correx's
+/// loopback listener (through the name the test pins, as correx's own requests do).
+struct Browser;
+
+impl correx::McpAuthorizer for Browser {
+    fn open(&self, _: &str, url: &str) -> Result<(), String> {
+        let url = url.replace("mcp.test", "127.0.0.1");
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let r = agent.get(&url).call().map_err(|e| e.to_string())?;
+        (r.status() == 200)
+            .then_some(())
+            .ok_or_else(|| format!("HTTP {}", r.status()))
+    }
+}
+
+#[test]
+fn a_token_that_expires_mid_session_is_refreshed_once_stored_0600_and_never_logged() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let (port, state) = oauth_stub();
+    let dir = TempDir::new("mcp-remote-oauth");
+    let tokens = dir.join("tokens.json");
+    let rt = Arc::new(runtime(
+        &dir,
+        json!({"s": {"url": format!("http://mcp.test:{port}/mcp"), "tier": 0,
+                     "network": {"allow": [format!("mcp.test:{port}")],
+                                 "resolve": {"mcp.test": "127.0.0.1"}},
+                     "oauth": {"token_file": tokens}}}),
+    )?);
+    // Without an authorizer the call fails saying what the host must do.
+    let r = call(&rt, "s.t", json!({}));
+    let ToolResult::Failure { reason, .. } = &r else {
+        return Err(format!("{r:?}").into());
+    };
+    assert!(reason.contains("set_authorizer"), "{reason}");
+    rt.mcp().set_authorizer(Some(Arc::new(Browser)));
+    // The failed start is retried after its backoff.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut r = call(&rt, "s.t", json!({}));
+    while !r.is_success() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        r = call(&rt, "s.t", json!({}));
+    }
+    let ToolResult::Success { output, .. } = &r else {
+        return Err(format!("{r:?}").into());
+    };
+    assert_eq!(output, "authorized");
+    {
+        let s = state.lock();
+        assert_eq!((s.registrations, s.authorizations, s.refreshes), (1, 1, 0));
+    }
+    // The server forgets the token mid-session: four callers at once get one refresh between
+    // them, and no second authorization.
+    state.lock().valid = None;
+    let callers: Vec<_> = (0..4)
+        .map(|_| {
+            let rt = rt.clone();
+            std::thread::spawn(move || call(&rt, "s.t", json!({})))
+        })
+        .collect();
+    for c in callers {
+        let r = c.join().map_err(|_| "a caller panicked")?;
+        assert!(r.is_success(), "{r:?}");
+    }
+    {
+        let s = state.lock();
+        assert_eq!(
+            (s.authorizations, s.refreshes),
+            (1, 1),
+            "one refresh, no new login"
+        );
+    }
+    // The rotated refresh token was stored, 0600; no token reached the log.
+    let saved = std::fs::read_to_string(&tokens)?;
+    assert!(saved.contains("secret-refresh-2"), "{saved}");
+    assert_eq!(
+        std::fs::metadata(&tokens)?.permissions().mode() & 0o777,
+        0o600
+    );
+    drop(rt);
+    let log = std::fs::read(dir.join("events.db"))?;
+    let wal = std::fs::read(dir.join("events.db-wal")).unwrap_or_default();
+    for bytes in [&log, &wal] {
+        let text = String::from_utf8_lossy(bytes);
+        assert!(!text.contains("secret-"), "a token reached the event log");
     }
     Ok(())
 }

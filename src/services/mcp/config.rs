@@ -1,5 +1,6 @@
 //! [`McpServers`]: the config section `mcp_servers`, a server per name.
 
+use super::oauth::McpOAuthConfig;
 use crate::confine::{Allowlist, IsolationOptions};
 use crate::settings::{self, ConfigError, Section};
 use crate::tools::Tier;
@@ -42,6 +43,9 @@ pub struct McpServerConfig {
     /// Default: the `url`'s host and port alone, public addresses only (an address literal
     /// in the `url` is allowed as written).
     pub network: Option<Allowlist>,
+    /// How a remote server that asks for OAuth is authorized (defaults: a client
+    /// registered dynamically, tokens in a 0600 file); see [`McpOAuthConfig`].
+    pub oauth: Option<McpOAuthConfig>,
     /// Variables the server gets besides `PATH` and `TMPDIR`; nothing of the host's.
     pub env: BTreeMap<String, String>,
     /// Directories it may write in, the first its working directory; also its MCP roots.
@@ -72,6 +76,7 @@ impl Default for McpServerConfig {
             command: Vec::new(),
             url: None,
             network: None,
+            oauth: None,
             env: BTreeMap::new(),
             working_dirs: Vec::new(),
             isolation: IsolationOptions::default(),
@@ -119,8 +124,16 @@ impl Section for McpServerConfig {
             if let Some(n) = &self.network {
                 n.validate().map_err(|e| e.under("network"))?;
             }
+            if let Some(o) = &self.oauth {
+                o.validate().map_err(|e| e.under("oauth"))?;
+            }
             return self.validate_common();
         }
+        settings::check(
+            self.oauth.is_none(),
+            "oauth",
+            "is a remote server's (with `url`)",
+        )?;
         settings::check(
             self.network.is_none(),
             "network",

@@ -44,6 +44,8 @@ pub(crate) enum RpcError {
     Gone(String),
     /// A remote server refused the request at the HTTP level.
     Http { status: u16, message: String },
+    /// A remote server asks for an authorization that could not be had.
+    Unauthorized(String),
 }
 
 impl std::fmt::Display for RpcError {
@@ -57,6 +59,12 @@ impl std::fmt::Display for RpcError {
             RpcError::Gone(why) => write!(f, "the server ended before answering: {why}"),
             RpcError::Http { status, message } => {
                 write!(f, "the server answered HTTP {status}: {message}")
+            }
+            RpcError::Unauthorized(why) => {
+                write!(
+                    f,
+                    "the server asks for an authorization correx could not get: {why}"
+                )
             }
         }
     }

@@ -8,6 +8,7 @@
 mod config;
 mod connection;
 mod host_requests;
+mod oauth;
 mod remote;
 mod schema;
 mod server;
@@ -15,6 +16,7 @@ mod sse;
 
 pub use config::{McpServerConfig, McpServers, McpStart, McpToolSettings};
 pub use host_requests::{McpClientMethod, McpRefusal, McpRequestHandler, McpServerRequest};
+pub use oauth::{McpAuthorizer, McpOAuthConfig};
 pub use server::{MCP_STREAM, PROTOCOL_VERSIONS};
 
 use crate::cancel::CancelToken;
@@ -35,6 +37,7 @@ use std::sync::Arc;
 pub struct McpHub {
     servers: BTreeMap<String, Arc<McpServer>>,
     handlers: host_requests::HandlerSlot,
+    authorizer: oauth::AuthorizerSlot,
 }
 
 impl std::fmt::Debug for McpHub {
@@ -69,10 +72,11 @@ impl McpHub {
     ) -> Result<McpHub, (String, ToolError)> {
         let mut servers = BTreeMap::new();
         let handlers = host_requests::HandlerSlot::default();
+        let authorizer = oauth::AuthorizerSlot::default();
         for (name, c) in &config.0 {
             let reach = match &c.url {
                 Some(url) => server::Reach::Remote(
-                    remote::RemoteSpec::new(name, url, c.network.as_ref(), events.clone())
+                    remote::RemoteSpec::new(name, c, url, events.clone(), authorizer.clone())
                         .map_err(|reason| {
                             (
                                 name.clone(),
@@ -96,7 +100,11 @@ impl McpHub {
                 )),
             );
         }
-        Ok(McpHub { servers, handlers })
+        Ok(McpHub {
+            servers,
+            handlers,
+            authorizer,
+        })
     }
 
     /// The confined launcher of a server correx runs.
@@ -129,6 +137,13 @@ impl McpHub {
     /// the runtime opened (`start: "open"`) start twice.
     pub fn set_request_handler(&self, handler: Option<Arc<dyn McpRequestHandler>>) {
         self.handlers.set(handler);
+    }
+
+    /// Registers the host's authorizer, which shows the user an authorization server's page
+    /// when a remote server asks for OAuth (replacing any earlier one; `None` removes it, and
+    /// such a server's calls then fail saying so). Tokens already held are used without it.
+    pub fn set_authorizer(&self, authorizer: Option<Arc<dyn McpAuthorizer>>) {
+        self.authorizer.set(authorizer);
     }
 
     /// Starts the servers configured `start: "open"`.
@@ -324,6 +339,7 @@ impl Tool for McpTool {
                         (ToolErrorKind::Io, true)
                     }
                     RpcError::Http { .. } => (ToolErrorKind::InvalidRequest, false),
+                    RpcError::Unauthorized(_) => (ToolErrorKind::NotAllowed, false),
                 };
                 return ToolResult::failure_of(
                     id,

@@ -15,6 +15,7 @@
 //! refused and recorded before anything is sent.
 
 use super::connection::{RpcError, Shared};
+use super::oauth::{AuthorizerSlot, Challenge, OAuth, MAX_AUTHORIZATIONS};
 use super::server::{record, PROTOCOL_VERSIONS};
 use super::sse::Events;
 use super::McpServerConfig;
@@ -49,6 +50,8 @@ pub(crate) struct RemoteSpec {
     /// The endpoint as recorded: no query.
     pub shown: String,
     resolver: Resolver,
+    /// Its OAuth state, shared by its connections (used once it answers 401).
+    oauth: Arc<OAuth>,
 }
 
 impl RemoteSpec {
@@ -60,16 +63,19 @@ impl RemoteSpec {
     /// first).
     pub fn new(
         name: &str,
+        config: &McpServerConfig,
         url: &str,
-        network: Option<&Allowlist>,
         events: Arc<dyn EventStore>,
+        authorizer: AuthorizerSlot,
     ) -> Result<RemoteSpec, String> {
+        let network = config.network.as_ref();
         let endpoint = Endpoint::parse(url).ok_or_else(|| format!("{url:?} is not http://"))?;
         let own = Allowlist {
             allow: vec![host_port(endpoint.host(), endpoint.port())],
             ..Allowlist::default()
         };
         let rules = Arc::new(Rules::new(network.unwrap_or(&own))?);
+        let server = name;
         let name = name.to_owned();
         let resolver: Resolver = Arc::new(move |host: &str, port: u16| {
             let refused = |reason: &str| {
@@ -105,10 +111,18 @@ impl RemoteSpec {
                 .map_err(|r| refused(r.as_str()))
         });
         let shown = url.split('?').next().unwrap_or(url).to_owned();
+        let oauth = Arc::new(OAuth::new(
+            server,
+            url,
+            config.oauth.clone().unwrap_or_default(),
+            resolver.clone(),
+            authorizer,
+        ));
         Ok(RemoteSpec {
             endpoint,
             shown,
             resolver,
+            oauth,
         })
     }
 
@@ -123,6 +137,7 @@ impl RemoteSpec {
         Remote {
             path: if self.endpoint_has_path() { "" } else { "/" },
             client,
+            oauth: self.oauth.clone(),
             session: Mutex::new(None),
             protocol: Mutex::new(None),
             init: Mutex::new(None),
@@ -153,6 +168,7 @@ fn host_port(host: &str, port: u16) -> String {
 /// One connection to a remote server: its session, negotiated revision and open streams.
 pub(crate) struct Remote {
     client: HttpClient,
+    oauth: Arc<OAuth>,
     /// The request path below the endpoint's (`/` when the url has none).
     path: &'static str,
     session: Mutex<Option<String>>,
@@ -215,8 +231,26 @@ impl Remote {
         token: &CancelToken,
         timeout: Duration,
     ) -> Result<Response, HttpError> {
-        let refs: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        self.client.send(
+        self.send_authorized(method, headers, body, token, timeout)
+            .map(|(r, _)| r)
+    }
+
+    /// Sends a request with the OAuth token held, if any; the answer and the
+    /// `Authorization` sent.
+    fn send_authorized(
+        &self,
+        method: &str,
+        headers: &[(&'static str, String)],
+        body: &[u8],
+        token: &CancelToken,
+        timeout: Duration,
+    ) -> Result<(Response, Option<String>), HttpError> {
+        let bearer = self.oauth.bearer(token);
+        let mut refs: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        if let Some(b) = &bearer {
+            refs.push(("Authorization", b));
+        }
+        let response = self.client.send(
             &Request {
                 method,
                 path: self.path,
@@ -225,7 +259,8 @@ impl Remote {
             },
             token,
             Some(timeout),
-        )
+        )?;
+        Ok((response, bearer))
     }
 
     /// The revision agreed at `initialize`: sent with every later request.
@@ -310,12 +345,43 @@ impl Remote {
         let deadline = Instant::now() + timeout;
         let mut renewed = false;
         let mut busy = 0;
+        let mut authorizations = 0;
         let response = loop {
             let headers = self.headers("application/json, text/event-stream", true);
             let left = deadline.saturating_duration_since(Instant::now());
-            let resp = self
-                .send("POST", &headers, &body, &token, left)
+            let (resp, sent) = self
+                .send_authorized("POST", &headers, &body, &token, left)
                 .map_err(|e| self.failed(shared, e))?;
+            let challenge = resp.header("www-authenticate").and_then(Challenge::parse);
+            match (resp.status, challenge) {
+                (401, Some(c)) if authorizations < MAX_AUTHORIZATIONS => {
+                    drop(resp);
+                    authorizations += 1;
+                    self.oauth
+                        .unauthorized(&c, sent.as_deref(), &token)
+                        .map_err(|why| self.unauthorized(why, &token, shared))?;
+                    continue;
+                }
+                (403, Some(c))
+                    if c.error.as_deref() == Some("insufficient_scope")
+                        && authorizations < MAX_AUTHORIZATIONS =>
+                {
+                    drop(resp);
+                    authorizations += 1;
+                    self.oauth
+                        .insufficient_scope(&c, &token)
+                        .map_err(|why| self.unauthorized(why, &token, shared))?;
+                    continue;
+                }
+                (401 | 403, _) if authorizations > 0 => {
+                    return Err(RpcError::Unauthorized(format!(
+                        "the server still refuses after {authorizations} authorization(s) \
+                         (HTTP {})",
+                        resp.status
+                    )));
+                }
+                _ => {}
+            }
             match resp.status {
                 404 if !renewed && !initialize && self.session.lock().is_some() => {
                     drop(resp);
@@ -367,6 +433,14 @@ impl Remote {
         }
         drop(hooks);
         self.take_answer(shared, response)
+    }
+
+    /// An authorization that failed: a cancel, or why no token could be had.
+    fn unauthorized(&self, why: String, token: &CancelToken, shared: &Shared) -> RpcError {
+        if token.is_cancelled() {
+            return self.cancelled(shared);
+        }
+        RpcError::Unauthorized(why)
     }
 
     /// What a request's failure to get an answer head means: a cancel, a timeout, or a
