@@ -1234,11 +1234,12 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("mediated", mediated_scenario),
     ("loopback", loopback_scenario),
     ("one_request", one_request_scenario),
+    ("mcp_remote", crate::mcp_remote::network_policy_scenario),
 ];
 
 /// Runs the scenario in a child test process inside a network namespace of its own (as root),
 /// then again as nobody.
-fn in_private_network(name: &str) -> TestResult {
+pub(crate) fn in_private_network(name: &str) -> TestResult {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: making the test's network namespace needs root");
