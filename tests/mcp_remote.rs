@@ -815,6 +815,27 @@ fn a_token_that_expires_mid_session_is_refreshed_once_stored_0600_and_never_logg
         0o600
     );
     drop(rt);
+    // A host restarted after the token expired: the stored refresh token brings it back, no
+    // login.
+    state.lock().valid = None;
+    let rt = runtime(
+        &dir,
+        json!({"s": {"url": format!("http://mcp.test:{port}/mcp"), "tier": 0,
+                     "network": {"allow": [format!("mcp.test:{port}")],
+                                 "resolve": {"mcp.test": "127.0.0.1"}},
+                     "oauth": {"token_file": tokens}}}),
+    )?;
+    let r = call(&rt, "s.t", json!({}));
+    assert!(r.is_success(), "{r:?}");
+    {
+        let s = state.lock();
+        assert_eq!(
+            (s.authorizations, s.refreshes),
+            (1, 2),
+            "refreshed after the restart"
+        );
+    }
+    drop(rt);
     let log = std::fs::read(dir.join("events.db"))?;
     let wal = std::fs::read(dir.join("events.db-wal")).unwrap_or_default();
     for bytes in [&log, &wal] {

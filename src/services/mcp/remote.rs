@@ -369,7 +369,7 @@ impl Remote {
                     drop(resp);
                     authorizations += 1;
                     self.oauth
-                        .insufficient_scope(&c, &token)
+                        .insufficient_scope(&c, sent.as_deref(), &token)
                         .map_err(|why| self.unauthorized(why, &token, shared))?;
                     continue;
                 }
@@ -802,8 +802,8 @@ fn refusal(status: u16, body: &[u8]) -> RpcError {
     let said = crate::text::bounded(String::from_utf8_lossy(body).trim().to_owned());
     let message = match status {
         401 | 403 => format!(
-            "the server requires authorization, which correx does not speak to remote MCP \
-             servers yet{}",
+            "the server refuses the request without asking for OAuth (no Bearer \
+             challenge){}",
             if said.is_empty() {
                 String::new()
             } else {

@@ -175,6 +175,7 @@ impl Redirect {
     fn wait(
         &self,
         until: Instant,
+        state: &str,
         opened: &std::sync::mpsc::Receiver<Result<(), String>>,
         cancel: &CancelToken,
     ) -> Result<Vec<(String, String)>, String> {
@@ -188,8 +189,10 @@ impl Redirect {
                 ));
             }
             match self.listener.accept() {
+                // A request without this flow's state (another page, another process) is
+                // answered 400 and waited past: it cannot end the login.
                 Ok((stream, _)) => {
-                    if let Some(pairs) = answer(stream) {
+                    if let Some(pairs) = answer(stream, state) {
                         return Ok(pairs);
                     }
                 }
@@ -203,29 +206,33 @@ impl Redirect {
     }
 }
 
-/// Reads one request; the callback's query pairs, answered with a page saying so.
-fn answer(stream: TcpStream) -> Option<Vec<(String, String)>> {
+/// Reads one request; the callback's query pairs when they carry `state`, answered with a
+/// page saying so.
+fn answer(stream: TcpStream, state: &str) -> Option<Vec<(String, String)>> {
     let _ = stream.set_nonblocking(false);
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
     let mut out = stream.try_clone().ok()?;
     let mut r = BufReader::new(stream.take(16 * 1024));
     let mut line = String::new();
     r.read_line(&mut line).ok()?;
     let target = line.split(' ').nth(1).unwrap_or("");
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let ok = line.starts_with("GET ") && path == "/callback";
+    let pairs = query_pairs(query);
+    let ok = line.starts_with("GET ")
+        && path == "/callback"
+        && pairs.iter().any(|(k, v)| k == "state" && v == state);
     let page = if ok {
         "correx: the authorization came back; you may close this window."
     } else {
-        "not found"
+        "not this authorization's callback"
     };
-    let status = if ok { "200 OK" } else { "404 Not Found" };
+    let status = if ok { "200 OK" } else { "400 Bad Request" };
     let _ = write!(
         out,
         "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
         page.len()
     );
-    ok.then(|| query_pairs(query))
+    ok.then_some(pairs)
 }
 
 /// Runs the authorization-code flow for `client` and `scope`: `open` hands the URL to the
@@ -250,6 +257,20 @@ pub(crate) fn authorize(
         return Err("the authorization server does not offer PKCE with S256 \
              (code_challenge_methods_supported): refused, as the MCP specification requires"
             .into());
+    }
+    // The URL goes to the host's browser: a web page's, nothing else (no file:, no custom
+    // scheme, no control characters a metadata document could smuggle in).
+    let endpoint = &auth.authorization_endpoint;
+    if !(endpoint.starts_with("https://") || endpoint.starts_with("http://"))
+        || endpoint
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(format!(
+            "the authorization server's authorization_endpoint {:?} is not a web page's URL: \
+             refused",
+            crate::text::prefix(endpoint, 200)
+        ));
     }
     let verifier = random_token()?;
     let state = random_token()?;
@@ -282,11 +303,13 @@ pub(crate) fn authorize(
             let _ = tx.send(open(&url));
         })
         .map_err(|e| format!("no thread to hand the authorization to the host: {e}"))?;
-    let back = redirect.wait(Instant::now() + settings.authorize_timeout, &rx, cancel)?;
+    let back = redirect.wait(
+        Instant::now() + settings.authorize_timeout,
+        &state,
+        &rx,
+        cancel,
+    )?;
     let get = |k: &str| back.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-    if get("state") != Some(state.as_str()) {
-        return Err("the authorization came back with another state: refused".into());
-    }
     match get("iss") {
         Some(iss) if iss != auth.issuer => {
             return Err(format!(
@@ -426,7 +449,7 @@ fn token_request(
             .as_str()
             .map(str::to_owned)
             .or_else(|| old_refresh.map(str::to_owned)),
-        expires_at: v["expires_in"].as_u64().map(|s| now + s),
+        expires_at: v["expires_in"].as_u64().map(|s| now.saturating_add(s)),
         scope: v["scope"].as_str().unwrap_or(scope).to_owned(),
     })
 }
@@ -434,6 +457,37 @@ fn token_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_callback_without_the_flows_state_is_refused_and_waited_past() {
+        let redirect = Redirect::listen().expect("a listener");
+        let port = redirect
+            .uri
+            .split(':')
+            .nth(2)
+            .and_then(|p| p.split('/').next());
+        let addr = format!("127.0.0.1:{}", port.expect("a port"));
+        let get = |query: &str| {
+            let mut s = TcpStream::connect(&addr).expect("connects");
+            write!(s, "GET /callback?{query} HTTP/1.1\r\nHost: x\r\n\r\n").expect("sent");
+            s
+        };
+        let read = |mut s: TcpStream| {
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            out
+        };
+        let (_tx, rx) = std::sync::mpsc::channel();
+        let forged = get("code=evil&state=guess");
+        let real = get("code=good&state=s3cret");
+        let until = Instant::now() + Duration::from_secs(10);
+        let pairs = redirect
+            .wait(until, "s3cret", &rx, &CancelToken::new())
+            .expect("the real callback");
+        assert!(pairs.contains(&("code".into(), "good".into())), "{pairs:?}");
+        assert!(read(forged).starts_with("HTTP/1.1 400"));
+        assert!(read(real).starts_with("HTTP/1.1 200"));
+    }
 
     #[test]
     fn pkce_s256_matches_rfc_7636_appendix_b() {

@@ -225,7 +225,9 @@ impl OAuth {
         let (Some(client), Some(tokens)) = (saved.client.clone(), saved.tokens.clone()) else {
             return Err("nothing to refresh".into());
         };
-        let found = match self.found.lock().clone() {
+        // Taken out first: `discover` locks `found` itself.
+        let cached = self.found.lock().clone();
+        let found = match cached {
             Some(f) => f,
             None => self.discover(&Challenge::default(), cancel)?,
         };
@@ -302,10 +304,19 @@ impl OAuth {
     pub fn insufficient_scope(
         &self,
         challenge: &Challenge,
+        sent: Option<&str>,
         cancel: &CancelToken,
     ) -> Result<(), String> {
         let mut guard = self.saved.lock();
         let saved = self.loaded(&mut guard);
+        let held = saved
+            .tokens
+            .as_ref()
+            .map(|t| format!("Bearer {}", t.access_token));
+        if held.is_some() && held.as_deref() != sent {
+            // Another caller already stepped up.
+            return Ok(());
+        }
         let mut scopes: Vec<String> = saved
             .tokens
             .as_ref()

@@ -7,8 +7,8 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-/// The client registered with an authorization server.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The client registered with an authorization server (its `Debug` hides the secret).
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Client {
     pub issuer: String,
     pub client_id: String,
@@ -18,8 +18,8 @@ pub(crate) struct Client {
     pub auth_method: String,
 }
 
-/// Tokens for one server.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Tokens for one server (their `Debug` hides them).
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Tokens {
     pub access_token: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -30,6 +30,34 @@ pub(crate) struct Tokens {
     /// The scopes asked for (space-separated), for a step-up's union.
     #[serde(default)]
     pub scope: String,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("issuer", &self.issuer)
+            .field("client_id", &self.client_id)
+            .field(
+                "client_secret",
+                &self.client_secret.as_ref().map(|_| "<hidden>"),
+            )
+            .field("auth_method", &self.auth_method)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokens")
+            .field("access_token", &"<hidden>")
+            .field(
+                "refresh_token",
+                &self.refresh_token.as_ref().map(|_| "<hidden>"),
+            )
+            .field("expires_at", &self.expires_at)
+            .field("scope", &self.scope)
+            .finish()
+    }
 }
 
 /// What the file holds.
@@ -142,13 +170,18 @@ mod tests {
             server: "http://a/mcp".into(),
             client: None,
             tokens: Some(Tokens {
-                access_token: "at".into(),
-                refresh_token: Some("rt".into()),
+                access_token: "AT-9".into(),
+                refresh_token: Some("RT-9".into()),
                 expires_at: Some(5),
                 scope: "s".into(),
             }),
         };
         file.save(&saved).expect("saved");
+        let shown = format!("{saved:?}");
+        assert!(
+            !shown.contains("AT-9") && !shown.contains("RT-9"),
+            "{shown}"
+        );
         let mode = std::fs::metadata(dir.join("sub/t.json"))
             .expect("the file")
             .permissions()
