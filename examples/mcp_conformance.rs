@@ -6,7 +6,8 @@
 //! form's defaults apply), plays the user's browser when the server asks for OAuth (it
 //! fetches the authorization page, which the suite's authorization server answers with a
 //! redirect to correx's loopback listener, and follows it), lists the server's tools and
-//! calls each with arguments made from its input schema. A pre-registered client's id and
+//! calls each with the arguments the scenario's context names for it (`toolCalls`), else
+//! with arguments made from its input schema. A pre-registered client's id and
 //! secret come from the scenario's `MCP_CONFORMANCE_CONTEXT`. It exits 0 once every call was
 //! made, whatever the server answered: the suite judges what it saw on the wire.
 
@@ -132,7 +133,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             eprintln!("{}: {}", tool.name, tool.description);
             continue;
         }
-        let params = Value::Object(arguments(&tool.parameters));
+        // The scenario's own arguments for a tool, when it names some.
+        let given = context["toolCalls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| Some(c["name"].as_str().unwrap_or_default()) == tool.name.strip_prefix("s."))
+            .and_then(|c| c.get("arguments").cloned())
+            // correx checks arguments against the tool's schema, where a null is not the
+            // boolean a property asks for: a host leaves such an argument out.
+            .map(|mut a| {
+                if let Some(a) = a.as_object_mut() {
+                    a.retain(|_, v| !v.is_null());
+                }
+                a
+            });
+        let params = given.unwrap_or_else(|| Value::Object(arguments(&tool.parameters)));
         let request = ToolRequest::json("conformance", &tool.name, params)?;
         match runtime.executor().execute(&request) {
             ToolResult::Success { output, .. } => eprintln!("{}: {output}", tool.name),

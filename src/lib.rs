@@ -129,7 +129,7 @@ pub use services::jobs::{
 pub use services::mcp::{
     McpAuthorizer, McpClientMethod, McpHub, McpOAuthConfig, McpRefusal, McpRequestHandler,
     McpServerConfig, McpServerRequest, McpServers, McpStart, McpToolSettings, MCP_STREAM,
-    PROTOCOL_VERSIONS,
+    PROTOCOL_VERSIONS, STATELESS_PROTOCOL_VERSION,
 };
 pub use sessions::{Session, SessionError, Step, MAX_SIGNAL_BYTES, MAX_STEP_KEY};
 pub use settings::{ConfigError, Section};

@@ -265,9 +265,11 @@ fn a_reference_server_s_tools_are_listed_validated_called_and_recorded() -> Test
     let started = mcp_events(&rt);
     assert_eq!(started.len(), 1, "{started:?}");
     assert_eq!(started[0].0, "mcp.server_started");
+    // The reference server (the Python SDK's) speaks the stateless revision: found by
+    // server/discover, no initialize.
     assert_eq!(
         started[0].1["protocol_version"],
-        correx::PROTOCOL_VERSIONS[0]
+        correx::STATELESS_PROTOCOL_VERSION
     );
     assert!(
         started[0].1["isolation"]["mode"].is_string(),

@@ -13,6 +13,7 @@
 use super::host_requests::{
     HandlerSlot, McpClientMethod, McpRefusal, McpServerRequest, MAX_IN_FLIGHT,
 };
+use super::input_required;
 use super::remote::Remote;
 use crate::cancel::CancelToken;
 use crate::sys::spawn::Sink;
@@ -155,6 +156,9 @@ pub(crate) struct Shared {
     /// Calls of the server's tools under way (counted from before their request is sent, so
     /// a restart never ends one).
     pub calls: std::sync::atomic::AtomicUsize,
+    /// What every request's `_meta` carries in the stateless revision (its version, this
+    /// client and its capabilities); none under a handshake revision.
+    meta: Mutex<Option<Map<String, Value>>>,
 }
 
 /// A request of the server's the host's handler is answering.
@@ -192,6 +196,7 @@ impl Shared {
             host_calls: Mutex::new(HashMap::new()),
             host_calls_done: Condvar::new(),
             calls: std::sync::atomic::AtomicUsize::new(0),
+            meta: Mutex::new(None),
         })
     }
 
@@ -385,13 +390,66 @@ impl Shared {
         cancel: Option<&CancelToken>,
         on_progress: Option<&dyn Fn(&Value)>,
     ) -> (Result<Value, RpcError>, Vec<Value>) {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut progress = Vec::new();
+        for round in 0..=input_required::MAX_ROUNDS {
+            let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+            let (answer, heard) =
+                self.request_once(method, params.clone(), left, cancel, on_progress);
+            progress.extend(heard);
+            // A result that asks for input first (2026-07-28): the input is had, and the
+            // request sent again with it, under a new id.
+            let asked = match answer {
+                Ok(result) if input_required::is_asked(&result) => result,
+                other => return (other, progress),
+            };
+            if round == input_required::MAX_ROUNDS {
+                break;
+            }
+            match input_required::answers(self, &asked, cancel) {
+                Ok(responses) => input_required::retry_params(&mut params, &asked, responses),
+                Err(e) => return (Err(e), progress),
+            }
+        }
+        let e = RpcError::Server {
+            code: -32603,
+            message: format!(
+                "{method}: the server asked for input more than {} times",
+                input_required::MAX_ROUNDS
+            ),
+        };
+        (Err(e), progress)
+    }
+
+    /// The stateless revision's `_meta` for every request from now on (none: a handshake
+    /// revision).
+    pub fn set_meta(&self, meta: Option<Map<String, Value>>) {
+        *self.meta.lock() = meta;
+    }
+
+    /// One request and its answer; see [`Shared::request`].
+    fn request_once(
+        &self,
+        method: &str,
+        mut params: Map<String, Value>,
+        timeout: Duration,
+        cancel: Option<&CancelToken>,
+        on_progress: Option<&dyn Fn(&Value)>,
+    ) -> (Result<Value, RpcError>, Vec<Value>) {
         let id = self.next_id();
-        // The id doubles as the progress token: notifications name the call they belong to.
-        params
-            .entry("_meta")
-            .or_insert_with(|| json!({}))
-            .as_object_mut()
-            .map(|m| m.insert("progressToken".into(), json!(id)));
+        let meta = params.entry("_meta").or_insert_with(|| json!({}));
+        if !meta.is_object() {
+            *meta = json!({});
+        }
+        if let Some(m) = meta.as_object_mut() {
+            // The id doubles as the progress token: notifications name the call they belong to.
+            m.insert("progressToken".into(), json!(id));
+            if let Some(common) = &*self.meta.lock() {
+                for (k, v) in common {
+                    m.insert(k.clone(), v.clone());
+                }
+            }
+        }
         match self.send_request(id, method, params, cancel, timeout) {
             Ok(()) => {}
             // A remote server's POST was given up: as a wait for an answer would have been.
@@ -520,7 +578,8 @@ impl Shared {
         if let Some(remote) = &self.remote {
             remote.abandon(id);
         }
-        if method != "initialize" {
+        // Nothing to cancel before a revision is agreed.
+        if method != "initialize" && method != "server/discover" {
             let _ = self.notify(
                 "notifications/cancelled",
                 json!({"requestId": id, "reason": reason}),
@@ -618,14 +677,7 @@ impl Shared {
     fn server_request(self: &Arc<Self>, id: &Value, method: &str, m: &Map<String, Value>) {
         let reply = match method {
             "ping" => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
-            "roots/list" => {
-                let roots: Vec<Value> = self
-                    .roots
-                    .iter()
-                    .map(|r| json!({"uri": file_uri(r), "name": r}))
-                    .collect();
-                json!({"jsonrpc": "2.0", "id": id, "result": {"roots": roots}})
-            }
+            "roots/list" => json!({"jsonrpc": "2.0", "id": id, "result": self.roots_result()}),
             other => match McpClientMethod::from_method(other) {
                 Some(asked) if self.declared.contains(&asked) => {
                     self.answer_on_thread(id.clone(), asked, m.get("params"));
@@ -645,6 +697,16 @@ impl Shared {
             },
         };
         let _ = self.send(&reply);
+    }
+
+    /// The answer to `roots/list`: the roots the server was given.
+    pub(super) fn roots_result(&self) -> Value {
+        let roots: Vec<Value> = self
+            .roots
+            .iter()
+            .map(|r| json!({"uri": file_uri(r), "name": r}))
+            .collect();
+        json!({ "roots": roots })
     }
 
     /// A notification from the server.
@@ -763,7 +825,7 @@ impl Shared {
     }
 
     /// The host's answer to one request, as the JSON-RPC message to send.
-    fn host_answer(
+    pub(super) fn host_answer(
         &self,
         id: &Value,
         method: McpClientMethod,
@@ -992,6 +1054,86 @@ mod tests {
             entered: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
         }
+    }
+
+    #[test]
+    fn input_asked_for_is_given_by_the_host_and_the_request_sent_again_under_a_new_id() {
+        let (shared, h, mut r) = connection(host(json!({"role": "assistant", "n": 1})));
+        shared.set_meta(Some(crate::services::mcp::discover::meta(
+            &json!({"sampling": {}}),
+        )));
+        let caller = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                let mut params = Map::new();
+                params.insert("name".into(), json!("t"));
+                shared.request("tools/call", params, Duration::from_secs(20), None, None)
+            })
+        };
+        let first = read(&mut r);
+        let meta = &first["params"]["_meta"];
+        assert_eq!(
+            meta["io.modelcontextprotocol/protocolVersion"],
+            "2026-07-28"
+        );
+        assert_eq!(
+            meta["io.modelcontextprotocol/clientCapabilities"]["sampling"],
+            json!({})
+        );
+        let asked = json!({"jsonrpc": "2.0", "id": first["id"], "result": {
+            "resultType": "input_required", "requestState": "s1",
+            "inputRequests": {
+                "pick": {"method": "sampling/createMessage", "params": {}},
+                "where": {"method": "roots/list"}}}});
+        shared.line(asked.to_string().as_bytes());
+        let retry = read(&mut r);
+        assert_ne!(retry["id"], first["id"]);
+        assert_eq!(retry["params"]["name"], "t");
+        assert_eq!(retry["params"]["requestState"], "s1");
+        let given = &retry["params"]["inputResponses"];
+        assert_eq!(given["pick"], json!({"role": "assistant", "n": 1}));
+        assert_eq!(given["where"]["roots"][0]["name"], "/w");
+        assert_eq!(h.entered.load(Ordering::SeqCst), 1);
+        // A second round without state: none is sent; then the result completes the call.
+        let again = json!({"jsonrpc": "2.0", "id": retry["id"], "result": {
+            "resultType": "input_required",
+            "inputRequests": {"pick": {"method": "sampling/createMessage"}}}});
+        shared.line(again.to_string().as_bytes());
+        let third = read(&mut r);
+        assert!(third["params"].get("requestState").is_none(), "{third}");
+        let done = json!({"jsonrpc": "2.0", "id": third["id"], "result": {"content": []}});
+        shared.line(done.to_string().as_bytes());
+        let (answer, _) = caller.join().expect("the caller");
+        assert_eq!(answer, Ok(json!({"content": []})));
+    }
+
+    #[test]
+    fn input_no_handler_answers_fails_the_call_without_asking_the_host() {
+        let (shared, h, mut r) = connection(host(json!({})));
+        let caller = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                shared.request(
+                    "tools/call",
+                    Map::new(),
+                    Duration::from_secs(20),
+                    None,
+                    None,
+                )
+            })
+        };
+        let first = read(&mut r);
+        let asked = json!({"jsonrpc": "2.0", "id": first["id"], "result": {
+            "resultType": "input_required",
+            "inputRequests": {"form": {"method": "elicitation/create", "params": {}}}}});
+        shared.line(asked.to_string().as_bytes());
+        let (answer, _) = caller.join().expect("the caller");
+        let Err(RpcError::Server { code, message }) = answer else {
+            panic!("not refused: {answer:?}");
+        };
+        assert_eq!(code, -32602);
+        assert!(message.contains("elicitation/create"), "{message}");
+        assert_eq!(h.entered.load(Ordering::SeqCst), 0);
     }
 
     #[test]

@@ -1,20 +1,24 @@
 //! MCP servers as tools: each configured server (config `mcp_servers`) is a long-lived,
 //! confined run of its command spoken to over stdio, or a remote server spoken to over
-//! Streamable HTTP within its network policy (JSON-RPC 2.0, protocol revisions
-//! [`PROTOCOL_VERSIONS`]); its tools join the registry as `<server>.<tool>` and every call is a
+//! Streamable HTTP within its network policy (JSON-RPC 2.0, the stateless protocol revision
+//! [`STATELESS_PROTOCOL_VERSION`] or one of [`PROTOCOL_VERSIONS`]); its tools join the registry as `<server>.<tool>` and every call is a
 //! sandboxed run like a built-in's: validated against the tool's `inputSchema` before
 //! approval, gated by its tier, recorded, cancellable.
 
 mod config;
 mod connection;
+mod discover;
 mod host_requests;
+mod input_required;
 mod oauth;
 mod remote;
+mod routing;
 mod schema;
 mod server;
 mod sse;
 
 pub use config::{McpServerConfig, McpServers, McpStart, McpToolSettings};
+pub use discover::STATELESS_PROTOCOL_VERSION;
 pub use host_requests::{McpClientMethod, McpRefusal, McpRequestHandler, McpServerRequest};
 pub use oauth::{McpAuthorizer, McpOAuthConfig};
 pub use server::{MCP_STREAM, PROTOCOL_VERSIONS};

@@ -1,7 +1,9 @@
-//! A remote MCP server spoken to over Streamable HTTP (revisions 2025-03-26 to 2025-11-25):
+//! A remote MCP server spoken to over Streamable HTTP (revisions 2025-03-26 to 2026-07-28):
 //! every message a POST to the server's endpoint, answered with JSON, with an SSE stream (the
 //! answer and what the server sends before it), or with 202 (a notification or a response of
-//! ours); a GET stream the server may use for its own requests and notifications.
+//! ours); a GET stream the server may use for its own requests and notifications (before the
+//! stateless revision). A stateless server's POSTs carry its routing headers
+//! ([`routing`]) and no session.
 //!
 //! What a mature client does on the way, done here: the `Mcp-Session-Id` the server gave at
 //! `initialize` and the negotiated `MCP-Protocol-Version` go with every request; a 404 on a
@@ -15,7 +17,9 @@
 //! refused and recorded before anything is sent.
 
 use super::connection::{RpcError, Shared};
+use super::discover::STATELESS_PROTOCOL_VERSION;
 use super::oauth::{AuthorizerSlot, Challenge, OAuth, MAX_AUTHORIZATIONS};
+use super::routing::{self, ParamHeader};
 use super::server::{record, PROTOCOL_VERSIONS};
 use super::sse::Events;
 use super::McpServerConfig;
@@ -141,6 +145,7 @@ impl RemoteSpec {
             session: Mutex::new(None),
             protocol: Mutex::new(None),
             init: Mutex::new(None),
+            param_headers: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
             closing: CancelToken::new(),
             max_bytes: config.max_line_bytes,
@@ -175,6 +180,8 @@ pub(crate) struct Remote {
     protocol: Mutex<Option<String>>,
     /// The `initialize` params as first sent, for a new session.
     init: Mutex<Option<Value>>,
+    /// The `x-mcp-header` arguments of each tool, by tool name (stateless revision).
+    param_headers: Mutex<HashMap<String, Vec<ParamHeader>>>,
     /// The streams answering requests, by request id: cancelled when a call is abandoned.
     streams: Mutex<HashMap<u64, CancelToken>>,
     /// Cancelled when the connection ends: every stream closes.
@@ -231,7 +238,7 @@ impl Remote {
         token: &CancelToken,
         timeout: Duration,
     ) -> Result<Response, HttpError> {
-        self.send_authorized(method, headers, body, token, timeout)
+        self.send_authorized(method, headers, &[], body, token, timeout)
             .map(|(r, _)| r)
     }
 
@@ -241,12 +248,14 @@ impl Remote {
         &self,
         method: &str,
         headers: &[(&'static str, String)],
+        extra: &[(String, String)],
         body: &[u8],
         token: &CancelToken,
         timeout: Duration,
     ) -> Result<(Response, Option<String>), HttpError> {
         let bearer = self.oauth.bearer(token);
         let mut refs: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        refs.extend(extra.iter().map(|(n, v)| (n.as_str(), v.as_str())));
         if let Some(b) = &bearer {
             refs.push(("Authorization", b));
         }
@@ -263,9 +272,31 @@ impl Remote {
         Ok((response, bearer))
     }
 
-    /// The revision agreed at `initialize`: sent with every later request.
+    /// The revision agreed at `initialize` (or found by `server/discover`): sent with every
+    /// later request.
     pub fn negotiated(&self, version: &str) {
         *self.protocol.lock() = Some(version.to_owned());
+    }
+
+    /// No revision agreed (a `server/discover` that found a handshake-era server).
+    pub fn forget_revision(&self) {
+        *self.protocol.lock() = None;
+    }
+
+    /// The tools' `x-mcp-header` arguments, mirrored into headers of their calls.
+    pub fn set_param_headers(&self, by_tool: HashMap<String, Vec<ParamHeader>>) {
+        *self.param_headers.lock() = by_tool;
+    }
+
+    /// The routing headers of `message` under the stateless revision (none before it).
+    fn routing(&self, message: &Value) -> Vec<(String, String)> {
+        if self.protocol.lock().as_deref() != Some(STATELESS_PROTOCOL_VERSION) {
+            return Vec::new();
+        }
+        let tool = message["params"]["name"].as_str().unwrap_or_default();
+        let by_tool = self.param_headers.lock();
+        let params = by_tool.get(tool).map_or(&[][..], Vec::as_slice);
+        routing::headers(message, params)
     }
 
     /// Whether the session is initialized (the GET stream may be opened).
@@ -341,6 +372,7 @@ impl Remote {
             *self.protocol.lock() = None;
         }
         let body = serde_json::to_vec(message).unwrap_or_default();
+        let routing = self.routing(message);
         let (token, hooks) = self.linked(cancel);
         let deadline = Instant::now() + timeout;
         let mut renewed = false;
@@ -350,7 +382,7 @@ impl Remote {
             let headers = self.headers("application/json, text/event-stream", true);
             let left = deadline.saturating_duration_since(Instant::now());
             let (resp, sent) = self
-                .send_authorized("POST", &headers, &body, &token, left)
+                .send_authorized("POST", &headers, &routing, &body, &token, left)
                 .map_err(|e| self.failed(shared, e))?;
             let challenge = resp.header("www-authenticate").and_then(Challenge::parse);
             match (resp.status, challenge) {
@@ -432,6 +464,13 @@ impl Remote {
             return self.follow_in_background(shared, response, id, token, hooks);
         }
         drop(hooks);
+        // Streamable HTTP answers a request with JSON or a stream: none is coming on this one.
+        if request_id.is_some() && matches!(response.status, 202 | 204) {
+            return Err(RpcError::Http {
+                status: response.status,
+                message: "the server accepted the request without answering it".into(),
+            });
+        }
         self.take_answer(shared, response)
     }
 

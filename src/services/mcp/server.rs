@@ -5,8 +5,10 @@
 
 use super::config::McpServerConfig;
 use super::connection::{Lines, RpcError, Shared};
+use super::discover::{discover, Found, STATELESS_PROTOCOL_VERSION};
 use super::host_requests::HandlerSlot;
 use super::remote::{Listened, RemoteSpec};
+use super::routing;
 use crate::cancel::CancelToken;
 use crate::domain::DomainEvent;
 use crate::events::{EventStore, ExpectedVersion};
@@ -14,6 +16,7 @@ use crate::sys::spawn::{Cleanup, Started};
 use crate::tools::ShellTool;
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +24,9 @@ use std::time::{Duration, Instant};
 /// The stream MCP servers' lifecycle events go to.
 pub const MCP_STREAM: &str = "mcp-servers";
 
-/// The protocol revisions this client speaks, newest first; it asks for the first.
+/// The handshake-era protocol revisions this client speaks (by `initialize`), newest first;
+/// it asks for the first, once a server showed it does not speak
+/// [`STATELESS_PROTOCOL_VERSION`](super::STATELESS_PROTOCOL_VERSION).
 pub const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
 /// Most pages of `tools/list` read (a server that pages forever is cut off).
@@ -607,16 +612,27 @@ pub(crate) const STOP_GRACE: Duration = EXIT_GRACE;
 /// How long a start waits for a remote server's first answer to its GET stream.
 const OPEN_STREAM: Duration = Duration::from_secs(2);
 
-/// `initialize`, `notifications/initialized` (a remote server's GET stream opened), then the
-/// tool list.
+/// The revision found ([`discover`] first, `initialize` for a handshake-era server, then
+/// `notifications/initialized` and a remote server's GET stream opened), then the tool list.
 fn initialize(shared: &Shared, timeout: Duration) -> Result<(String, Vec<Arc<ToolDef>>), String> {
     let deadline = Instant::now().checked_add(timeout);
-    let mut params = Map::new();
-    params.insert("protocolVersion".into(), json!(PROTOCOL_VERSIONS[0]));
+    let left = |deadline: Option<Instant>| {
+        deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()))
+    };
     let mut capabilities = json!({"roots": {"listChanged": false}});
     for m in &shared.declared {
         capabilities[m.capability()] = json!({});
     }
+    if let Found::Stateless(found) = discover(shared, timeout, &capabilities)? {
+        if found["capabilities"].get("tools").is_none() {
+            log::warn!("an mcp server offers no tools capability; listing anyway");
+        }
+        let tools = list_tools(shared, left(deadline))?;
+        return Ok((STATELESS_PROTOCOL_VERSION.to_owned(), tools));
+    }
+    let timeout = left(deadline);
+    let mut params = Map::new();
+    params.insert("protocolVersion".into(), json!(PROTOCOL_VERSIONS[0]));
     params.insert("capabilities".into(), capabilities);
     params.insert(
         "clientInfo".into(),
@@ -656,6 +672,7 @@ fn initialize(shared: &Shared, timeout: Duration) -> Result<(String, Vec<Arc<Too
 fn list_tools(shared: &Shared, timeout: Duration) -> Result<Vec<Arc<ToolDef>>, String> {
     let deadline = Instant::now().checked_add(timeout);
     let mut tools = Vec::new();
+    let mut param_headers = HashMap::new();
     let mut cursor: Option<String> = None;
     for _ in 0..MAX_PAGES {
         let mut params = Map::new();
@@ -677,19 +694,36 @@ fn list_tools(shared: &Shared, timeout: Duration) -> Result<Vec<Arc<ToolDef>>, S
                 log::warn!("an mcp server listed a tool with an unusable name: {name:?}");
                 continue;
             }
+            let input_schema = t
+                .get("inputSchema")
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object"}));
+            // A tool whose routing headers cannot be sent is left out; the others stay.
+            match routing::param_headers(&input_schema) {
+                Ok(h) if !h.is_empty() => {
+                    param_headers.insert(name.to_owned(), h);
+                }
+                Ok(_) => {}
+                Err(why) => {
+                    log::warn!("an mcp server's tool {name:?} is left out: {why}");
+                    continue;
+                }
+            }
             tools.push(Arc::new(ToolDef {
                 name: name.to_owned(),
                 description: t["description"].as_str().unwrap_or_default().to_owned(),
-                input_schema: t
-                    .get("inputSchema")
-                    .cloned()
-                    .unwrap_or_else(|| json!({"type": "object"})),
+                input_schema,
                 output_schema: t.get("outputSchema").filter(|s| s.is_object()).cloned(),
             }));
         }
         match page["nextCursor"].as_str() {
             Some(c) if !c.is_empty() => cursor = Some(c.to_owned()),
-            _ => return Ok(tools),
+            _ => {
+                if let Some(remote) = shared.remote() {
+                    remote.set_param_headers(param_headers);
+                }
+                return Ok(tools);
+            }
         }
     }
     Err(format!("tools/list: more than {MAX_PAGES} pages"))
