@@ -887,6 +887,72 @@ fn a_server_writing_a_line_past_its_bound_is_stopped_and_its_start_fails() -> Te
     Ok(())
 }
 
+/// A handshake-era stdio server (a stub: no registry server can be made to do this) that
+/// answers `initialize` and `tools/list` (`quiet`), then closes its stdout at the first call
+/// and goes on running.
+const CLOSES_STDOUT: &str = r#"
+import json, os, sys, time
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m:
+        continue
+    method = m.get("method")
+    if method == "initialize":
+        r = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+             "serverInfo": {"name": "stub", "version": "1"}}
+    elif method == "tools/list":
+        r = {"tools": [{"name": "quiet", "inputSchema": {"type": "object"}}]}
+    elif method == "tools/call":
+        sys.stdout.flush()
+        os.close(1)
+        time.sleep(120)
+        break
+    else:
+        e = {"code": -32601, "message": "no such method"}
+        print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "error": e}), flush=True)
+        continue
+    print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": r}), flush=True)
+"#;
+
+#[test]
+fn a_server_that_closes_its_stdout_but_keeps_running_fails_its_call_and_is_stopped() -> TestResult {
+    let Some(env) = installed() else {
+        return Ok(());
+    };
+    let dir = TempDir::new("mcp-closes-stdout");
+    let script = dir.join("closes_stdout.py");
+    std::fs::write(&script, CLOSES_STDOUT)?;
+    let m = marker();
+    let python = format!("{}/bin/python3", env["mcp_python_home"]);
+    let command = vec![python, script.display().to_string(), m.clone()];
+    let read = vec![
+        dir.path().display().to_string(),
+        env["mcp_python_home"].clone(),
+    ];
+    // Its call would wait 120 s for an answer that cannot come.
+    let quiet = server(command, read, json!({"call_timeout_ms": 120000}));
+    let rt = runtime(&dir, json!({"q": quiet}))?;
+    let r = call(&rt, "q.quiet", json!({}));
+    let ToolResult::Failure { reason, .. } = &r else {
+        panic!("a call of a server that closed its stdout succeeded: {r:?}");
+    };
+    assert!(
+        reason.contains("closed its stdout"),
+        "not failed for its closed stdout (a timeout?): {reason}"
+    );
+    // Its end is recorded once it is killed, just after the call failed.
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut ev = mcp_events(&rt);
+    while ev.len() < 2 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+        ev = mcp_events(&rt);
+    }
+    let kinds: Vec<&str> = ev.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(kinds, ["mcp.server_started", "mcp.server_exited"], "{ev:?}");
+    assert_eq!(count_processes(|c| c.contains(&m)), 0, "the server runs on");
+    Ok(())
+}
+
 #[test]
 fn a_host_killed_with_sigkill_leaves_no_mcp_server() -> TestResult {
     let Some(_) = installed() else { return Ok(()) };

@@ -490,6 +490,9 @@ pub(crate) fn run(spec: &SpawnSpec<'_>) -> io::Result<RunOutput> {
 pub(crate) trait Sink {
     /// `bytes` read from stdout (`stream` 0) or stderr (1).
     fn take(&mut self, stream: usize, bytes: &[u8]);
+
+    /// `stream` was closed by the run (it may go on running).
+    fn closed(&mut self, _stream: usize) {}
 }
 
 /// Both streams kept up to `cap` bytes each; the rest counted and dropped.
@@ -1187,6 +1190,7 @@ fn pump(
             };
             if !open {
                 *pipe = None;
+                sink.closed(k);
             }
         }
     }

@@ -887,6 +887,9 @@ fn error_reply(id: &Value, code: i64, message: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
 }
 
+/// How long a server that closed its stdout has to exit before it is ended and killed.
+const CLOSED_STDOUT_GRACE: Duration = Duration::from_secs(1);
+
 /// Splits the server's output into lines: stdout to [`Shared::line`], stderr to the log.
 pub(crate) struct Lines {
     pub shared: Arc<Shared>,
@@ -906,6 +909,29 @@ impl Lines {
 }
 
 impl Sink for Lines {
+    /// A server that closes its stdout can answer nothing more. One that does not exit
+    /// within [`CLOSED_STDOUT_GRACE`] (an exit names its own reason) is ended and killed
+    /// then, so its calls fail at once rather than at their timeouts, and its next use
+    /// starts it again.
+    fn closed(&mut self, stream: usize) {
+        if stream != 0 {
+            return;
+        }
+        let shared = self.shared.clone();
+        let watch = move || {
+            std::thread::sleep(CLOSED_STDOUT_GRACE);
+            if !shared.is_ended() {
+                shared.end("it closed its stdout but kept running".into());
+                shared.kill.cancel();
+            }
+        };
+        let name = format!("correx-mcp-{}-stdout", self.shared.name);
+        if std::thread::Builder::new().name(name).spawn(watch).is_err() {
+            self.shared.end("it closed its stdout".into());
+            self.shared.kill.cancel();
+        }
+    }
+
     fn take(&mut self, stream: usize, bytes: &[u8]) {
         if self.overflowed {
             return;
