@@ -949,6 +949,7 @@ fn a_server_that_closes_its_stdout_but_keeps_running_fails_its_call_and_is_stopp
     }
     let kinds: Vec<&str> = ev.iter().map(|(t, _)| t.as_str()).collect();
     assert_eq!(kinds, ["mcp.server_started", "mcp.server_exited"], "{ev:?}");
+    assert_eq!(ev[1].1["reason"], "crashed", "{ev:?}");
     assert_eq!(count_processes(|c| c.contains(&m)), 0, "the server runs on");
     Ok(())
 }
