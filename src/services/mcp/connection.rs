@@ -392,15 +392,25 @@ impl Shared {
     ) -> (Result<Value, RpcError>, Vec<Value>) {
         let deadline = Instant::now().checked_add(timeout);
         let mut progress = Vec::new();
+        let stateless = self.meta.lock().is_some();
         for round in 0..=input_required::MAX_ROUNDS {
             let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+            if round > 0 {
+                // The host took the time (or the caller gave up) while giving the input.
+                if cancel.is_some_and(CancelToken::is_cancelled) {
+                    return (Err(RpcError::Cancelled), progress);
+                }
+                if left.is_zero() {
+                    return (Err(RpcError::TimedOut), progress);
+                }
+            }
             let (answer, heard) =
                 self.request_once(method, params.clone(), left, cancel, on_progress);
             progress.extend(heard);
-            // A result that asks for input first (2026-07-28): the input is had, and the
-            // request sent again with it, under a new id.
+            // A result that asks for input first (the stateless revision's): the input is
+            // had, and the request sent again with it, under a new id.
             let asked = match answer {
-                Ok(result) if input_required::is_asked(&result) => result,
+                Ok(result) if stateless && input_required::is_asked(&result) => result,
                 other => return (other, progress),
             };
             if round == input_required::MAX_ROUNDS {
@@ -824,8 +834,42 @@ impl Shared {
         }
     }
 
+    /// The host's answer to input a stateless server asked for, given on this thread: held
+    /// among the host's calls meanwhile, so that the server's end cancels it and a close
+    /// waits for it, as for a request of the server's own.
+    pub(super) fn answer_inline(
+        &self,
+        method: McpClientMethod,
+        params: &Value,
+        cancel: &CancelToken,
+    ) -> Value {
+        let token = CancelToken::new();
+        let _linked = {
+            let t = token.clone();
+            cancel.on_cancel(move || t.cancel())
+        };
+        let key = format!("input-{}", self.next_id());
+        {
+            let mut calls = self.host_calls.lock();
+            if self.is_ended() {
+                return error_reply(&Value::Null, -32603, "the client is stopping this server");
+            }
+            calls.insert(
+                key.clone(),
+                HostCall {
+                    cancel: token.clone(),
+                    thread: Some(std::thread::current().id()),
+                },
+            );
+        }
+        let reply = self.host_answer(&Value::Null, method, params, &token);
+        self.host_calls.lock().remove(&key);
+        self.host_calls_done.notify_all();
+        reply
+    }
+
     /// The host's answer to one request, as the JSON-RPC message to send.
-    pub(super) fn host_answer(
+    fn host_answer(
         &self,
         id: &Value,
         method: McpClientMethod,
@@ -1136,6 +1180,7 @@ mod tests {
     #[test]
     fn input_no_handler_answers_fails_the_call_without_asking_the_host() {
         let (shared, h, mut r) = connection(host(json!({})));
+        shared.set_meta(Some(crate::services::mcp::discover::meta(&json!({}))));
         let caller = {
             let shared = shared.clone();
             std::thread::spawn(move || {

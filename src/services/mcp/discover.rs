@@ -4,11 +4,12 @@
 //! show a modern server (an unknown method, an HTTP refusal, no answer in
 //! [`DISCOVER_WAIT`]) is a handshake-era server, spoken to by `initialize` after all. A
 //! modern server that refuses the version (`-32022`) while naming it among those it supports
-//! is asked once more.
+//! is asked once more (a server that refuses the first request it sees, as one behind a
+//! balancer in front of servers of two eras may), within the same wait.
 
 use super::connection::{RpcError, Shared};
 use serde_json::{json, Map, Value};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The stateless protocol revision, asked for first (by `server/discover`); a server that
 /// does not speak it is spoken to in one of [`PROTOCOL_VERSIONS`](super::PROTOCOL_VERSIONS).
@@ -71,8 +72,10 @@ pub(crate) fn discover(
 }
 
 fn ask(shared: &Shared, wait: Duration) -> Result<Found, String> {
+    let deadline = Instant::now() + wait;
     for attempt in 0..2 {
-        let (answer, _) = shared.request("server/discover", Map::new(), wait, None, None);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (answer, _) = shared.request("server/discover", Map::new(), left, None, None);
         match answer {
             Ok(result) => {
                 let speaks = result["supportedVersions"]

@@ -64,7 +64,14 @@ pub(crate) fn answers(
                         "{key:?} asks for {method:?}, which no handler answers"
                     ))
                 })?;
-            let reply = shared.host_answer(&Value::Null, asked, &params, cancel);
+            let reply = shared.answer_inline(asked, &params, cancel);
+            // A cancel while the host answered is the caller's, not the server's error.
+            if cancel.is_cancelled() {
+                return Err(RpcError::Cancelled);
+            }
+            if shared.is_ended() {
+                return Err(RpcError::Gone(shared.why_ended()));
+            }
             match (reply.get("result"), reply.get("error")) {
                 (Some(r), _) => r.clone(),
                 (None, e) => {

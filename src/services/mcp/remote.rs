@@ -278,6 +278,11 @@ impl Remote {
         *self.protocol.lock() = Some(version.to_owned());
     }
 
+    /// Whether the stateless revision was found.
+    pub fn stateless(&self) -> bool {
+        self.protocol.lock().as_deref() == Some(STATELESS_PROTOCOL_VERSION)
+    }
+
     /// No revision agreed (a `server/discover` that found a handshake-era server).
     pub fn forget_revision(&self) {
         *self.protocol.lock() = None;
@@ -290,7 +295,7 @@ impl Remote {
 
     /// The routing headers of `message` under the stateless revision (none before it).
     fn routing(&self, message: &Value) -> Vec<(String, String)> {
-        if self.protocol.lock().as_deref() != Some(STATELESS_PROTOCOL_VERSION) {
+        if !self.stateless() {
             return Vec::new();
         }
         let tool = message["params"]["name"].as_str().unwrap_or_default();

@@ -11,6 +11,9 @@
 
 use serde_json::{Map, Value};
 
+/// The longest argument mirrored into a header (before its encoding).
+const MAX_PARAM_VALUE: usize = 4096;
+
 /// The header a tool argument is mirrored into: (argument, header name).
 pub(crate) type ParamHeader = (String, String);
 
@@ -80,6 +83,11 @@ pub(crate) fn headers(message: &Value, params: &[ParamHeader]) -> Vec<(String, S
                     // Null (or a wrong shape, which the schema check refuses first): none.
                     _ => continue,
                 };
+                // A value too long for a header is left to the body alone.
+                if text.len() > MAX_PARAM_VALUE {
+                    log::warn!("an argument too long for Mcp-Param-{header} is not mirrored");
+                    continue;
+                }
                 h.push((format!("Mcp-Param-{header}"), encode(&text)));
             }
         }
@@ -90,7 +98,10 @@ pub(crate) fn headers(message: &Value, params: &[ParamHeader]) -> Vec<(String, S
 /// `value` as a header value: as it is when it is visible ASCII with inner spaces only,
 /// else base64 in the `=?base64?…?=` form.
 fn encode(value: &str) -> String {
-    let plain = value.bytes().all(|b| (0x20..0x7f).contains(&b)) && value.trim() == value;
+    // A plain value that looks encoded would be decoded by the server: it is encoded too.
+    let plain = value.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && value.trim() == value
+        && !value.starts_with("=?base64?");
     if plain {
         value.to_owned()
     } else {
@@ -110,6 +121,7 @@ mod tests {
         assert_eq!(encode("Hello, 世界"), "=?base64?SGVsbG8sIOS4lueVjA==?=");
         assert_eq!(encode(" padded "), "=?base64?IHBhZGRlZCA=?=");
         assert_eq!(encode("a\r\nb"), "=?base64?YQ0KYg==?=");
+        assert_eq!(encode("=?base64?eA==?="), "=?base64?PT9iYXNlNjQ/ZUE9PT89?=");
     }
 
     #[test]

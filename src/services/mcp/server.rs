@@ -7,7 +7,7 @@ use super::config::McpServerConfig;
 use super::connection::{Lines, RpcError, Shared};
 use super::discover::{discover, Found, STATELESS_PROTOCOL_VERSION};
 use super::host_requests::HandlerSlot;
-use super::remote::{Listened, RemoteSpec};
+use super::remote::{Listened, Remote, RemoteSpec};
 use super::routing;
 use crate::cancel::CancelToken;
 use crate::domain::DomainEvent;
@@ -698,8 +698,15 @@ fn list_tools(shared: &Shared, timeout: Duration) -> Result<Vec<Arc<ToolDef>>, S
                 .get("inputSchema")
                 .cloned()
                 .unwrap_or_else(|| json!({"type": "object"}));
-            // A tool whose routing headers cannot be sent is left out; the others stay.
-            match routing::param_headers(&input_schema) {
+            // A tool whose routing headers cannot be sent is left out; the others stay. They
+            // are sent to a stateless remote server only.
+            let routed = shared.remote().is_some_and(Remote::stateless);
+            let annotations = if routed {
+                routing::param_headers(&input_schema)
+            } else {
+                Ok(Vec::new())
+            };
+            match annotations {
                 Ok(h) if !h.is_empty() => {
                     param_headers.insert(name.to_owned(), h);
                 }
