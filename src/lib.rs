@@ -127,9 +127,9 @@ pub use services::jobs::{
     JobStatus, JobTable, SIGNALS,
 };
 pub use services::mcp::{
-    McpAuthorizer, McpClientMethod, McpHub, McpOAuthConfig, McpRefusal, McpRequestHandler,
-    McpServerConfig, McpServerRequest, McpServers, McpStart, McpToolSettings, MCP_STREAM,
-    PROTOCOL_VERSIONS, STATELESS_PROTOCOL_VERSION,
+    pin_held_tools, McpAuthorizer, McpClientMethod, McpHub, McpOAuthConfig, McpRefusal,
+    McpRequestHandler, McpServerConfig, McpServerRequest, McpServers, McpStart, McpToolChange,
+    McpToolSettings, MCP_STREAM, PINS_STREAM, PROTOCOL_VERSIONS, STATELESS_PROTOCOL_VERSION,
 };
 pub use sessions::{Session, SessionError, Step, MAX_SIGNAL_BYTES, MAX_STEP_KEY};
 pub use settings::{ConfigError, Section};

@@ -17,6 +17,11 @@ impl AutoApprove {
 
 impl ApprovalEngine for AutoApprove {
     fn evaluate(&self, request: &ApprovalRequest, _context: &ApprovalContext) -> ApprovalDecision {
+        if let Some(notice) = &request.notice {
+            return ApprovalDecision::denied(format!(
+                "{notice}; automatic approval does not decide it"
+            ));
+        }
         if request.tier <= self.max {
             ApprovalDecision::Approved
         } else {

@@ -59,6 +59,11 @@ pub struct ApprovalRequest {
     /// The command line, for a tool that takes one (the shell's `argv`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub argv: Option<Vec<String>>,
+    /// Why a person must decide whatever the tier, rules and earlier answers say (an MCP
+    /// tool whose definition changed since it was pinned): no `allow` rule, session answer or
+    /// automatic engine approves such a request, and a `forbid` rule still denies it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
 }
 
 impl ApprovalRequest {
@@ -76,7 +81,14 @@ impl ApprovalRequest {
             request: request.clone(),
             paths,
             argv,
+            notice: None,
         }
+    }
+
+    /// As this request, with `notice` (see [`ApprovalRequest::notice`]).
+    pub fn with_notice(mut self, notice: Option<String>) -> Self {
+        self.notice = notice;
+        self
     }
 }
 

@@ -181,6 +181,12 @@ impl ApprovalPolicy {
                     described()
                 )))
             }
+            // A person decides a request with a notice: no rule or earlier answer does.
+            _ if request.notice.is_some() => {
+                return Settled::Ask {
+                    asked_by: format!("notice: {}", request.notice.as_deref().unwrap_or("")),
+                }
+            }
             Some(RuleAction::Allow) => return by_rule(ApprovalDecision::Approved),
             Some(RuleAction::Ask) => format!("rule: {}", described()),
             None if !request.tier.needs_approval() => return Settled::NotNeeded,

@@ -422,6 +422,42 @@ pub enum DomainEvent {
         /// `unresolved`.
         reason: String,
     },
+    /// An MCP server's tool definitions were pinned (in the `mcp-pins` stream): a later
+    /// listing of one of them is used only while its digest is the one pinned here.
+    #[serde(rename = "mcp.tools_pinned")]
+    McpToolsPinned {
+        /// The server's name in the config.
+        server: String,
+        /// Each tool pinned (its name, without the server's prefix) and its definition's
+        /// digest, `sha256:<hex>`.
+        tools: std::collections::BTreeMap<String, String>,
+        /// Who pinned them: `first_use` (the server's first listing), `approval` (a call of
+        /// a changed tool approved) or `host` (the host, or `correx mcp pin`).
+        by: String,
+        /// The approved call, for `approval`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        invocation_id: Option<String>,
+    },
+    /// An MCP server listed a tool whose definition is not the one pinned (changed since, or
+    /// added after the first listing): it is not used until pinned again.
+    #[serde(rename = "mcp.tool_held")]
+    McpToolHeld {
+        /// The server's name in the config.
+        server: String,
+        /// The tool, without the server's prefix.
+        tool: String,
+        /// The digest pinned for it; none for a tool added after the pin.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pinned: Option<String>,
+        /// The digest of the definition listed now.
+        listed: String,
+        /// What its calls get: `refused` (until the host pins it) or `asked` (a person
+        /// approves each call until one approval pins it).
+        action: String,
+        /// The definition listed (omitted past 64 KiB), for whoever decides.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        definition: Option<serde_json::Value>,
+    },
     /// An MCP server ended and every process of it is gone.
     #[serde(rename = "mcp.server_exited")]
     McpServerExited {
@@ -687,6 +723,8 @@ type_ids! {
     McpServerStarted => "mcp.server_started",
     McpServerExited => "mcp.server_exited",
     McpRequestRefused => "mcp.request_refused",
+    McpToolsPinned => "mcp.tools_pinned",
+    McpToolHeld => "mcp.tool_held",
     SessionStepStarted => "session.step_started",
     SessionStepCompleted => "session.step_completed",
     SessionStepFailed => "session.step_failed",
@@ -727,7 +765,9 @@ impl DomainEvent {
             | DomainEvent::JobExited { .. }
             | DomainEvent::McpServerStarted { .. }
             | DomainEvent::McpServerExited { .. }
-            | DomainEvent::McpRequestRefused { .. } => self.process_summary(),
+            | DomainEvent::McpRequestRefused { .. }
+            | DomainEvent::McpToolsPinned { .. }
+            | DomainEvent::McpToolHeld { .. } => self.process_summary(),
             DomainEvent::SessionStepStarted { .. }
             | DomainEvent::SessionStepCompleted { .. }
             | DomainEvent::SessionStepFailed { .. }
@@ -986,6 +1026,28 @@ impl DomainEvent {
                 port,
                 reason,
             } => format!("mcp server {server}: a request to {host}:{port} refused ({reason})"),
+            DomainEvent::McpToolsPinned {
+                server, tools, by, ..
+            } => {
+                format!(
+                    "mcp server {server}: {} tool definitions pinned ({by})",
+                    tools.len()
+                )
+            }
+            DomainEvent::McpToolHeld {
+                server,
+                tool,
+                pinned,
+                action,
+                ..
+            } => {
+                let what = if pinned.is_some() {
+                    "changed since it was pinned"
+                } else {
+                    "added after the pin"
+                };
+                format!("mcp server {server}: tool {tool} {what}; held ({action})")
+            }
             // `summary` routes no other type here; were one, its type id is what it shows.
             _ => self.type_id().to_owned(),
         }

@@ -122,6 +122,8 @@ impl LogMetrics {
             | DomainEvent::McpServerStarted { .. }
             | DomainEvent::McpServerExited { .. }
             | DomainEvent::McpRequestRefused { .. }
+            | DomainEvent::McpToolsPinned { .. }
+            | DomainEvent::McpToolHeld { .. }
             | DomainEvent::ToolProgress { .. }
             // Its decision is counted, with the time it waited.
             | DomainEvent::ToolApprovalRequested { .. }

@@ -205,6 +205,8 @@ fn run_state(
                     | EventType::McpServerStarted
                     | EventType::McpServerExited
                     | EventType::McpRequestRefused
+                    | EventType::McpToolsPinned
+                    | EventType::McpToolHeld
                     // A session step names the invocation it runs; its claim and its result
                     // neither start nor close the run.
                     | EventType::SessionStepStarted
@@ -586,7 +588,8 @@ impl SandboxedToolExecutor {
                 format!("{reason}; nothing was changed"),
             ));
         }
-        let ask = ApprovalRequest::new(request, tool.tier(), paths.to_vec());
+        let ask = ApprovalRequest::new(request, tool.tier(), paths.to_vec())
+            .with_notice(tool.approval_notice());
         // `recorded`: the decision is in the log already (a durable one), not to record again.
         let (decided, recorded) = match self.policy.settle(&ask, context) {
             Settled::NotNeeded => (None, false),

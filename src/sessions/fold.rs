@@ -194,7 +194,9 @@ impl Index {
             | DomainEvent::JobExited { .. }
             | DomainEvent::McpServerStarted { .. }
             | DomainEvent::McpServerExited { .. }
-            | DomainEvent::McpRequestRefused { .. } => {}
+            | DomainEvent::McpRequestRefused { .. }
+            | DomainEvent::McpToolsPinned { .. }
+            | DomainEvent::McpToolHeld { .. } => {}
         }
         Ok(())
     }

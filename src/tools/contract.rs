@@ -384,6 +384,12 @@ pub trait Tool: Send + Sync {
     fn parameters(&self) -> serde_json::Value {
         serde_json::json!({"type": "object"})
     }
+    /// Why a person must decide this run whatever its tier and the policy's rules say (an MCP
+    /// tool whose definition changed since it was pinned); none for most tools. See
+    /// [`crate::ApprovalRequest::notice`].
+    fn approval_notice(&self) -> Option<String> {
+        None
+    }
     /// The kernel confinement every run of this tool gets, as recorded in
     /// `tool.execution_started`; `None` for tools that run in the host process.
     fn isolation(&self) -> Option<&crate::confine::AppliedPolicy> {

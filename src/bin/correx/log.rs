@@ -583,7 +583,9 @@ impl History {
             | EventType::JobExited
             | EventType::McpServerStarted
             | EventType::McpServerExited
-            | EventType::McpRequestRefused => self.add_process_event(ty, e, session),
+            | EventType::McpRequestRefused
+            | EventType::McpToolsPinned
+            | EventType::McpToolHeld => self.add_process_event(ty, e, session),
             EventType::SessionStepStarted
             | EventType::SessionStepCompleted
             | EventType::SessionStepFailed
@@ -678,9 +680,20 @@ impl History {
             }
             EventType::McpServerStarted
             | EventType::McpServerExited
-            | EventType::McpRequestRefused => {
+            | EventType::McpRequestRefused
+            | EventType::McpToolsPinned
+            | EventType::McpToolHeld => {
                 let label = match ty {
                     EventType::McpServerStarted => format!("mcp {} started", s("server")),
+                    EventType::McpToolsPinned => {
+                        format!("mcp {}: tool definitions pinned ({})", s("server"), s("by"))
+                    }
+                    EventType::McpToolHeld => format!(
+                        "mcp {}: tool {} changed; held ({})",
+                        s("server"),
+                        s("tool"),
+                        s("action")
+                    ),
                     EventType::McpRequestRefused => format!(
                         "mcp {}: a request to {}:{} refused ({})",
                         s("server"),
@@ -690,7 +703,7 @@ impl History {
                     ),
                     _ => format!("mcp {} ended ({})", s("server"), s("reason")),
                 };
-                let alarming = ty == EventType::McpRequestRefused
+                let alarming = matches!(ty, EventType::McpRequestRefused | EventType::McpToolHeld)
                     || matches!(s("reason").as_str(), "crashed" | "line_too_long");
                 self.instants.push((t, s("server"), label, alarming));
             }
@@ -861,6 +874,8 @@ fn record_tool_event(run: &mut Run, ty: EventType, e: &RecordedEvent) -> Option<
         | EventType::McpServerStarted
         | EventType::McpServerExited
         | EventType::McpRequestRefused
+        | EventType::McpToolsPinned
+        | EventType::McpToolHeld
         | EventType::ToolProgress
         | EventType::SessionStepStarted
         | EventType::SessionStepCompleted

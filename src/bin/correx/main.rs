@@ -9,6 +9,7 @@ mod args;
 mod doctor;
 mod evidence;
 mod log;
+mod mcp;
 mod run;
 mod session;
 mod style;
@@ -38,6 +39,7 @@ usage:
   correx run diff DB INVOCATION [--json]
   correx approvals list DB [--all] [--json]
   correx approvals decide DB SESSION ID approve|deny [--remember] [--by NAME] [--reason R]
+  correx mcp pin DB SERVER [TOOL...]
   correx metrics DB
   correx doctor [--config FILE] [--no-serve]
   correx tool run --config FILE [--session S] TOOL JSON
@@ -150,6 +152,8 @@ fn run(argv: &[String]) -> Result<(), Failure> {
         ["approvals", "decide", rest @ ..] => {
             approvals::decide(Args::parse(rest, &["--by", "--reason"], &["--remember"])?)
         }
+        ["mcp", "pin", rest @ ..] => mcp::pin(Args::parse(rest, &[], &[])?),
+        ["mcp", ..] => Err(Failure::Usage("`correx mcp` has one command: pin".into())),
         ["approvals", ..] => Err(Failure::Usage(
             "`correx approvals` needs list or decide".into(),
         )),

@@ -176,6 +176,8 @@ impl SpanFold {
             | DomainEvent::McpServerStarted { .. }
             | DomainEvent::McpServerExited { .. }
             | DomainEvent::McpRequestRefused { .. }
+            | DomainEvent::McpToolsPinned { .. }
+            | DomainEvent::McpToolHeld { .. }
             | DomainEvent::ToolProgress { .. } => {}
         }
     }

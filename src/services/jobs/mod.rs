@@ -666,6 +666,8 @@ fn close_interrupted(
                     | EventType::McpServerStarted
                     | EventType::McpServerExited
                     | EventType::McpRequestRefused
+                    | EventType::McpToolsPinned
+                    | EventType::McpToolHeld
                     | EventType::SessionStepStarted
                     | EventType::SessionStepCompleted
                     | EventType::SessionStepFailed,

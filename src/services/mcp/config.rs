@@ -20,6 +20,19 @@ pub enum McpStart {
     Open,
 }
 
+/// What a call of a tool gets whose definition is not the one pinned (changed since the
+/// server's tools were pinned, or added after): `on_tool_change`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum McpToolChange {
+    /// Refused, saying why, until the host pins the new definition (default).
+    #[default]
+    Refuse,
+    /// Asked of the approval engine whatever its tier (no rule's `allow`, no earlier
+    /// answer and no auto-approving engine approves it); the first approval pins it.
+    Ask,
+}
+
 /// One tool's settings (`mcp_servers.<name>.tools.<tool>`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,6 +72,8 @@ pub struct McpServerConfig {
     pub tools: BTreeMap<String, McpToolSettings>,
     /// `lazy` (default) or `open`.
     pub start: McpStart,
+    /// A tool whose definition changed since it was pinned: `refuse` (default) or `ask`.
+    pub on_tool_change: McpToolChange,
     /// From its start to the answer of `initialize` and its tool list; default 10 s.
     #[serde(rename = "startup_timeout_ms", with = "settings::millis")]
     pub startup_timeout: Duration,
@@ -83,6 +98,7 @@ impl Default for McpServerConfig {
             tier: 2,
             tools: BTreeMap::new(),
             start: McpStart::Lazy,
+            on_tool_change: McpToolChange::Refuse,
             startup_timeout: Duration::from_secs(10),
             call_timeout: Duration::from_secs(60),
             max_line_bytes: 4 << 20,

@@ -11,16 +11,18 @@ mod discover;
 mod host_requests;
 mod input_required;
 mod oauth;
+mod pins;
 mod remote;
 mod routing;
 mod schema;
 mod server;
 mod sse;
 
-pub use config::{McpServerConfig, McpServers, McpStart, McpToolSettings};
+pub use config::{McpServerConfig, McpServers, McpStart, McpToolChange, McpToolSettings};
 pub use discover::STATELESS_PROTOCOL_VERSION;
 pub use host_requests::{McpClientMethod, McpRefusal, McpRequestHandler, McpServerRequest};
 pub use oauth::{McpAuthorizer, McpOAuthConfig};
+pub use pins::{pin_held_tools, PINS_STREAM};
 pub use server::{MCP_STREAM, PROTOCOL_VERSIONS};
 
 use crate::cancel::CancelToken;
@@ -42,6 +44,7 @@ pub struct McpHub {
     servers: BTreeMap<String, Arc<McpServer>>,
     handlers: host_requests::HandlerSlot,
     authorizer: oauth::AuthorizerSlot,
+    events: Arc<dyn EventStore>,
 }
 
 impl std::fmt::Debug for McpHub {
@@ -77,6 +80,7 @@ impl McpHub {
         let mut servers = BTreeMap::new();
         let handlers = host_requests::HandlerSlot::default();
         let authorizer = oauth::AuthorizerSlot::default();
+        let pins = Arc::new(pins::Pins::new(events.clone()));
         for (name, c) in &config.0 {
             let reach = match &c.url {
                 Some(url) => server::Reach::Remote(
@@ -101,6 +105,7 @@ impl McpHub {
                     reach,
                     events.clone(),
                     handlers.clone(),
+                    pins.clone(),
                 )),
             );
         }
@@ -108,6 +113,7 @@ impl McpHub {
             servers,
             handlers,
             authorizer,
+            events,
         })
     }
 
@@ -168,7 +174,7 @@ impl McpHub {
         let (server, tool) = name.split_once('.')?;
         let s = self.servers.get(server)?;
         match s.tool(tool) {
-            Ok(def) => Some(Arc::new(McpTool::new(s.clone(), def?))),
+            Ok(def) => Some(McpTool::offered(s, def?, name)),
             // Its server is not running: a request for it is refused with why.
             Err(why) => Some(Arc::new(Unavailable {
                 name: name.to_owned(),
@@ -185,14 +191,22 @@ impl McpHub {
         for (name, s) in &self.servers {
             match s.tools() {
                 Ok(tools) => out.extend(tools.into_iter().map(|def| {
-                    let t = McpTool::new(s.clone(), def);
+                    let full_name = format!("{name}.{}", def.name);
+                    let tier = s.config.tier_of(&def.name);
+                    // A held tool's description is not shown (a changed one is what a rug
+                    // pull changes): why it is held is.
+                    let (description, enabled) = match still_held(s, &def) {
+                        Ok(None) => (def.description.clone(), true),
+                        Ok(Some(h)) => (h.reason(&full_name), h.action == McpToolChange::Ask),
+                        Err(why) => (why, false),
+                    };
                     ToolDescription {
-                        name: t.full_name.clone(),
-                        tier: t.tier,
-                        description: t.def.description.clone(),
+                        name: full_name,
+                        tier,
+                        description,
                         operations: Vec::new(),
-                        parameters: t.def.input_schema.clone(),
-                        enabled: true,
+                        parameters: def.input_schema.clone(),
+                        enabled,
                     }
                 })),
                 Err(e) => out.push(ToolDescription {
@@ -206,6 +220,21 @@ impl McpHub {
             }
         }
         out
+    }
+
+    /// Pins the definitions held of `server` (each tool whose listing changed since it was
+    /// pinned, or that was added after; only `tools` of them when it names any): recorded in
+    /// [`PINS_STREAM`] as pinned by the `host`, and used from the tool's next call. What was
+    /// pinned (tool and digest); empty when nothing is held.
+    ///
+    /// # Errors
+    /// The log could not be read or written.
+    pub fn pin_tools(
+        &self,
+        server: &str,
+        tools: &[&str],
+    ) -> crate::events::Result<BTreeMap<String, String>> {
+        pins::pin_held_tools(self.events.as_ref(), server, tools)
     }
 
     /// The servers' names.
@@ -273,22 +302,60 @@ impl Tool for Unavailable {
     }
 }
 
+/// How `def` is held now: none once it is pinned as listed (the log read again, as the host
+/// or another process may have pinned it since it was held).
+fn still_held(server: &McpServer, def: &ToolDef) -> Result<Option<pins::Held>, String> {
+    let Some(held) = &def.held else {
+        return Ok(None);
+    };
+    let pinned = server.pins.pinned(&server.name, &def.name, &def.digest);
+    match pinned {
+        Ok(true) => Ok(None),
+        Ok(false) => Ok(Some(held.clone())),
+        Err(e) => Err(format!("mcp server {}: {e}", server.name)),
+    }
+}
+
 /// One tool of one server, as the registry offers it.
 struct McpTool {
     server: Arc<McpServer>,
     def: Arc<ToolDef>,
     full_name: String,
     tier: Tier,
+    /// Not the definition pinned, and `on_tool_change: "ask"`: a person decides each call,
+    /// and the first approved pins it.
+    held: Option<pins::Held>,
 }
 
 impl McpTool {
-    fn new(server: Arc<McpServer>, def: Arc<ToolDef>) -> McpTool {
-        McpTool {
-            full_name: format!("{}.{}", server.name, def.name),
-            tier: server.config.tier_of(&def.name),
-            server,
-            def,
+    /// The tool `name` as offered: a held one under `refuse` (or one whose pins cannot be
+    /// read) refuses every request, saying why.
+    fn offered(server: &Arc<McpServer>, def: Arc<ToolDef>, name: &str) -> Arc<dyn Tool> {
+        let tier = server.config.tier_of(&def.name);
+        let held = match still_held(server, &def) {
+            Ok(h) => h,
+            Err(why) => {
+                return Arc::new(Unavailable {
+                    name: name.to_owned(),
+                    tier,
+                    why,
+                })
+            }
+        };
+        if let Some(h) = held.as_ref().filter(|h| h.action != McpToolChange::Ask) {
+            return Arc::new(Unavailable {
+                name: name.to_owned(),
+                tier,
+                why: h.reason(name),
+            });
         }
+        Arc::new(McpTool {
+            full_name: name.to_owned(),
+            tier,
+            server: server.clone(),
+            def,
+            held,
+        })
     }
 }
 
@@ -309,6 +376,10 @@ impl Tool for McpTool {
         &self.def.description
     }
 
+    fn approval_notice(&self) -> Option<String> {
+        self.held.as_ref().map(|h| h.reason(&self.full_name))
+    }
+
     fn parameters(&self) -> Value {
         self.def.input_schema.clone()
     }
@@ -326,6 +397,25 @@ impl Tool for McpTool {
 
     fn execute_cancellable(&self, r: &ToolRequest, cancel: &CancelToken) -> ToolResult {
         let id = &r.invocation_id;
+        // Held, and a person approved this call: its definition is pinned before it is sent.
+        if let Some(h) = &self.held {
+            let tools = BTreeMap::from([(self.def.name.clone(), h.listed.clone())]);
+            let pinned =
+                self.server
+                    .pins
+                    .pin(&self.server.name, tools, "approval", Some(id.to_string()));
+            if let Err(e) = pinned {
+                return ToolResult::failure_of(
+                    id,
+                    ToolErrorKind::Io,
+                    format!(
+                        "{}: its new definition cannot be pinned: {e}",
+                        self.full_name
+                    ),
+                    Recoverable::Yes,
+                );
+            }
+        }
         let (answer, progress) = match self.server.call(
             &self.def.name,
             r.parameters.clone(),

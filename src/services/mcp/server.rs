@@ -7,6 +7,7 @@ use super::config::McpServerConfig;
 use super::connection::{Lines, RpcError, Shared};
 use super::discover::{discover, Found, STATELESS_PROTOCOL_VERSION};
 use super::host_requests::HandlerSlot;
+use super::pins::{Held, Pins};
 use super::remote::{Listened, Remote, RemoteSpec};
 use super::routing;
 use crate::cancel::CancelToken;
@@ -42,6 +43,12 @@ pub(crate) struct ToolDef {
     pub input_schema: Value,
     /// The schema its `structuredContent` must match, when it declares one.
     pub output_schema: Option<Value>,
+    /// Its definition's digest, as a pin holds it.
+    pub digest: String,
+    /// Its definition as listed, until its listing is checked against the pins.
+    pub listed: Value,
+    /// Not the definition pinned: how its calls are held (it may have been pinned since).
+    pub held: Option<Held>,
 }
 
 struct Live {
@@ -87,6 +94,8 @@ pub(crate) struct McpServer {
     /// Connections of servers gone (or going) whose requests the host's handler may still be
     /// answering: closing waits for them.
     retired: Mutex<Vec<Arc<Shared>>>,
+    /// The log's tool pins, which each listing is checked against.
+    pub pins: Arc<Pins>,
 }
 
 impl std::fmt::Debug for McpServer {
@@ -215,6 +224,7 @@ impl McpServer {
         reach: Reach,
         events: Arc<dyn EventStore>,
         handlers: HandlerSlot,
+        pins: Arc<Pins>,
     ) -> McpServer {
         McpServer {
             name,
@@ -225,6 +235,7 @@ impl McpServer {
             closed: AtomicBool::new(false),
             handlers,
             retired: Mutex::new(Vec::new()),
+            pins,
         }
     }
 
@@ -309,7 +320,9 @@ impl McpServer {
         if let State::Up(live) = state {
             if !live.shared.is_ended() {
                 if live.shared.tools_changed.swap(false, Ordering::AcqRel) {
-                    match list_tools(&live.shared, self.config.startup_timeout) {
+                    let listed = list_tools(&live.shared, self.config.startup_timeout)
+                        .and_then(|tools| self.reviewed(tools));
+                    match listed {
                         Ok(tools) => live.tools = tools,
                         Err(e) => {
                             // Tried again on the next use.
@@ -472,7 +485,9 @@ impl McpServer {
         isolation: Option<Value>,
         url: Option<String>,
     ) -> Result<Live, String> {
-        match initialize(&live.shared, self.config.startup_timeout) {
+        let found = initialize(&live.shared, self.config.startup_timeout)
+            .and_then(|(protocol, tools)| Ok((protocol, self.reviewed(tools)?)));
+        match found {
             Ok((protocol, tools)) => {
                 self.record(DomainEvent::McpServerStarted {
                     server: self.name.clone(),
@@ -489,6 +504,24 @@ impl McpServer {
                 Err(e)
             }
         }
+    }
+
+    /// A listing checked against the server's pins: each tool not pinned as listed is held.
+    fn reviewed(&self, mut tools: Vec<ToolDef>) -> Result<Vec<Arc<ToolDef>>, String> {
+        let listed: Vec<(String, Value)> = tools
+            .iter_mut()
+            .map(|t| (t.name.clone(), std::mem::take(&mut t.listed)))
+            .collect();
+        let mut held = self
+            .pins
+            .review(&self.name, &listed, self.config.on_tool_change)?;
+        Ok(tools
+            .into_iter()
+            .map(|mut t| {
+                t.held = held.remove(&t.name);
+                Arc::new(t)
+            })
+            .collect())
     }
 
     /// Calls `tool` with `arguments` for invocation `run` (its session and invocation ids);
@@ -614,7 +647,7 @@ const OPEN_STREAM: Duration = Duration::from_secs(2);
 
 /// The revision found ([`discover`] first, `initialize` for a handshake-era server, then
 /// `notifications/initialized` and a remote server's GET stream opened), then the tool list.
-fn initialize(shared: &Shared, timeout: Duration) -> Result<(String, Vec<Arc<ToolDef>>), String> {
+fn initialize(shared: &Shared, timeout: Duration) -> Result<(String, Vec<ToolDef>), String> {
     let deadline = Instant::now().checked_add(timeout);
     let left = |deadline: Option<Instant>| {
         deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()))
@@ -669,7 +702,7 @@ fn initialize(shared: &Shared, timeout: Duration) -> Result<(String, Vec<Arc<Too
 }
 
 /// Every page of `tools/list`.
-fn list_tools(shared: &Shared, timeout: Duration) -> Result<Vec<Arc<ToolDef>>, String> {
+fn list_tools(shared: &Shared, timeout: Duration) -> Result<Vec<ToolDef>, String> {
     let deadline = Instant::now().checked_add(timeout);
     let mut tools = Vec::new();
     let mut param_headers = HashMap::new();
@@ -716,12 +749,15 @@ fn list_tools(shared: &Shared, timeout: Duration) -> Result<Vec<Arc<ToolDef>>, S
                     continue;
                 }
             }
-            tools.push(Arc::new(ToolDef {
+            tools.push(ToolDef {
                 name: name.to_owned(),
                 description: t["description"].as_str().unwrap_or_default().to_owned(),
                 input_schema,
                 output_schema: t.get("outputSchema").filter(|s| s.is_object()).cloned(),
-            }));
+                digest: super::pins::digest(t),
+                held: None,
+                listed: t.clone(),
+            });
         }
         match page["nextCursor"].as_str() {
             Some(c) if !c.is_empty() => cursor = Some(c.to_owned()),
