@@ -96,7 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|c| serde_json::from_str(&c).ok())
         .unwrap_or(Value::Null);
     let mut oauth = json!({
-        "token_file": dir.join("tokens.json"),
+        "token_file": dir.join("tokens/tokens.json"),
         "client_metadata_url": "https://conformance-test.local/client-metadata.json",
         "authorize_timeout_ms": 10000
     });

@@ -298,8 +298,10 @@ typedef int32_t (*correx_chunk_fn)(void *user_data, int32_t kind, const char *te
  * `tool` is the tool's name, `tier` 0..3, `request_json` the full request with its context
  * (`{"v":1,"invocation_id":..,"session_id":..,"tool_name":..,"parameters":{..},"context":
  * {"session_id":..,"stage_id":..|null,"mode":"interactive"|"auto"|"deny","invocation_id":..,
- * "tier":2,"paths":["/abs/path",..],"argv":[..]|null}}`, `paths` being every file the tool may
- * change and `argv` the shell's command line); both strings live only during the call.
+ * "tier":2,"paths":["/abs/path",..],"argv":[..]|null,"notice":"..."|null}}`, `paths` being
+ * every file the tool may change, `argv` the shell's command line, and `notice` why a person
+ * must decide it whatever the rules or earlier answers (an MCP tool whose definition changed
+ * since it was pinned, under `on_tool_change: "ask"`); both strings live only during the call.
  * Return `CORREX_APPROVE` to approve, `CORREX_APPROVE_FOR_SESSION` to approve it and the same
  * tool and argv prefix for the rest of the session, `CORREX_DEFER` to record the request for
  * a durable decision from any process (`correx_approvals_decide`; a session step returns
@@ -743,6 +745,37 @@ int32_t correx_mcp_answer_refuse(struct correx_mcp_answer *answer,
 int32_t correx_mcp_answer_cancelled(const struct correx_mcp_answer *answer);
 
 /**
+ * Pins what is held of MCP server `server`: each tool whose definition changed since it was
+ * pinned (recorded `mcp.tool_held`) and that no later pin covers, or only those of `tools`.
+ * Each is recorded pinned by the `host` (`mcp.tools_pinned`) and used from its next call, by
+ * this runtime and any other on the log.
+ *
+ * # Parameters
+ * - `request_json`: `{"v": 1, "server": "a server of the config's mcp_servers", "tools":
+ *   ["a tool's name without its server's prefix", ...] (optional; none: every held tool)}`.
+ * - `out_json`: receives `{"v": 1, "pinned": {"tool": "sha256:digest", ...}}`, empty when
+ *   nothing was held.
+ *
+ * # Returns
+ * `CORREX_OK`; `CORREX_E_NOT_FOUND` when the config has no such server;
+ * `CORREX_E_INVALID_ARGUMENT`, `CORREX_E_EVENT_STORE`, `CORREX_E_NULL`, `CORREX_E_UNUSABLE`.
+ *
+ * # Memory and lifetimes
+ * `*out_json` is the caller's, freed with `correx_string_free`; untouched on error.
+ *
+ * # Blocking and threads
+ * Reads the log's `mcp-pins` stream and appends at most one event; starts no server. Any
+ * thread.
+ *
+ * # Safety
+ * Pointers are NULL or valid as documented.
+ */
+int32_t correx_mcp_pin(const struct correx_runtime *rt,
+                       const char *request_json,
+                       char **out_json,
+                       struct correx_error **err);
+
+/**
  * The runtime's metrics as Prometheus text exposition (format 0.0.4, the body a `/metrics`
  * endpoint serves): what the log records (`correx_tool_runs_total{tool,outcome}`, approval
  * waits, inference latency and tokens, model loads and unloads by reason, jobs, session
@@ -1060,7 +1093,8 @@ int32_t correx_models_status(const struct correx_runtime *rt,
  *   "max_tier": 2, "rules": [{"tool", "argv_prefix", "action": "allow"|"ask"|"forbid"}]},
  *   "mcp_servers": {"name": {"command": ["/path/server", "arg"], "env", "working_dirs",
  *   "isolation", "tier", "tools": {"tool": {"tier"}}, "start": "lazy"|"open",
- *   "startup_timeout_ms", "call_timeout_ms", "max_line_bytes"}},
+ *   "on_tool_change": "refuse"|"ask",
+ *   "startup_timeout_ms", "call_timeout_ms", "max_call_ms", "max_line_bytes"}},
  *   "seal": {"file": "/path/log.seals", "interval_ms": 60000, "key_file": "/path/key"},
  *   "otlp": {"endpoint": "http://127.0.0.1:4318", "service_name": "correx",
  *   "queue_spans": 2048, "timeout_ms": 5000}}`. Every tool is disabled

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-struct Rt(*mut correx_runtime);
+pub(crate) struct Rt(pub(crate) *mut correx_runtime);
 
 // SAFETY: correx_runtime is documented as shareable across threads.
 unsafe impl Send for Rt {}
@@ -297,7 +297,7 @@ fn a_panic_is_caught_and_leaves_the_handle_unusable() -> TestResult {
 }
 
 /// Calls a JSON-answering export: its code, and its JSON (or its error's message).
-fn call_json(
+pub(crate) fn call_json(
     f: impl FnOnce(*mut *mut std::ffi::c_char, *mut *mut correx_error) -> i32,
 ) -> (i32, String) {
     let mut out = ptr::null_mut();

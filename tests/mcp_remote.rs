@@ -514,11 +514,11 @@ fn oauth_discovery_scenario() -> TestResult {
             "metadata": {"url": format!("http://mcp.test:{metadata_port}/mcp"), "tier": 0,
                          "network": {"allow": [format!("mcp.test:{metadata_port}")],
                                      "resolve": {"mcp.test": "127.0.0.1"}},
-                         "oauth": {"token_file": dir.join("t1.json")}},
+                         "oauth": {"token_file": dir.join("tokens/t1.json")}},
             "loopback": {"url": format!("http://mcp.test:{loopback_port}/mcp"), "tier": 0,
                          "network": {"allow": [format!("mcp.test:{loopback_port}")],
                                      "resolve": {"mcp.test": "127.0.0.1"}},
-                         "oauth": {"token_file": dir.join("t2.json")}}
+                         "oauth": {"token_file": dir.join("tokens/t2.json")}}
         }),
     )?;
     let opened = Arc::new(AtomicUsize::new(0));
@@ -595,6 +595,11 @@ struct AuthState {
     refreshes: u32,
     /// The refresh token it would accept next.
     refresh: Option<String>,
+    /// Refresh requests received, accepted or not.
+    refresh_tries: u32,
+    /// The resource's metadata names another authorization server, `{base}/other` (served by
+    /// the stub too, with its own issuer).
+    moved: bool,
 }
 
 /// A stub remote server that is also its own authorization server (named a stub: the
@@ -635,15 +640,22 @@ fn oauth_stub() -> (u16, Arc<parking_lot::Mutex<AuthState>>) {
                 format!("HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}", b.len())
             };
             let mut s = st.lock();
+            let issuer = if s.moved {
+                format!("{base}/other")
+            } else {
+                base.clone()
+            };
             let text = if target == "/.well-known/oauth-protected-resource/mcp" {
                 json_reply(
                     "200 OK",
-                    json!({"resource": format!("{base}/mcp"), "authorization_servers": [base]}),
+                    json!({"resource": format!("{base}/mcp"), "authorization_servers": [issuer]}),
                 )
-            } else if target == "/.well-known/oauth-authorization-server" {
+            } else if target == "/.well-known/oauth-authorization-server"
+                || (s.moved && target == "/.well-known/oauth-authorization-server/other")
+            {
                 json_reply(
                     "200 OK",
-                    json!({"issuer": base,
+                    json!({"issuer": issuer,
                     "authorization_endpoint": format!("{base}/authorize"),
                     "token_endpoint": format!("{base}/token"),
                     "registration_endpoint": format!("{base}/register"),
@@ -665,11 +677,12 @@ fn oauth_stub() -> (u16, Arc<parking_lot::Mutex<AuthState>>) {
                 let location = format!(
                     "{redirect}?code=c0de&state={}&iss={}",
                     get("state"),
-                    base.replace(':', "%3A").replace('/', "%2F")
+                    issuer.replace(':', "%3A").replace('/', "%2F")
                 );
                 format!("HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             } else if target == "/token" {
                 let refreshing = body.contains("grant_type=refresh_token");
+                s.refresh_tries += u32::from(refreshing);
                 let allowed = if refreshing {
                     s.refresh
                         .as_ref()
@@ -756,7 +769,9 @@ fn a_token_that_expires_mid_session_is_refreshed_once_stored_0600_and_never_logg
     use std::os::unix::fs::PermissionsExt;
     let (port, state) = oauth_stub();
     let dir = TempDir::new("mcp-remote-oauth");
-    let tokens = dir.join("tokens.json");
+    // In a directory of its own: correx makes it 0700 (a token file in a directory others can
+    // enter is refused).
+    let tokens = dir.join("tokens/tokens.json");
     let rt = Arc::new(runtime(
         &dir,
         json!({"s": {"url": format!("http://mcp.test:{port}/mcp"), "tier": 0,
@@ -842,5 +857,75 @@ fn a_token_that_expires_mid_session_is_refreshed_once_stored_0600_and_never_logg
         let text = String::from_utf8_lossy(bytes);
         assert!(!text.contains("secret-"), "a token reached the event log");
     }
+    Ok(())
+}
+
+/// The config of the OAuth stub on `port` as server `s`, its tokens in `tokens`.
+fn oauth_server(port: u16, tokens: &std::path::Path) -> Value {
+    json!({"s": {"url": format!("http://mcp.test:{port}/mcp"), "tier": 0,
+                 "network": {"allow": [format!("mcp.test:{port}")],
+                             "resolve": {"mcp.test": "127.0.0.1"}},
+                 "oauth": {"token_file": tokens}}})
+}
+
+/// Two hosts share one token file and the server rotates refresh tokens (each is good once):
+/// the second to find its token expired takes the one the first refreshed, instead of
+/// spending the used refresh token and losing the login.
+#[test]
+fn two_hosts_sharing_a_token_file_refresh_once_between_them() -> TestResult {
+    let (port, state) = oauth_stub();
+    let shared = TempDir::new("mcp-remote-oauth-shared");
+    let tokens = shared.join("tokens/tokens.json");
+    let (dir_a, dir_b) = (TempDir::new("mcp-oauth-a"), TempDir::new("mcp-oauth-b"));
+    let a = runtime(&dir_a, oauth_server(port, &tokens))?;
+    a.mcp().set_authorizer(Some(Arc::new(Browser)));
+    let r = call(&a, "s.t", json!({}));
+    assert!(r.is_success(), "{r:?}");
+    // The second host has no authorizer: it runs on the login the first made.
+    let b = runtime(&dir_b, oauth_server(port, &tokens))?;
+    let r = call(&b, "s.t", json!({}));
+    assert!(r.is_success(), "{r:?}");
+    state.lock().valid = None;
+    for host in [&a, &b] {
+        let r = call(host, "s.t", json!({}));
+        assert!(r.is_success(), "{r:?}");
+    }
+    let s = state.lock();
+    assert_eq!(
+        (s.authorizations, s.refreshes, s.refresh_tries),
+        (1, 1, 1),
+        "one refresh between the two hosts"
+    );
+    Ok(())
+}
+
+/// The resource's metadata moves it to another authorization server (where its network
+/// allows): the refresh token is not sent there; a new registration and login are.
+#[test]
+fn a_refresh_token_is_never_sent_to_another_authorization_server() -> TestResult {
+    let (port, state) = oauth_stub();
+    let dir = TempDir::new("mcp-remote-oauth-moved");
+    let tokens = dir.join("tokens/tokens.json");
+    {
+        let rt = runtime(&dir, oauth_server(port, &tokens))?;
+        rt.mcp().set_authorizer(Some(Arc::new(Browser)));
+        let r = call(&rt, "s.t", json!({}));
+        assert!(r.is_success(), "{r:?}");
+    }
+    {
+        let mut s = state.lock();
+        s.valid = None;
+        s.moved = true;
+    }
+    let rt = runtime(&dir, oauth_server(port, &tokens))?;
+    rt.mcp().set_authorizer(Some(Arc::new(Browser)));
+    let r = call(&rt, "s.t", json!({}));
+    assert!(r.is_success(), "{r:?}");
+    let s = state.lock();
+    assert_eq!(
+        s.refresh_tries, 0,
+        "the refresh token went to another server"
+    );
+    assert_eq!((s.registrations, s.authorizations), (2, 2));
     Ok(())
 }

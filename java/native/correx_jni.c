@@ -737,6 +737,17 @@ JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_approvalsList(JNIEnv *env, j
     return answer(env, rc, err, out);
 }
 
+JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_mcpPin(JNIEnv *env, jclass cls, jlong rt,
+                                                         jbyteArray request) {
+    (void)cls;
+    IN(q, request, NULL);
+    char *out = NULL;
+    correx_error *err = NULL;
+    int32_t rc = correx_mcp_pin(RT(rt), q, &out, &err);
+    free(q);
+    return answer(env, rc, err, out);
+}
+
 JNIEXPORT jbyteArray JNICALL Java_dev_correx_Native_sessionTranscript(JNIEnv *env, jclass cls,
                                                                      jlong rt, jbyteArray session) {
     (void)cls;

@@ -357,6 +357,20 @@ public final class LibraryTest {
             }
         });
 
+        test("an MCP server's held tools are pinned by the host; an unknown server is not found", () -> {
+            Path d = dir.resolve("pins");
+            Files.createDirectories(d);
+            // Lazy: the server is never started, as pinning reads only the log.
+            Map<String, Object> server = Map.of("command", List.of("/bin/false"));
+            try (Runtime rt = Runtime.open(Map.of("event_log", d.resolve("events.db").toString(),
+                    "mcp_servers", Map.of("p", server)))) {
+                String none = rt.pinMcpToolsJson("p");
+                check(none.contains("\"pinned\":{}"), "pinned with nothing held: " + none);
+                expect(NotFoundException.class, () -> rt.pinMcpToolsJson("q", "fetch"));
+                check(rt.events().lastPosition() == 0, "nothing held, nothing recorded");
+            }
+        });
+
         test("a callback calling its runtime while a close waits gets ClosedException, not a hang", () -> {
             Runtime rt = config("reentry").build();
             AtomicReference<String> seen = new AtomicReference<>("not asked");
@@ -491,6 +505,7 @@ public final class LibraryTest {
                 ApprovalRequest r = seen.get(0);
                 check(r.toolName().equals("file_write") && r.tier() == 2 && r.sessionId().equals("s2"), "request " + r);
                 check(r.paths().size() == 1 && r.paths().get(0).endsWith("yes.txt") && r.argv() == null, "paths " + r.paths());
+                check(r.notice() == null, "a notice on a plain request: " + r.notice());
                 List<Event> events = rt.events().readStream("session-s2", 1, 100);
                 check(events.stream().anyMatch(e -> e.typeId().equals("tool.approval_decided")), "decisions recorded");
                 check(events.stream().anyMatch(e -> e.typeId().equals("tool.execution_rejected")), "rejection recorded");

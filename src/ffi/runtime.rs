@@ -23,8 +23,10 @@ use std::sync::Arc;
 /// `tool` is the tool's name, `tier` 0..3, `request_json` the full request with its context
 /// (`{"v":1,"invocation_id":..,"session_id":..,"tool_name":..,"parameters":{..},"context":
 /// {"session_id":..,"stage_id":..|null,"mode":"interactive"|"auto"|"deny","invocation_id":..,
-/// "tier":2,"paths":["/abs/path",..],"argv":[..]|null}}`, `paths` being every file the tool may
-/// change and `argv` the shell's command line); both strings live only during the call.
+/// "tier":2,"paths":["/abs/path",..],"argv":[..]|null,"notice":"..."|null}}`, `paths` being
+/// every file the tool may change, `argv` the shell's command line, and `notice` why a person
+/// must decide it whatever the rules or earlier answers (an MCP tool whose definition changed
+/// since it was pinned, under `on_tool_change: "ask"`); both strings live only during the call.
 /// Return `CORREX_APPROVE` to approve, `CORREX_APPROVE_FOR_SESSION` to approve it and the same
 /// tool and argv prefix for the rest of the session, `CORREX_DEFER` to record the request for
 /// a durable decision from any process (`correx_approvals_decide`; a session step returns
@@ -125,6 +127,7 @@ fn approval_json(request: &ApprovalRequest, context: &ApprovalContext) -> serde_
         "tier": request.tier.as_i32(),
         "paths": request.paths,
         "argv": request.argv,
+        "notice": request.notice,
     });
     v
 }
@@ -230,7 +233,8 @@ pub(super) unsafe fn answer_json(
 ///   "max_tier": 2, "rules": [{"tool", "argv_prefix", "action": "allow"|"ask"|"forbid"}]},
 ///   "mcp_servers": {"name": {"command": ["/path/server", "arg"], "env", "working_dirs",
 ///   "isolation", "tier", "tools": {"tool": {"tier"}}, "start": "lazy"|"open",
-///   "startup_timeout_ms", "call_timeout_ms", "max_line_bytes"}},
+///   "on_tool_change": "refuse"|"ask",
+///   "startup_timeout_ms", "call_timeout_ms", "max_call_ms", "max_line_bytes"}},
 ///   "seal": {"file": "/path/log.seals", "interval_ms": 60000, "key_file": "/path/key"},
 ///   "otlp": {"endpoint": "http://127.0.0.1:4318", "service_name": "correx",
 ///   "queue_spans": 2048, "timeout_ms": 5000}}`. Every tool is disabled

@@ -1,5 +1,6 @@
 //! [`McpServers`]: the config section `mcp_servers`, a server per name.
 
+use super::connection::CallTime;
 use super::oauth::McpOAuthConfig;
 use crate::confine::{Allowlist, IsolationOptions};
 use crate::settings::{self, ConfigError, Section};
@@ -77,9 +78,14 @@ pub struct McpServerConfig {
     /// From its start to the answer of `initialize` and its tool list; default 10 s.
     #[serde(rename = "startup_timeout_ms", with = "settings::millis")]
     pub startup_timeout: Duration,
-    /// One call's limit; default 60 s.
+    /// How long a call may go without its answer or a progress notification (each one it
+    /// sends about the call starts this wait again); default 60 s.
     #[serde(rename = "call_timeout_ms", with = "settings::millis")]
     pub call_timeout: Duration,
+    /// The longest a call lasts, whatever progress it reports (never less than
+    /// `call_timeout_ms`); default 1 hour.
+    #[serde(rename = "max_call_ms", with = "settings::millis")]
+    pub max_call: Duration,
     /// The longest line it may write (a remote server: the longest body or event); a longer
     /// one ends it. Default 4 MiB.
     pub max_line_bytes: usize,
@@ -101,12 +107,22 @@ impl Default for McpServerConfig {
             on_tool_change: McpToolChange::Refuse,
             startup_timeout: Duration::from_secs(10),
             call_timeout: Duration::from_secs(60),
+            max_call: Duration::from_secs(3600),
             max_line_bytes: 4 << 20,
         }
     }
 }
 
 impl McpServerConfig {
+    /// How long one call may take: `call_timeout_ms` without word from the server, at most
+    /// `max_call_ms` in all.
+    pub(crate) fn call_time(&self) -> CallTime {
+        CallTime {
+            idle: self.call_timeout,
+            total: self.max_call.max(self.call_timeout),
+        }
+    }
+
     /// The tier of `tool`.
     pub fn tier_of(&self, tool: &str) -> Tier {
         Tier::from_i32(
@@ -189,6 +205,12 @@ impl McpServerConfig {
         }
         settings::positive_ms("startup_timeout_ms", self.startup_timeout)?;
         settings::positive_ms("call_timeout_ms", self.call_timeout)?;
+        settings::check(
+            self.max_call <= crate::tools::MAX_TIMEOUT,
+            "max_call_ms",
+            "must be at most 7 days",
+        )?;
+        settings::positive_ms("max_call_ms", self.max_call)?;
         settings::check(
             self.call_timeout <= crate::tools::MAX_TIMEOUT,
             "call_timeout_ms",

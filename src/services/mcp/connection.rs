@@ -25,6 +25,21 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+/// How long a request may wait for its answer: `idle` without word from the server about it
+/// (each progress notification starts this wait again), `total` in all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CallTime {
+    pub idle: Duration,
+    pub total: Duration,
+}
+
+/// A fixed wait: progress does not extend it.
+impl From<Duration> for CallTime {
+    fn from(d: Duration) -> Self {
+        CallTime { idle: d, total: d }
+    }
+}
+
 /// Progress notifications kept per call (the last ones).
 const KEPT_PROGRESS: usize = 64;
 /// Bytes of one stderr line kept in the log.
@@ -377,8 +392,8 @@ impl Shared {
     }
 
     /// Sends a request and waits for its answer (result, and the progress notifications that
-    /// came with it), up to `timeout`; a cancel tells the server (`notifications/cancelled`)
-    /// and returns at once. While it waits, `on_progress` is given the latest progress
+    /// came with it), within `time` (a progress notification about it starts its idle wait
+    /// again); a cancel tells the server (`notifications/cancelled`) and returns at once. While it waits, `on_progress` is given the latest progress
     /// notification at most every [`PROGRESS_EVERY`] (one that repeats the last is skipped;
     /// at most [`PROGRESS_PASSED_MAX`] in all), on this thread, with no lock held; the latest
     /// is passed on before the answer is returned.
@@ -386,15 +401,16 @@ impl Shared {
         &self,
         method: &str,
         mut params: Map<String, Value>,
-        timeout: Duration,
+        time: impl Into<CallTime>,
         cancel: Option<&CancelToken>,
         on_progress: Option<&dyn Fn(&Value)>,
     ) -> (Result<Value, RpcError>, Vec<Value>) {
-        let deadline = Instant::now().checked_add(timeout);
+        let time = time.into();
+        let deadline = Instant::now().checked_add(time.total);
         let mut progress = Vec::new();
         let stateless = self.meta.lock().is_some();
         for round in 0..=input_required::MAX_ROUNDS {
-            let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+            let left = deadline.map_or(time.total, |d| d.saturating_duration_since(Instant::now()));
             if round > 0 {
                 // The host took the time (or the caller gave up) while giving the input.
                 if cancel.is_some_and(CancelToken::is_cancelled) {
@@ -404,8 +420,12 @@ impl Shared {
                     return (Err(RpcError::TimedOut), progress);
                 }
             }
+            let round_time = CallTime {
+                idle: time.idle.min(left),
+                total: left,
+            };
             let (answer, heard) =
-                self.request_once(method, params.clone(), left, cancel, on_progress);
+                self.request_once(method, params.clone(), round_time, cancel, on_progress);
             progress.extend(heard);
             // A result that asks for input first (the stateless revision's): the input is
             // had, and the request sent again with it, under a new id.
@@ -442,7 +462,7 @@ impl Shared {
         &self,
         method: &str,
         mut params: Map<String, Value>,
-        timeout: Duration,
+        time: CallTime,
         cancel: Option<&CancelToken>,
         on_progress: Option<&dyn Fn(&Value)>,
     ) -> (Result<Value, RpcError>, Vec<Value>) {
@@ -460,14 +480,15 @@ impl Shared {
                 }
             }
         }
-        match self.send_request(id, method, params, cancel, timeout) {
+        // No word can come before the answer's head: the idle wait bounds the send.
+        match self.send_request(id, method, params, cancel, time.idle) {
             Ok(()) => {}
             // A remote server's POST was given up: as a wait for an answer would have been.
             Err(RpcError::Cancelled) => return self.abandon(id, method, true, Vec::new()),
             Err(RpcError::TimedOut) => return self.abandon(id, method, false, Vec::new()),
             Err(e) => return (Err(e), Vec::new()),
         }
-        self.await_answer(id, method, timeout, cancel, on_progress)
+        self.await_answer(id, method, time, cancel, on_progress)
     }
 
     /// Registers the waiter of request `id`, then sends it; on a failure the waiter is removed
@@ -510,15 +531,24 @@ impl Shared {
         &self,
         id: u64,
         method: &str,
-        timeout: Duration,
+        time: impl Into<CallTime>,
         cancel: Option<&CancelToken>,
         on_progress: Option<&dyn Fn(&Value)>,
     ) -> (Result<Value, RpcError>, Vec<Value>) {
-        let deadline = Instant::now().checked_add(timeout);
+        let time = time.into();
+        let started = Instant::now();
+        let total = started.checked_add(time.total);
+        let mut idle = started.checked_add(time.idle);
+        let mut heard_at_idle = 0;
         let mut passing = Passing::default();
         let mut waiters = self.waiters.lock();
         loop {
             if let Some(w) = waiters.get_mut(&id) {
+                // Word about the call: its idle wait starts again.
+                if w.heard != heard_at_idle {
+                    heard_at_idle = w.heard;
+                    idle = Instant::now().checked_add(time.idle);
+                }
                 if w.answer.is_some() {
                     let w = waiters.remove(&id);
                     drop(waiters);
@@ -535,6 +565,10 @@ impl Shared {
                 }
             }
             let cancelled = cancel.is_some_and(CancelToken::is_cancelled);
+            let deadline = match (idle, total) {
+                (Some(i), Some(t)) => Some(i.min(t)),
+                (i, t) => i.or(t),
+            };
             let late = deadline.is_some_and(|d| Instant::now() >= d);
             if cancelled || late {
                 let progress = waiters.remove(&id).map(|w| w.progress).unwrap_or_default();

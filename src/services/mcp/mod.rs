@@ -11,6 +11,7 @@ mod discover;
 mod host_requests;
 mod input_required;
 mod oauth;
+mod pattern;
 mod pins;
 mod remote;
 mod routing;

@@ -1,9 +1,10 @@
 //! The part of JSON Schema an MCP tool's `inputSchema` uses in practice, checked before a call
 //! is put to the approver: `type` (one or a list), `properties`, `required`,
 //! `additionalProperties: false`, `enum`, `const`, `items`, `minItems`/`maxItems`,
-//! `minLength`/`maxLength`, `minimum`/`maximum`, and `anyOf`/`oneOf` (at least one alternative
-//! must hold; `oneOf` is not held to exactly one). Keywords it does not know are ignored (the server checks again); a schema that is not
-//! an object accepts everything.
+//! `minLength`/`maxLength`, `pattern` (see [`super::pattern`]), `minimum`/`maximum`, and
+//! `anyOf`/`oneOf` (at least one alternative must hold; `oneOf` is not held to exactly one).
+//! Keywords it does not know are ignored (the server checks again); a schema that is not an
+//! object accepts everything.
 
 use serde_json::{Map, Value};
 
@@ -74,14 +75,22 @@ fn check_at(schema: &Value, value: &Value, path: &str, depth: usize) -> Result<(
     match value {
         Value::Object(o) => object(s, o, path, depth),
         Value::Array(items) => array(s, items, path, depth),
-        Value::String(text) => bounds(
-            s,
-            "minLength",
-            "maxLength",
-            text.chars().count(),
-            path,
-            "characters",
-        ),
+        Value::String(text) => {
+            bounds(
+                s,
+                "minLength",
+                "maxLength",
+                text.chars().count(),
+                path,
+                "characters",
+            )?;
+            match s.get("pattern") {
+                Some(Value::String(p)) if super::pattern::matches(p, text) == Some(false) => {
+                    Err(format!("{path} does not match the pattern {p:?}"))
+                }
+                _ => Ok(()),
+            }
+        }
         Value::Number(n) => number(s, n, path),
         Value::Null | Value::Bool(_) => Ok(()),
     }

@@ -572,7 +572,7 @@ impl McpServer {
         let (answer, progress) = shared.request(
             "tools/call",
             params,
-            self.config.call_timeout,
+            self.config.call_time(),
             Some(cancel),
             Some(&record_progress),
         );

@@ -6,7 +6,9 @@ import java.util.Map;
 /**
  * What an approver is asked about: the tool and its tier, the session and invocation, the
  * request's parameters, every file the tool may change ({@code paths}), the shell's command
- * line ({@code argv}, null for other tools), the approval mode, and the whole request as JSON.
+ * line ({@code argv}, null for other tools), the approval mode, a {@code notice} when a person
+ * must decide it whatever the rules (an MCP tool whose definition changed since it was pinned;
+ * null otherwise), and the whole request as JSON.
  */
 public record ApprovalRequest(
         String toolName,
@@ -17,6 +19,7 @@ public record ApprovalRequest(
         Map<String, Object> parameters,
         List<String> paths,
         List<String> argv,
+        String notice,
         String json) {
 
     static ApprovalRequest from(String tool, int tier, String json) {
@@ -32,6 +35,7 @@ public record ApprovalRequest(
                 Json.obj(m, "parameters"),
                 Json.strings(ctx, "paths"),
                 argv,
+                ctx.get("notice") == null ? null : Json.str(ctx, "notice"),
                 json);
     }
 }

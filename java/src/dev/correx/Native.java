@@ -201,5 +201,7 @@ final class Native {
 
     static native byte[] approvalsList(long rt, byte[] session, int all);
 
+    static native byte[] mcpPin(long rt, byte[] request);
+
     static native void setLogger(LogBridge bridge, int maxLevel);
 }

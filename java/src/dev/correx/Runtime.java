@@ -108,6 +108,28 @@ public final class Runtime implements AutoCloseable {
         return Native.text(out);
     }
 
+    /**
+     * Pins what is held of MCP server {@code server}: each tool whose definition changed since
+     * it was pinned, or only those named in {@code tools} (names without the server's prefix).
+     * Each is used from its next call, by this runtime and any other on the log.
+     *
+     * @return what was pinned as JSON, {@code {"v": 1, "pinned": {"tool": "sha256:...", ...}}},
+     *     empty when nothing was held
+     * @throws NotFoundException when the config has no such server
+     */
+    public String pinMcpToolsJson(String server, String... tools) {
+        Map<String, Object> m = new LinkedHashMap<>();
+        m.put("v", 1);
+        m.put("server", server == null ? "" : server);
+        m.put("tools", tools == null ? List.of() : java.util.Arrays.asList(tools));
+        byte[] request = Native.utf8(Json.write(m), "request");
+        byte[] out;
+        try (Handle.Use u = handle.use()) {
+            out = Native.mcpPin(u.ptr, request);
+        }
+        return Native.text(out);
+    }
+
     /** Durable session {@code id}: steps performed once, answered from the log after. */
     public Session session(String id) {
         return new Session(this, id);

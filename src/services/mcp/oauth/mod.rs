@@ -70,7 +70,8 @@ pub struct McpOAuthConfig {
     pub client_metadata_url: Option<String>,
     /// Scopes asked for when neither the server's challenge nor its metadata names any.
     pub scopes: Vec<String>,
-    /// Where the registration and tokens are kept (mode 0600); default
+    /// Where the registration and tokens are kept (mode 0600, in a directory only this user
+    /// can enter, made 0700 if missing); default
     /// `$XDG_STATE_HOME/correx/mcp-oauth/<digest of the url>.json`
     /// (`~/.local/state/...`).
     pub token_file: Option<PathBuf>,
@@ -225,12 +226,33 @@ impl OAuth {
         let (Some(client), Some(tokens)) = (saved.client.clone(), saved.tokens.clone()) else {
             return Err("nothing to refresh".into());
         };
+        // Another process on the same file may have refreshed meanwhile, and a rotated
+        // refresh token is good once: its tokens are taken instead.
+        let disk = self.file.as_ref().map(|f| f.load(&self.url));
+        if let Some(disk) = disk.filter(|d| {
+            d.tokens.as_ref().is_some_and(|t| {
+                t.access_token != tokens.access_token
+                    && t.expires_at.is_none_or(|at| at > now() + REFRESH_MARGIN)
+            })
+        }) {
+            *saved = disk;
+            return Ok(());
+        }
         // Taken out first: `discover` locks `found` itself.
         let cached = self.found.lock().clone();
         let found = match cached {
             Some(f) => f,
             None => self.discover(&Challenge::default(), cancel)?,
         };
+        // A refresh token is only ever sent to the server that issued it: metadata that now
+        // names another authorization server gets a new authorization instead.
+        if found.1.issuer != client.issuer {
+            return Err(format!(
+                "the authorization server is now {:?}, not {:?} that issued the tokens: not \
+                 refreshed there",
+                found.1.issuer, client.issuer
+            ));
+        }
         let fresh = flow::refresh(
             &self.resolver,
             &found.1,

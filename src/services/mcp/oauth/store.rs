@@ -1,9 +1,9 @@
 //! Where a server's OAuth client registration and tokens are kept between runs: a JSON file
-//! of mode 0600 in a 0700 directory, replaced whole (written beside it, then renamed), so a
-//! crash leaves the old tokens or the new, never half of either.
+//! of mode 0600 in a directory only this user can enter, replaced whole (written beside it,
+//! then renamed), so a crash leaves the old tokens or the new, never half of either. A file
+//! or directory another user could have placed or changed is not trusted.
 
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -97,35 +97,64 @@ impl TokenFile {
     }
 
     /// What the file holds for `server`; nothing when it is missing, unreadable, for another
-    /// server, or not ours (a file others may read is not trusted, and is replaced).
+    /// server, or not trusted: a symlink, another user's, open to others, or in a directory
+    /// others can enter (it is replaced, or refused at [`TokenFile::save`]).
     pub fn load(&self, server: &str) -> Saved {
-        use std::os::unix::fs::MetadataExt;
         let fresh = Saved {
             server: server.to_owned(),
             ..Saved::default()
         };
-        let Ok(meta) = std::fs::metadata(&self.path) else {
-            return fresh;
-        };
-        if meta.mode() & 0o077 != 0 {
-            log::warn!(
-                "{}: readable by others; not used (it will be replaced)",
-                self.path.display()
-            );
-            return fresh;
+        match self.read_trusted() {
+            Ok(Some(bytes)) => serde_json::from_slice::<Saved>(&bytes)
+                .ok()
+                .filter(|s| s.server == server)
+                .unwrap_or(fresh),
+            Ok(None) => fresh,
+            Err(why) => {
+                log::warn!("{}: {why}; not used", self.path.display());
+                fresh
+            }
         }
-        std::fs::read(&self.path)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Saved>(&b).ok())
-            .filter(|s| s.server == server)
-            .unwrap_or(fresh)
     }
 
-    /// Replaces the file with `saved`.
+    /// The file's bytes, if it exists and is trusted.
+    fn read_trusted(&self) -> Result<Option<Vec<u8>>, String> {
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
+        if let Some(dir) = self.path.parent().filter(|d| d.exists()) {
+            crate::private_dir::check_private(dir).map_err(|e| e.to_string())?;
+        }
+        // Not followed: a link planted here could point at another file this user can read.
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.path);
+        let mut f = match opened {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        };
+        let meta = f.metadata().map_err(|e| e.to_string())?;
+        if !meta.is_file() {
+            return Err("not a regular file".into());
+        }
+        if meta.uid() != crate::sys::uid() {
+            return Err("it belongs to another user".into());
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err("readable by others (it will be replaced)".into());
+        }
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+        Ok(Some(bytes))
+    }
+
+    /// Replaces the file with `saved`: written whole into a new file beside it (never through
+    /// a link), then renamed over it.
     ///
     /// # Errors
-    /// The directory or file could not be written (the message names the path, never what
-    /// it holds).
+    /// The directory could not be made, is open to others or not this user's, or the file
+    /// could not be written (the message names the path, never what it holds).
     pub fn save(&self, saved: &Saved) -> Result<(), String> {
         let fail = |e: std::io::Error| format!("{}: {e}", self.path.display());
         let dir = self.path.parent().unwrap_or(Path::new("."));
@@ -134,26 +163,9 @@ impl TokenFile {
             .mode(0o700)
             .create(dir)
             .map_err(fail)?;
-        let tmp = self
-            .path
-            .with_extension(format!("tmp{}", std::process::id()));
+        crate::private_dir::check_private(dir).map_err(|e| e.to_string())?;
         let body = serde_json::to_vec_pretty(saved).map_err(|e| e.to_string())?;
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .and_then(|mut f| {
-                f.write_all(&body)?;
-                f.sync_all()
-            })
-            .and_then(|()| std::fs::rename(&tmp, &self.path));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(fail(e));
-        }
-        Ok(())
+        crate::private_dir::write_atomic(&self.path, &body).map_err(fail)
     }
 }
 
@@ -199,6 +211,75 @@ mod tests {
             None,
             "a shared file is not trusted"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn sample(server: &str, token: &str) -> Saved {
+        Saved {
+            server: server.into(),
+            client: None,
+            tokens: Some(Tokens {
+                access_token: token.into(),
+                ..Tokens::default()
+            }),
+        }
+    }
+
+    /// An attacker who could write the token directory plants a link to a file of the user's
+    /// (to have its tokens read from, or written over, something else).
+    #[test]
+    fn a_link_in_place_of_the_token_file_is_neither_read_nor_written_through() {
+        let dir = std::env::temp_dir().join(format!("correx-tokens-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir.join("state"))
+            .expect("dir");
+        let target = dir.join("elsewhere.json");
+        let planted = serde_json::to_vec(&sample("http://a/mcp", "PLANTED")).expect("json");
+        std::fs::write(&target, &planted).expect("target");
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let path = dir.join("state/t.json");
+        std::os::unix::fs::symlink(&target, &path).expect("symlink");
+        let file = TokenFile::new(path.clone());
+        assert_eq!(
+            file.load("http://a/mcp").tokens,
+            None,
+            "read through a link"
+        );
+        file.save(&sample("http://a/mcp", "MINE")).expect("saved");
+        assert_eq!(
+            std::fs::read(&target).expect("target"),
+            planted,
+            "written through a link"
+        );
+        assert!(!std::fs::symlink_metadata(&path).expect("file").is_symlink());
+        assert_eq!(file.load("http://a/mcp"), sample("http://a/mcp", "MINE"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A token directory others can enter (made so before correx first used it) is refused:
+    /// whoever can write it could swap the file.
+    #[test]
+    fn a_token_directory_open_to_others_is_refused() {
+        let dir = std::env::temp_dir().join(format!("correx-tokens-open-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = TokenFile::new(dir.join("t.json"));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        file.save(&sample("http://a/mcp", "MINE")).expect("saved");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        assert_eq!(
+            file.load("http://a/mcp").tokens,
+            None,
+            "used from an open directory"
+        );
+        let e = file
+            .save(&sample("http://a/mcp", "NEXT"))
+            .expect_err("saved into an open directory");
+        assert!(e.contains("readable or writable by others"), "{e}");
+        assert!(!e.contains("NEXT"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
