@@ -418,7 +418,10 @@ impl Receiver {
     /// Every span received so far; a refused request fails the test.
     fn spans(&self) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
         let text = std::fs::read_to_string(&self.spans).unwrap_or_default();
-        let spans: Vec<Value> = text
+        // Only whole lines: the receiver may be writing the next one (a buffer's worth at a
+        // time) as this reads.
+        let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+        let spans: Vec<Value> = whole
             .lines()
             .map(serde_json::from_str)
             .collect::<Result<_, _>>()?;
