@@ -351,35 +351,50 @@ fn git_outside_scenario(env: &HashMap<String, String>) -> TestResult {
     Ok(())
 }
 
-/// The attack above as this user (on a root host the servers keep uid 0 without
-/// capabilities) and again as nobody (an unprivileged host: a user namespace per server).
-#[test]
-fn a_server_reads_nothing_outside_its_working_dirs_as_root_or_as_nobody() -> TestResult {
+/// Runs `scenario` as this user, and on a root host again as nobody in the child test
+/// `child` (which calls [`as_nobody_child`]).
+fn as_root_and_as_nobody(
+    scenario: fn(&HashMap<String, String>) -> TestResult,
+    child: &str,
+) -> TestResult {
     let Some(env) = installed() else {
         return Ok(());
     };
-    git_outside_scenario(&env)?;
+    scenario(&env)?;
     if root() {
         crate::util::assert_child_passes(
-            &mut child_test("mcp::mcp_as_nobody_child"),
+            &mut child_test(child),
             "scenario passed as nobody",
-            "the MCP confinement scenario as nobody",
+            &format!("{child} as nobody"),
         )?;
     }
     Ok(())
 }
 
-/// Helper: the scenario after dropping to nobody (the servers' install is readable by all).
-#[test]
-#[ignore = "helper: run by a_server_reads_nothing_outside_its_working_dirs_as_root_or_as_nobody"]
-fn mcp_as_nobody_child() {
+/// The child half of [`as_root_and_as_nobody`]: `scenario` after dropping to nobody (the
+/// servers' install is readable by all).
+fn as_nobody_child(scenario: fn(&HashMap<String, String>) -> TestResult) {
     if !is_child() {
         return;
     }
     let env = installed().expect("the MCP servers' install");
     crate::util::become_nobody();
-    git_outside_scenario(&env).expect("the scenario as nobody");
+    scenario(&env).expect("the scenario as nobody");
     println!("scenario passed as nobody");
+}
+
+/// The attack above as this user (on a root host the servers keep uid 0 without
+/// capabilities) and again as nobody (an unprivileged host: a user namespace per server).
+#[test]
+fn a_server_reads_nothing_outside_its_working_dirs_as_root_or_as_nobody() -> TestResult {
+    as_root_and_as_nobody(git_outside_scenario, "mcp::mcp_as_nobody_child")
+}
+
+/// Helper: the scenario after dropping to nobody.
+#[test]
+#[ignore = "helper: run by a_server_reads_nothing_outside_its_working_dirs_as_root_or_as_nobody"]
+fn mcp_as_nobody_child() {
+    as_nobody_child(git_outside_scenario);
 }
 
 #[test]
@@ -1221,31 +1236,14 @@ fn rug_pull_scenario(env: &HashMap<String, String>) -> TestResult {
 /// The rug pull as this user, and (on a root host) again as nobody.
 #[test]
 fn a_tool_whose_definition_changed_since_it_was_pinned_is_held_until_pinned_again() -> TestResult {
-    let Some(env) = installed() else {
-        return Ok(());
-    };
-    rug_pull_scenario(&env)?;
-    if root() {
-        crate::util::assert_child_passes(
-            &mut child_test("mcp::mcp_rug_pull_as_nobody_child"),
-            "scenario passed as nobody",
-            "the rug pull as nobody",
-        )?;
-    }
-    Ok(())
+    as_root_and_as_nobody(rug_pull_scenario, "mcp::mcp_rug_pull_as_nobody_child")
 }
 
 /// Helper: the rug pull after dropping to nobody.
 #[test]
 #[ignore = "helper: run by a_tool_whose_definition_changed_since_it_was_pinned_is_held_until_pinned_again"]
 fn mcp_rug_pull_as_nobody_child() {
-    if !is_child() {
-        return;
-    }
-    let env = installed().expect("the MCP servers' install");
-    crate::util::become_nobody();
-    rug_pull_scenario(&env).expect("the rug pull as nobody");
-    println!("scenario passed as nobody");
+    as_nobody_child(rug_pull_scenario);
 }
 
 /// Under `on_tool_change: "ask"`, each call of a changed tool is a person's to decide, with the
